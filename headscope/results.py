@@ -1,0 +1,134 @@
+"""``HeadScores``: per-head causal scores of one task, with the per-sample scores kept."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from headscope.heads import Head
+
+__all__ = ["HeadScores"]
+
+
+@dataclass
+class HeadScores:
+    """Normalized causal scores of every head for one task.
+
+    ``per_sample_raw[n, l, h]`` is the unclipped score of head (l, h) on sample n:
+    (M_clean - M_patched) / (M_clean - M_corrupt). The paper clips each to [0, 1]
+    (``per_sample``); ``scores`` is the mean of the clipped per-sample scores and
+    ``raw`` the mean of the unclipped ones.
+    """
+
+    task: str
+    per_sample_raw: torch.Tensor  # [N, L, H]
+    kind: str = "receiver"  # "receiver" | "sender" | "combined" | "fused"
+    n_kv_heads: int | None = None
+    clean_metric: torch.Tensor | None = None  # [N]
+    corrupt_metric: torch.Tensor | None = None  # [N]
+    clean_correct: torch.Tensor | None = None  # [N] bool, greedy answer exact-match on the clean prompt
+    settings: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        t = torch.as_tensor(self.per_sample_raw, dtype=torch.float64)
+        if t.dim() == 2:
+            t = t.unsqueeze(0)
+        if t.dim() != 3:
+            raise ValueError(f"HeadScores.per_sample_raw must be [samples, layers, heads], got shape {tuple(t.shape)}")
+        self.per_sample_raw = t.detach().cpu()
+
+    # ---- views ---------------------------------------------------------------------------
+    @property
+    def n_samples(self) -> int:
+        return self.per_sample_raw.shape[0]
+
+    @property
+    def n_layers(self) -> int:
+        return self.per_sample_raw.shape[1]
+
+    @property
+    def n_heads(self) -> int:
+        return self.per_sample_raw.shape[2]
+
+    @property
+    def per_sample(self) -> torch.Tensor:
+        """Per-sample scores clipped to [0, 1]."""
+        return self.per_sample_raw.clamp(0.0, 1.0)  # [N, L, H]
+
+    @property
+    def scores(self) -> torch.Tensor:
+        """Mean over samples of the clipped scores."""
+        return self.per_sample.mean(0)  # [L, H]
+
+    @property
+    def raw(self) -> torch.Tensor:
+        """Mean over samples of the unclipped scores."""
+        return self.per_sample_raw.mean(0)  # [L, H]
+
+    @property
+    def clean_accuracy(self) -> float | None:
+        return None if self.clean_correct is None else float(torch.as_tensor(self.clean_correct).float().mean())
+
+    def ranking(self) -> list[Head]:
+        """All heads, best first (ties broken by (layer, head))."""
+        flat = self.scores.flatten()
+        order = sorted(range(flat.numel()), key=lambda i: (-float(flat[i]), i))
+        return [Head(i // self.n_heads, i % self.n_heads) for i in order]
+
+    def top(self, k: int) -> list[Head]:
+        if not 0 <= k <= self.n_layers * self.n_heads:
+            raise ValueError(f"top(k): k={k} is outside 0..{self.n_layers * self.n_heads}")
+        return self.ranking()[:k]
+
+    def __getitem__(self, head: Head | tuple[int, int]) -> float:
+        h = Head.from_any(head)
+        return float(self.scores[h.layer, h.head])
+
+    def to_dataframe(self):
+        """One row per head: layer, head, kv_group, score, raw, std, frac_important, rank."""
+        import pandas as pd
+
+        ps = self.per_sample
+        rank = {h: r for r, h in enumerate(self.ranking(), start=1)}
+        group = self.n_heads // self.n_kv_heads if self.n_kv_heads else 1
+        rows = []
+        for l in range(self.n_layers):
+            for h in range(self.n_heads):
+                rows.append({
+                    "task": self.task, "kind": self.kind, "layer": l, "head": h, "kv_group": h // group,
+                    "score": float(self.scores[l, h]), "raw": float(self.raw[l, h]),
+                    "std": float(ps[:, l, h].std()) if self.n_samples > 1 else 0.0,
+                    "rank": rank[Head(l, h)],
+                })
+        return pd.DataFrame(rows)
+
+    # ---- persistence ---------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        def lst(t):
+            return None if t is None else torch.as_tensor(t).tolist()
+
+        return {"schema": "headscope.head_scores", "schema_version": 1, "task": self.task, "kind": self.kind,
+                "n_kv_heads": self.n_kv_heads, "per_sample_raw": lst(self.per_sample_raw),
+                "clean_metric": lst(self.clean_metric), "corrupt_metric": lst(self.corrupt_metric),
+                "clean_correct": lst(self.clean_correct), "settings": self.settings}
+
+    def to_json(self, path: str | Path | None = None) -> str:
+        text = json.dumps(self.to_dict(), default=str)
+        if path is not None:
+            Path(path).write_text(text)
+        return text
+
+    @classmethod
+    def from_json(cls, path_or_text: str | Path) -> "HeadScores":
+        s = str(path_or_text)
+        data = json.loads(s if s.lstrip().startswith("{") else Path(s).read_text())
+        if data.get("schema") != "headscope.head_scores":
+            raise ValueError("not a headscope scores file: the 'schema' field must be 'headscope.head_scores'")
+        t = lambda k, dt=torch.float64: None if data.get(k) is None else torch.tensor(data[k], dtype=dt)
+        return cls(task=data["task"], kind=data.get("kind", "receiver"), n_kv_heads=data.get("n_kv_heads"),
+                   per_sample_raw=t("per_sample_raw"), clean_metric=t("clean_metric"),
+                   corrupt_metric=t("corrupt_metric"), clean_correct=t("clean_correct", torch.bool),
+                   settings=data.get("settings") or {})
