@@ -2,19 +2,8 @@
 from __future__ import annotations
 
 import random
-import sys
-from pathlib import Path
 
 import pytest
-
-# tests/headscope (no __init__.py) would shadow the editable-installed package as a namespace package once
-# tests/ is on sys.path; put the repo root first so `import headscope` finds the real one.
-_ROOT = str(Path(__file__).resolve().parents[3])
-if _ROOT not in sys.path:
-    sys.path.insert(0, _ROOT)
-if "headscope" in sys.modules and getattr(sys.modules["headscope"], "__file__", None) is None:
-    for _name in [m for m in sys.modules if m == "headscope" or m.startswith("headscope.")]:
-        del sys.modules[_name]
 
 
 def _training_text() -> list[str]:
