@@ -1,0 +1,207 @@
+"""Configuration of a head-level FA/GDN hybrid.
+
+Two objects:
+- ``HybridOptions``: a frozen dataclass of the hybrid's design switches (FA branch, GDN branch,
+  fusion, granularity, validation policy), validated in ``__post_init__``.
+- ``HybridConfig``: the ``transformers`` config (model_type ``"headscope_hybrid"``) that stores the
+  teacher's architecture fields, the per-layer FA head lists and the options (as a plain dict), so
+  ``save_pretrained`` / ``from_pretrained`` round-trip through ``config.json``.
+
+Nothing is registered with ``AutoConfig`` on import; call ``hybrid.register()`` (``from_mask`` and
+``HybridForCausalLM.from_pretrained`` do it for you).
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Any, Sequence
+
+from transformers import PretrainedConfig
+
+__all__ = ["HybridOptions", "HybridConfig", "HybridConfigError", "GRANULARITIES", "FUSIONS"]
+
+GRANULARITIES = ("head", "layer", "token")
+FUSIONS = ("norm", "none", "gated")
+FA_GATES = ("sigmoid2", "none")
+DECAYS = ("gdn", "simple")
+
+
+class HybridConfigError(ValueError):
+    """A hybrid configuration or head mask that cannot build a model."""
+
+
+@dataclass(frozen=True)
+class HybridOptions:
+    """Design switches of the hybrid (defaults follow METHOD.md section 2; docs/hybrid.md explains each)."""
+
+    granularity: str = "head"  # "head" (mask), "layer" (whole layers), "token" (sliding window + GDN, all heads)
+    # FA branch
+    fa_rope: bool = False  # keep RoPE on FA heads (False = NoPE, the method's choice)
+    fa_log_scale: bool = True  # multiply queries by s_t = log(t + a) / log(a)
+    log_scale_base: float = 512.0  # a in s_t
+    fa_gate: str = "sigmoid2"  # "sigmoid2": o * 2*sigmoid(W x + b), W=0, b=0 -> exactly 1 at init; "none"
+    # GDN branch
+    gdn_conv: bool = False  # short causal depthwise conv on q, k, v (initialised to identity)
+    conv_size: int = 4
+    decay: str = "gdn"  # "gdn": g = -exp(A_log) * softplus(a_proj(x) + dt_bias); "simple": g = logsigmoid(a_proj(x) + bias)
+    gdn_backend: str = "auto"  # passed to hybrid.ops.gated_delta_rule
+    attn_backend: str = "auto"  # passed to hybrid.ops.attention
+    # token-level baseline
+    window: int = 512  # sliding window of the token-level baseline (keys per query, incl. itself)
+    # fusion of head outputs before o_proj
+    fusion: str = "norm"  # "norm": per-head RMSNorm * gamma_h; "none": plain concat; "gated": norm + branch competition
+    gamma_init: float = 1.0  # before calibrate_fusion(); see docs/hybrid.md
+    norm_eps: float = 1e-6
+    # validation policy
+    require_fa_per_layer: bool = False  # error if some layer has no FA head
+    allow_degenerate: bool = False  # allow a mask with no FA head (all-GDN) or no GDN head (teacher-like)
+    seed: int = 0  # seed of the new parameters' random init (A_log, dt_bias)
+
+    def __post_init__(self) -> None:
+        def bad(name: str, why: str) -> None:
+            raise HybridConfigError(f"HybridOptions.{name}={getattr(self, name)!r}: {why}")
+
+        if self.granularity not in GRANULARITIES:
+            bad("granularity", f"must be one of {GRANULARITIES}")
+        if self.fusion not in FUSIONS:
+            bad("fusion", f"must be one of {FUSIONS}")
+        if self.fa_gate not in FA_GATES:
+            bad("fa_gate", f"must be one of {FA_GATES}")
+        if self.decay not in DECAYS:
+            bad("decay", f"must be one of {DECAYS}")
+        if not self.log_scale_base > 1:
+            bad("log_scale_base", "must be > 1 (s_t = log(t + a) / log(a))")
+        if not isinstance(self.conv_size, int) or self.conv_size < 1:
+            bad("conv_size", "must be a positive int")
+        if not isinstance(self.window, int) or self.window < 1:
+            bad("window", "must be a positive int (keys per query)")
+        if not self.norm_eps > 0:
+            bad("norm_eps", "must be > 0")
+        if not self.gamma_init > 0:
+            bad("gamma_init", "must be > 0")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any] | None) -> "HybridOptions":
+        data = dict(data or {})
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise HybridConfigError(f"unknown hybrid option(s) {unknown}; known: {sorted(known)}")
+        return cls(**data)
+
+
+class HybridConfig(PretrainedConfig):
+    """Config of ``HybridForCausalLM``: the teacher's shape, the FA heads per layer, and the options.
+
+    ``fa_heads[l]`` lists the query heads of layer ``l`` that keep full attention; all other heads of the
+    layer are Gated DeltaNet heads (ignored for ``granularity="token"``, where every head has both).
+    """
+
+    model_type = "headscope_hybrid"
+
+    def __init__(self, vocab_size: int = 128, hidden_size: int = 64, intermediate_size: int = 128,
+                 num_hidden_layers: int = 2, num_attention_heads: int = 4, num_key_value_heads: int | None = None,
+                 head_dim: int | None = None, hidden_act: str = "silu", rms_norm_eps: float = 1e-6,
+                 max_position_embeddings: int = 4096, rope_parameters: dict | None = None,
+                 qk_norm: bool = False, qkv_bias: bool = False, o_bias: bool = False, mlp_bias: bool = False,
+                 initializer_range: float = 0.02, base_model_type: str | None = None,
+                 fa_heads: Sequence[Sequence[int]] | None = None, hybrid: dict | None = None,
+                 tie_word_embeddings: bool = False, use_cache: bool = True, **kwargs: Any) -> None:
+        self.vocab_size = vocab_size
+        self.hidden_size = hidden_size
+        self.intermediate_size = intermediate_size
+        self.num_hidden_layers = num_hidden_layers
+        self.num_attention_heads = num_attention_heads
+        self.num_key_value_heads = num_key_value_heads or num_attention_heads
+        self.head_dim = head_dim
+        self.hidden_act = hidden_act
+        self.rms_norm_eps = rms_norm_eps
+        self.max_position_embeddings = max_position_embeddings
+        self.rope_parameters = dict(rope_parameters or {"rope_type": "default", "rope_theta": 10000.0})
+        self.qk_norm = qk_norm
+        self.qkv_bias = qkv_bias
+        self.o_bias = o_bias
+        self.mlp_bias = mlp_bias
+        self.initializer_range = initializer_range
+        self.base_model_type = base_model_type
+        self.fa_heads = [sorted(int(h) for h in layer) for layer in fa_heads] if fa_heads is not None else None
+        self.hybrid = HybridOptions.from_dict(hybrid).to_dict()  # validates
+        self.use_cache = use_cache
+        if self.head_dim is None:
+            if hidden_size % num_attention_heads:
+                raise HybridConfigError(
+                    f"HybridConfig: hidden_size={hidden_size} is not divisible by num_attention_heads="
+                    f"{num_attention_heads}; pass head_dim explicitly")
+            self.head_dim = hidden_size // num_attention_heads
+        if self.head_dim <= 0 or self.head_dim % 2:
+            raise HybridConfigError(f"HybridConfig: head_dim={self.head_dim} must be a positive even number "
+                                    "(RoPE rotates pairs of channels)")
+        super().__init__(tie_word_embeddings=tie_word_embeddings, **kwargs)
+        if self.fa_heads is None:  # a bare HybridConfig() (transformers builds one to diff against): no checks
+            self.fa_heads = [[] for _ in range(num_hidden_layers)]
+        else:
+            self.validate_hybrid()
+
+    # ---- derived views -------------------------------------------------------------------
+    @property
+    def options(self) -> HybridOptions:
+        return HybridOptions.from_dict(self.hybrid)
+
+    @property
+    def n_rep(self) -> int:
+        """Query heads per KV head in the teacher (GQA group size)."""
+        return self.num_attention_heads // self.num_key_value_heads
+
+    def la_heads(self, layer: int) -> list[int]:
+        fa = set(self.fa_heads[layer])
+        return [h for h in range(self.num_attention_heads) if h not in fa]
+
+    def fa_kv_heads(self, layer: int) -> list[int]:
+        """Teacher KV heads that the FA heads of ``layer`` read (the only ones the FA branch keeps)."""
+        return sorted({h // self.n_rep for h in self.fa_heads[layer]})
+
+    # ---- validation ----------------------------------------------------------------------
+    def validate_hybrid(self) -> None:
+        """Raise HybridConfigError naming the problem when the shape or head lists cannot build a model."""
+        H, K, D, L = self.num_attention_heads, self.num_key_value_heads, self.head_dim, self.num_hidden_layers
+        opts = self.options
+        if H <= 0 or K <= 0 or H % K:
+            raise HybridConfigError(
+                f"HybridConfig: num_attention_heads={H} must be a positive multiple of num_key_value_heads={K}")
+        if D <= 0 or D % 2:
+            raise HybridConfigError(f"HybridConfig: head_dim={D} must be a positive even number (RoPE rotates pairs)")
+        if len(self.fa_heads) != L:
+            raise HybridConfigError(
+                f"HybridConfig: fa_heads has {len(self.fa_heads)} layers, the model has num_hidden_layers={L}")
+        for l, heads in enumerate(self.fa_heads):
+            bad = [h for h in heads if not 0 <= h < H]
+            if bad:
+                raise HybridConfigError(f"HybridConfig: layer {l} lists FA heads {bad} outside 0..{H - 1}")
+            if len(set(heads)) != len(heads):
+                raise HybridConfigError(f"HybridConfig: layer {l} lists an FA head twice: {heads}")
+        if opts.granularity == "token":
+            return
+        if opts.granularity == "layer":
+            mixed = [l for l, heads in enumerate(self.fa_heads) if 0 < len(heads) < H]
+            if mixed:
+                raise HybridConfigError(
+                    f"granularity='layer' but layers {mixed} mix FA and GDN heads; use granularity='head' "
+                    "or a mask from hybrid.layerwise_mask")
+        n_fa = sum(len(h) for h in self.fa_heads)
+        if not opts.allow_degenerate:
+            if n_fa == 0:
+                raise HybridConfigError(
+                    "the mask keeps no full-attention head (an all-GDN model); pass allow_degenerate=True "
+                    "to build this baseline on purpose")
+            if n_fa == H * L:
+                raise HybridConfigError(
+                    "the mask keeps every head as full attention (no GDN head: the teacher); pass "
+                    "allow_degenerate=True, or use hybrid.from_teacher(teacher) for the teacher baseline")
+        if opts.require_fa_per_layer:
+            empty = [l for l in range(L) if not self.fa_heads[l]]
+            if empty:
+                raise HybridConfigError(
+                    f"layers {empty} have no full-attention head but require_fa_per_layer=True; select with "
+                    "at least one FA head per layer, or set require_fa_per_layer=False")

@@ -1,0 +1,156 @@
+"""Small modules shared by the hybrid layers: RMSNorm, rotary embedding, MLP, short causal conv,
+the log-length query scale, and windowed attention for the token-level baseline."""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+__all__ = ["acc", "index_on", "RMSNorm", "RotaryEmbedding", "apply_rope", "MLP", "ShortConv", "log_length_scale",
+           "window_attention"]
+
+
+def acc(x: torch.Tensor) -> torch.Tensor:
+    """x in float32 when it is a half type (bf16/fp16), else unchanged (float64 stays float64)."""
+    return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+
+
+_INDEX_CACHE: dict[tuple, torch.Tensor] = {}
+
+
+def index_on(heads: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """A (cached) long tensor of head indices on ``device`` (no buffers: meta-device safe)."""
+    key = (heads, str(device))
+    if key not in _INDEX_CACHE:
+        _INDEX_CACHE[key] = torch.tensor(heads, dtype=torch.long, device=device)
+    return _INDEX_CACHE[key]
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm over the last dim, computed in float32 (same numerics as Llama/Qwen3's)."""
+
+    def __init__(self, dim: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+class RotaryEmbedding(nn.Module):
+    """cos/sin tables for absolute positions; "default" RoPE here, other rope types via transformers.
+
+    The inverse frequencies are recomputed (D/2 numbers) instead of kept in a buffer, so a model built on
+    the meta device by ``from_pretrained`` needs no special re-initialisation."""
+
+    def __init__(self, config) -> None:
+        super().__init__()
+        self.config = config
+        rope = dict(config.rope_parameters)
+        self.rope_type = rope.get("rope_type", rope.get("type", "default"))
+        if self.rope_type != "default":
+            from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+            if self.rope_type not in ROPE_INIT_FUNCTIONS:
+                raise ValueError(f"rope_type={self.rope_type!r} is not known to transformers; cannot build RoPE")
+
+    def inv_freq(self) -> tuple[torch.Tensor, float]:
+        if self.rope_type == "default":
+            D = self.config.head_dim
+            theta = self.config.rope_parameters["rope_theta"]
+            return 1.0 / (theta ** (torch.arange(0, D, 2, dtype=torch.float) / D)), 1.0  # [D/2]
+        from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+        inv_freq, scaling = ROPE_INIT_FUNCTIONS[self.rope_type](self.config, None)
+        return inv_freq.float(), float(scaling)
+
+    def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """positions [T] (0-based absolute) -> cos, sin [T, D] in ``dtype``."""
+        inv_freq, scaling = self.inv_freq()
+        freqs = positions.float()[:, None] * inv_freq.to(positions.device)[None, :]  # [T, D/2]
+        emb = torch.cat((freqs, freqs), dim=-1)  # [T, D]
+        return (emb.cos() * scaling).to(dtype), (emb.sin() * scaling).to(dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [B, T, H, D], cos/sin [T, D] -> rotated x [B, T, H, D] (rotate-half convention of HF)."""
+    cos, sin = cos[None, :, None, :], sin[None, :, None, :]  # [1, T, 1, D]
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+
+
+def log_length_scale(positions: torch.Tensor, base: float) -> torch.Tensor:
+    """s_t = log(t + a) / log(a) with t = position + 1 (1-based). positions [T] -> [T] float32."""
+    t = positions.float() + 1.0  # [T]
+    return torch.log(t + base) / math.log(base)
+
+
+class MLP(nn.Module):
+    """Gated MLP of Llama/Qwen: down(act(gate(x)) * up(x))."""
+
+    def __init__(self, hidden: int, inner: int, act: str, bias: bool = False) -> None:
+        super().__init__()
+        from transformers.activations import ACT2FN
+
+        self.gate_proj = nn.Linear(hidden, inner, bias=bias)
+        self.up_proj = nn.Linear(hidden, inner, bias=bias)
+        self.down_proj = nn.Linear(inner, hidden, bias=bias)
+        self.act_fn = ACT2FN[act]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+
+
+class ShortConv(nn.Module):
+    """Causal depthwise conv over time (kernel W), initialised to the identity (last tap 1, others 0).
+
+    Unlike fla's ShortConvolution there is no activation, so a freshly built hybrid passes q/k/v through
+    unchanged. ``state`` holds the last W-1 inputs for decoding.
+    """
+
+    def __init__(self, channels: int, kernel: int) -> None:
+        super().__init__()
+        self.kernel = kernel
+        self.weight = nn.Parameter(torch.zeros(channels, kernel))  # [C, W]
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        with torch.no_grad():
+            self.weight.zero_()
+            self.weight[:, -1] = 1.0
+
+    def forward(self, x: torch.Tensor, state: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [B, T, C], state [B, W-1, C] or None -> y [B, T, C], new state [B, W-1, C]."""
+        B, T, C = x.shape
+        W = self.kernel
+        if state is None:
+            state = x.new_zeros(B, W - 1, C)  # [B, W-1, C]
+        xx = torch.cat([state.to(x.dtype), x], dim=1)  # [B, W-1+T, C]
+        if T == 1:  # decode: one dot product per channel
+            y = (xx * self.weight.t()[None].to(x.dtype)).sum(1, keepdim=True)  # [B, 1, C]
+        else:
+            y = F.conv1d(xx.transpose(1, 2), self.weight[:, None, :].to(x.dtype), groups=C)  # [B, C, T]
+            y = y.transpose(1, 2).contiguous()  # [B, T, C] (kernels and norms want rows contiguous)
+        return y, xx[:, xx.shape[1] - (W - 1):]
+
+
+def window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int, q_offset: int,
+                     k_offset: int, scale: float) -> torch.Tensor:
+    """Causal sliding-window attention through SDPA with an explicit mask (baseline only: O(T*S) mask).
+
+    q [B, T, H, D] at absolute positions q_offset.., k/v [B, S, H, D] at k_offset..; each query sees the
+    ``window`` most recent keys including itself. Returns o [B, T, H, D].
+    """
+    T, S = q.shape[1], k.shape[1]
+    qpos = torch.arange(T, device=q.device) + q_offset  # [T]
+    kpos = torch.arange(S, device=q.device) + k_offset  # [S]
+    allowed = (kpos[None, :] <= qpos[:, None]) & (kpos[None, :] > qpos[:, None] - window)  # [T, S]
+    o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                       attn_mask=allowed, scale=scale)  # [B, H, T, D]
+    return o.transpose(1, 2)

@@ -1,0 +1,114 @@
+"""Fusion of the two branches' head outputs before the (reused) output projection.
+
+Modes (``HybridOptions.fusion``):
+- ``"norm"`` (default, the method's): each head's output is RMS-normalised over its D channels on its
+  own, then multiplied by a learnable per-head scale gamma_h (``gamma`` [H], original head order).
+- ``"none"``: plain concatenation (the ablation where GDN outputs dwarf FA outputs).
+- ``"gated"``: ``"norm"`` plus a per-position competition between the branches: a = softmax(W x + b) over
+  {FA, GDN} (W = 0, b = 0 at init), FA heads scaled by 2 a_FA, GDN heads by 2 a_GDN (so 1 at init).
+
+Heads are put back in their original order, so ``o_proj``'s input columns (ordered by head) are reused
+unchanged. ``calibrate_fusion`` sets gamma from the teacher's per-head output RMS.
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Iterator, Sequence
+
+import torch
+import torch.nn as nn
+
+from hybrid.layers.common import acc, index_on
+
+__all__ = ["HeadFusion", "head_rms", "calibrate_fusion"]
+
+
+def head_rms(o: torch.Tensor, eps: float) -> torch.Tensor:
+    """o [B, T, H, D] -> o / rms(o) over D, per head (float32 math, input dtype out)."""
+    x = acc(o)
+    return (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)).to(o.dtype)
+
+
+class HeadFusion(nn.Module):
+    """Normalise / scale / gate the FA and GDN head outputs and concatenate them in original head order."""
+
+    def __init__(self, hidden: int, n_heads: int, head_dim: int, fa_heads: Sequence[int], mode: str,
+                 gamma_init: float = 1.0, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.n_heads, self.head_dim, self.mode, self.eps = n_heads, head_dim, mode, eps
+        fa = sorted(fa_heads)
+        la = [h for h in range(n_heads) if h not in set(fa)]
+        self.fa_heads, self.la_heads = tuple(fa), tuple(la)
+        self.gamma = nn.Parameter(torch.full((n_heads,), float(gamma_init))) if mode != "none" else None  # [H]
+        self.branch_gate = nn.Linear(hidden, 2) if mode == "gated" else None  # new
+        self.gamma_init = float(gamma_init)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        with torch.no_grad():
+            if self.gamma is not None:
+                self.gamma.fill_(self.gamma_init)
+            if self.branch_gate is not None:
+                self.branch_gate.weight.zero_()
+                self.branch_gate.bias.zero_()
+
+    def _scale(self, o: torch.Tensor, heads: tuple[int, ...]) -> torch.Tensor:
+        """o [B, T, h, D] -> rms-normalised o * gamma[heads]  [B, T, h, D]."""
+        return head_rms(o, self.eps) * self.gamma[index_on(heads, o.device)].to(o.dtype)[:, None]
+
+    def forward(self, x: torch.Tensor, o_fa: torch.Tensor | None, o_la: torch.Tensor | None) -> torch.Tensor:
+        """x [B, T, C]; o_fa [B, T, H_F, D]; o_la [B, T, H_L, D] -> z [B, T, H*D] in original head order."""
+        if self.mode != "none":
+            o_fa = self._scale(o_fa, self.fa_heads) if o_fa is not None else None
+            o_la = self._scale(o_la, self.la_heads) if o_la is not None else None
+        if self.mode == "gated" and o_fa is not None and o_la is not None:
+            a = 2 * torch.softmax(acc(self.branch_gate(x)), dim=-1).to(x.dtype)  # [B, T, 2]
+            o_fa = o_fa * a[..., 0, None, None]
+            o_la = o_la * a[..., 1, None, None]
+        if o_la is None:
+            z = o_fa  # [B, T, H, D] (every head FA, already in order)
+        elif o_fa is None:
+            z = o_la
+        else:
+            B, T = x.shape[:2]
+            z = o_fa.new_empty(B, T, self.n_heads, self.head_dim)  # [B, T, H, D]
+            z[:, :, index_on(self.fa_heads, z.device)] = o_fa
+            z[:, :, index_on(self.la_heads, z.device)] = o_la.to(o_fa.dtype)
+        return z.reshape(*z.shape[:2], self.n_heads * self.head_dim)
+
+
+@contextmanager
+def _capture_inputs(modules: Sequence[nn.Module]) -> Iterator[list]:
+    captured: list = [None] * len(modules)
+    handles = []
+    try:
+        for i, m in enumerate(modules):
+            def hook(_mod, args, i=i):
+                captured[i] = args[0].detach()
+            handles.append(m.register_forward_pre_hook(hook))
+        yield captured
+    finally:
+        for h in handles:
+            h.remove()
+
+
+@torch.no_grad()
+def calibrate_fusion(model: nn.Module, teacher: nn.Module, input_ids: torch.Tensor) -> torch.Tensor:
+    """Set every layer's gamma_h to the teacher's RMS of head h's output (o_proj input) on ``input_ids``.
+
+    After this, a normalised head starts with the teacher head's scale. Returns gamma [L, H]."""
+    from headscope.arch import describe
+
+    arch = describe(teacher)
+    with _capture_inputs(arch.out_projs) as z:
+        teacher(input_ids=input_ids)
+    gammas = []
+    for l, zl in enumerate(z):
+        zl = zl.double().reshape(*zl.shape[:2], arch.n_heads, arch.head_dim)  # [B, T, H, D]
+        rms = zl.pow(2).mean(dim=(0, 1, 3)).sqrt()  # [H]
+        fusion = model.model.layers[l].self_attn.fusion
+        if fusion.gamma is None:
+            raise ValueError("calibrate_fusion needs fusion='norm' or 'gated' (fusion='none' has no gamma)")
+        fusion.gamma.copy_(rms.to(fusion.gamma))
+        gammas.append(rms)
+    return torch.stack(gammas)  # [L, H]

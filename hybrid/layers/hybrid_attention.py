@@ -1,0 +1,208 @@
+"""The head-level hybrid mixer of one layer: FA heads and Gated DeltaNet heads side by side.
+
+    x [B, T, C] --+--> FullAttentionBranch (H_F heads, NoPE, log-length query scale, output gate) --+
+                  +--> GatedDeltaNetBranch (H_L heads, RoPE, L2-normed q/k, gated delta rule) ------+
+                                           HeadFusion (per-head RMSNorm * gamma, original order) <--+
+                                           o_proj (the teacher's, unchanged) -> [B, T, C]
+
+Reused (copied from the teacher by ``hybrid.convert``): FA q/k/v rows, GDN q rows and k/v rows (one copy
+of its KV head per GDN head), q_norm/k_norm, o_proj. New: FA ``gate_proj``, GDN ``b_proj`` (beta),
+``a_proj``/``A_log``/``dt_bias`` (decay), the short convs, and the fusion's gamma / branch gate.
+``new_parameters()`` lists the new ones by name.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from hybrid.cache import LayerCache
+from hybrid.config import HybridConfig
+from hybrid.layers.common import RMSNorm, acc, index_on, ShortConv, apply_rope, log_length_scale, window_attention
+from hybrid.layers.fusion import HeadFusion
+
+__all__ = ["FullAttentionBranch", "GatedDeltaNetBranch", "HybridAttention", "NEW_PARAMETER_NAMES"]
+
+# parameter names (last components) that are new, i.e. not copied from the teacher
+NEW_PARAMETER_NAMES = ("gate_proj", "b_proj", "a_proj", "A_log", "dt_bias", "a_bias", "q_conv", "k_conv", "v_conv",
+                       "gamma", "branch_gate", "swa_gamma", "gdn_gamma")
+
+
+class FullAttentionBranch(nn.Module):
+    """Softmax attention on the query heads ``heads`` (GQA kept: only their KV heads are projected)."""
+
+    def __init__(self, config: HybridConfig, heads: list[int], rope: bool, log_scale: bool, gate: str,
+                 window: int | None = None) -> None:
+        super().__init__()
+        C, D, rep = config.hidden_size, config.head_dim, config.n_rep
+        opts = config.options
+        self.heads = list(heads)
+        self.kv_heads = sorted({h // rep for h in heads})  # teacher KV heads kept
+        self.n_heads, self.n_kv, self.head_dim = len(self.heads), len(self.kv_heads), D
+        self.rope, self.log_scale, self.window = rope, log_scale, window
+        self.log_base, self.backend = opts.log_scale_base, opts.attn_backend
+        self.q_proj = nn.Linear(C, self.n_heads * D, bias=config.qkv_bias)
+        self.k_proj = nn.Linear(C, self.n_kv * D, bias=config.qkv_bias)
+        self.v_proj = nn.Linear(C, self.n_kv * D, bias=config.qkv_bias)
+        self.q_norm = RMSNorm(D, config.rms_norm_eps) if config.qk_norm else None
+        self.k_norm = RMSNorm(D, config.rms_norm_eps) if config.qk_norm else None
+        self.gate_proj = nn.Linear(C, self.n_heads * D, bias=True) if gate == "sigmoid2" else None  # new
+        kv_of = [self.kv_heads.index(h // rep) for h in self.heads]  # kept-KV index of each FA head
+        group = self.n_heads // self.n_kv
+        # GQA works directly when each kept KV head serves one consecutive, equal-size run of FA heads
+        self.gqa = self.n_heads % self.n_kv == 0 and kv_of == [i // group for i in range(self.n_heads)]
+        self.kv_of = tuple(kv_of)  # [H_F]
+        self.reset_new_parameters()
+
+    def reset_new_parameters(self) -> None:
+        if self.gate_proj is not None:  # 2 * sigmoid(0 x + 0) = 1: the gate starts as the identity
+            with torch.no_grad():
+                self.gate_proj.weight.zero_()
+                self.gate_proj.bias.zero_()
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                cache: LayerCache | None) -> torch.Tensor:
+        """x [B, T, C], positions [T] absolute -> o [B, T, H_F, D] (gated)."""
+        B, T, _ = x.shape
+        D = self.head_dim
+        q = self.q_proj(x).view(B, T, self.n_heads, D)  # [B, T, H, D]
+        k = self.k_proj(x).view(B, T, self.n_kv, D)  # [B, T, K, D]
+        v = self.v_proj(x).view(B, T, self.n_kv, D)  # [B, T, K, D]
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        if self.rope:
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if self.log_scale:
+            q = q * log_length_scale(positions, self.log_base).to(q.dtype)[None, :, None, None]
+        q_offset = int(positions[0]) if T else 0
+        k_start = q_offset
+        if cache is not None:
+            keep = self.window - 1 if self.window is not None else None
+            k, v, k_start = cache.append_kv(k, v, keep=keep)  # [B, S, K, D]
+        if not self.gqa:  # irregular head subset: one KV copy per FA head (cache still holds K heads)
+            idx = index_on(self.kv_of, k.device)
+            k, v = k.index_select(2, idx), v.index_select(2, idx)  # [B, S, H, D]
+        if self.window is not None:
+            if k.shape[2] != self.n_heads:  # GQA here (consecutive runs): repeat each KV head
+                rep = self.n_heads // k.shape[2]
+                k, v = k.repeat_interleave(rep, 2), v.repeat_interleave(rep, 2)  # [B, S, H, D]
+            o = window_attention(q, k, v, self.window, q_offset, k_start, D ** -0.5)  # [B, T, H, D]
+        else:
+            from hybrid.ops import attention
+
+            o = attention(q, k, v, causal=True, scale=D ** -0.5, backend=self.backend, q_offset=q_offset - k_start)
+        if self.gate_proj is not None:
+            o = o * (2 * torch.sigmoid(self.gate_proj(x))).view(B, T, self.n_heads, D)
+        return o  # [B, T, H, D]
+
+
+class GatedDeltaNetBranch(nn.Module):
+    """Gated DeltaNet on the query heads ``heads``: one key/value head per query head (MHA)."""
+
+    def __init__(self, config: HybridConfig, heads: list[int]) -> None:
+        super().__init__()
+        C, D = config.hidden_size, config.head_dim
+        opts = config.options
+        self.heads, self.n_heads, self.head_dim = list(heads), len(heads), D
+        self.decay, self.backend, self.seed = opts.decay, opts.gdn_backend, opts.seed
+        HD = self.n_heads * D
+        self.q_proj = nn.Linear(C, HD, bias=config.qkv_bias)
+        self.k_proj = nn.Linear(C, HD, bias=config.qkv_bias)
+        self.v_proj = nn.Linear(C, HD, bias=config.qkv_bias)
+        self.q_norm = RMSNorm(D, config.rms_norm_eps) if config.qk_norm else None
+        self.k_norm = RMSNorm(D, config.rms_norm_eps) if config.qk_norm else None
+        self.b_proj = nn.Linear(C, self.n_heads, bias=True)  # new: beta = sigmoid(b_proj(x))
+        self.a_proj = nn.Linear(C, self.n_heads, bias=False)  # new: decay input
+        if self.decay == "gdn":
+            self.A_log = nn.Parameter(torch.zeros(self.n_heads))  # [H]
+            self.dt_bias = nn.Parameter(torch.zeros(self.n_heads))  # [H]
+        else:
+            self.a_bias = nn.Parameter(torch.zeros(self.n_heads))  # [H]
+        self.convs = opts.gdn_conv
+        if self.convs:
+            self.q_conv, self.k_conv, self.v_conv = (ShortConv(HD, opts.conv_size) for _ in range(3))
+        self.reset_new_parameters()
+
+    def reset_new_parameters(self) -> None:
+        """beta = 0.5, decay independent of x at init; A and dt drawn as in fla's GatedDeltaNet (seeded)."""
+        gen = torch.Generator().manual_seed(self.seed + 7919 * (self.heads[0] if self.heads else 0))
+        with torch.no_grad():
+            self.b_proj.weight.zero_()
+            self.b_proj.bias.zero_()
+            self.a_proj.weight.zero_()
+            if self.decay == "gdn":  # A ~ U(1, 16), dt ~ logU(1e-3, 1e-1): per-step decay exp(-A dt) in ~[0.2, 1)
+                A = torch.empty(self.n_heads).uniform_(1, 16, generator=gen)
+                dt = torch.exp(torch.rand(self.n_heads, generator=gen) * (math.log(0.1) - math.log(1e-3))
+                               + math.log(1e-3)).clamp(min=1e-4)
+                self.A_log.copy_(torch.log(A))
+                self.dt_bias.copy_(dt + torch.log(-torch.expm1(-dt)))  # inverse softplus
+            else:  # sigmoid(a_bias) ~ U(0.9, 0.999): slow decays
+                keep = torch.empty(self.n_heads).uniform_(0.9, 0.999, generator=gen)
+                self.a_bias.copy_(torch.log(keep / (1 - keep)))
+            if self.convs:
+                for conv in (self.q_conv, self.k_conv, self.v_conv):
+                    conv.reset_parameters()
+
+    def log_decay(self, x: torch.Tensor) -> torch.Tensor:
+        """x [B, T, C] -> g [B, T, H] (float32 for half inputs), log decay <= 0."""
+        a = acc(self.a_proj(x))  # [B, T, H]
+        if self.decay == "gdn":
+            return -acc(self.A_log).exp() * F.softplus(a + acc(self.dt_bias))
+        return F.logsigmoid(a + acc(self.a_bias))
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                cache: LayerCache | None) -> torch.Tensor:
+        """x [B, T, C] -> o [B, T, H_L, D]."""
+        from hybrid.ops import gated_delta_rule
+
+        B, T, _ = x.shape
+        D, H = self.head_dim, self.n_heads
+        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)  # [B, T, H*D] each
+        if self.convs:
+            old = cache.conv if cache is not None and cache.conv is not None else (None, None, None)
+            (q, sq), (k, sk), (v, sv) = (conv(t, s) for conv, t, s in zip((self.q_conv, self.k_conv, self.v_conv), (q, k, v), old))
+            if cache is not None:
+                cache.conv = (sq, sk, sv)
+        q, k, v = q.view(B, T, H, D), k.view(B, T, H, D), v.view(B, T, H, D)  # [B, T, H, D]
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        beta = torch.sigmoid(acc(self.b_proj(x))).to(x.dtype)  # [B, T, H]
+        g = self.log_decay(x)  # [B, T, H]
+        o, state = gated_delta_rule(q, k, v, g, beta, scale=D ** -0.5,
+                                    initial_state=cache.state if cache is not None else None,
+                                    output_final_state=cache is not None, use_qk_l2norm_in_kernel=True,
+                                    backend=self.backend)
+        if cache is not None:
+            cache.state = state  # [B, H, D, D]
+        return o  # [B, T, H, D]
+
+
+class HybridAttention(nn.Module):
+    """One layer's mixer: FA heads + GDN heads -> HeadFusion -> o_proj (teacher's, unchanged)."""
+
+    def __init__(self, config: HybridConfig, layer_idx: int) -> None:
+        super().__init__()
+        opts = config.options
+        self.layer_idx = layer_idx
+        H, D, C = config.num_attention_heads, config.head_dim, config.hidden_size
+        self.fa_heads, self.la_heads = list(config.fa_heads[layer_idx]), config.la_heads(layer_idx)
+        self.fa = (FullAttentionBranch(config, self.fa_heads, rope=opts.fa_rope, log_scale=opts.fa_log_scale,
+                                       gate=opts.fa_gate) if self.fa_heads else None)
+        self.la = GatedDeltaNetBranch(config, self.la_heads) if self.la_heads else None
+        self.fusion = HeadFusion(C, H, D, self.fa_heads, opts.fusion, opts.gamma_init, opts.norm_eps)
+        self.o_proj = nn.Linear(H * D, C, bias=config.o_bias)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                cache: LayerCache | None = None) -> torch.Tensor:
+        """x [B, T, C] -> [B, T, C]."""
+        o_fa = self.fa(x, positions, cos, sin, cache) if self.fa is not None else None  # [B, T, H_F, D]
+        o_la = self.la(x, positions, cos, sin, cache) if self.la is not None else None  # [B, T, H_L, D]
+        return self.o_proj(self.fusion(x, o_fa, o_la))  # [B, T, C]
+
+    def reset_new_parameters(self) -> None:
+        for m in (self.fa, self.la, self.fusion):
+            if m is not None:
+                (m.reset_new_parameters if hasattr(m, "reset_new_parameters") else m.reset_parameters)()

@@ -1,0 +1,228 @@
+"""HybridModel / HybridForCausalLM: a Llama/Qwen3-shaped decoder whose attention layers are hybrids.
+
+Everything but the attention mixer is the teacher's (embeddings, RMSNorms, gated MLPs, lm_head). The mixer
+is ``HybridAttention`` (granularity "head" or "layer") or ``TokenHybridAttention`` ("token").
+
+Generation: the model keeps its own ``HybridCache`` under the keyword ``hybrid_cache`` (input and output),
+and overrides ``prepare_inputs_for_generation`` / ``_update_model_kwargs_for_generation`` so ``generate``
+never builds a ``DynamicCache`` (works the same on transformers 5.17 and 5.24). Padding is not supported:
+``attention_mask`` must be all ones (a GDN state would absorb pad tokens).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from transformers import GenerationMixin, PreTrainedModel
+from transformers.utils import ModelOutput
+
+from hybrid.cache import HybridCache
+from hybrid.config import HybridConfig
+from hybrid.layers.baselines import TokenHybridAttention
+from hybrid.layers.common import MLP, RMSNorm, RotaryEmbedding, ShortConv
+from hybrid.layers.fusion import HeadFusion
+from hybrid.layers.hybrid_attention import NEW_PARAMETER_NAMES, GatedDeltaNetBranch, HybridAttention
+
+__all__ = ["HybridDecoderLayer", "HybridModel", "HybridForCausalLM", "HybridOutput", "register"]
+
+
+@dataclass
+class HybridOutput(ModelOutput):
+    loss: torch.Tensor | None = None
+    logits: torch.Tensor | None = None  # [B, T, V]
+    last_hidden_state: torch.Tensor | None = None  # [B, T, C]
+    hybrid_cache: HybridCache | None = None
+    hidden_states: tuple[torch.Tensor, ...] | None = None  # (L+1) x [B, T, C]
+
+
+class HybridDecoderLayer(nn.Module):
+    def __init__(self, config: HybridConfig, layer_idx: int) -> None:
+        super().__init__()
+        token = config.options.granularity == "token"
+        self.self_attn = TokenHybridAttention(config, layer_idx) if token else HybridAttention(config, layer_idx)
+        self.mlp = MLP(config.hidden_size, config.intermediate_size, config.hidden_act, config.mlp_bias)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                cache=None) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), positions, cos, sin, cache)  # [B, T, C]
+        return x + self.mlp(self.post_attention_layernorm(x))  # [B, T, C]
+
+
+class HybridPreTrainedModel(PreTrainedModel):
+    config_class = HybridConfig
+    base_model_prefix = "model"
+    _no_split_modules = ["HybridDecoderLayer"]
+    supports_gradient_checkpointing = False
+    _supports_sdpa = True
+    _is_stateful = True  # no assisted generation (a GDN state cannot be rolled back)
+
+    def _init_weights(self, module: nn.Module) -> None:
+        """Standard init for Linear/Embedding/RMSNorm (super), plus this package's own parameters.
+
+        Only ``from_mask`` gives the new parameters their documented init (``reset_new_parameters``);
+        this keeps a bare ``HybridForCausalLM(config)`` finite and is skipped for weights loaded from disk."""
+        from transformers import initialization as init
+
+        super()._init_weights(module)
+        if isinstance(module, ShortConv):
+            eye = torch.zeros_like(module.weight)
+            eye[:, -1] = 1.0
+            init.copy_(module.weight, eye)
+        elif isinstance(module, HeadFusion) and module.gamma is not None:
+            init.constant_(module.gamma, module.gamma_init)
+        elif isinstance(module, TokenHybridAttention):
+            init.constant_(module.swa_gamma, module.gamma_init)
+            init.constant_(module.gdn_gamma, module.gamma_init)
+        elif isinstance(module, GatedDeltaNetBranch):
+            if module.decay == "gdn":
+                init.constant_(module.A_log, 1.0)
+                init.constant_(module.dt_bias, -2.0)
+            else:
+                init.constant_(module.a_bias, 3.0)
+
+    @classmethod
+    def _supports_default_dynamic_cache(cls) -> bool:  # generate must not build a DynamicCache for us
+        return False
+
+    @classmethod
+    def from_pretrained(cls, *args: Any, **kwargs: Any):
+        register()
+        return super().from_pretrained(*args, **kwargs)
+
+    def new_parameters(self) -> dict[str, nn.Parameter]:
+        """Parameters that were not copied from the teacher (gates, beta/decay, convs, fusion), by name."""
+        return {n: p for n, p in self.named_parameters() if any(part in NEW_PARAMETER_NAMES for part in n.split("."))}
+
+    def reused_parameters(self) -> dict[str, nn.Parameter]:
+        """Parameters initialised from the teacher's (possibly row-selected or repeated)."""
+        new = self.new_parameters()
+        return {n: p for n, p in self.named_parameters() if n not in new}
+
+
+class HybridModel(HybridPreTrainedModel):
+    def __init__(self, config: HybridConfig) -> None:
+        super().__init__(config)
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, getattr(config, "pad_token_id", None))
+        self.layers = nn.ModuleList(HybridDecoderLayer(config, l) for l in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.rotary_emb = RotaryEmbedding(config)
+        self.post_init()
+
+    def forward(self, input_ids: torch.LongTensor | None = None, attention_mask: torch.Tensor | None = None,
+                position_ids: torch.LongTensor | None = None, inputs_embeds: torch.Tensor | None = None,
+                hybrid_cache: HybridCache | None = None, use_cache: bool | None = None,
+                output_hidden_states: bool | None = None, **kwargs: Any) -> HybridOutput:
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("pass exactly one of input_ids and inputs_embeds")
+        if attention_mask is not None and attention_mask.dim() == 2 and not bool(attention_mask.all()):
+            raise ValueError("HybridModel does not support padding (attention_mask has zeros): the GDN state "
+                             "would absorb pad tokens; run equal-length sequences or one sequence at a time")
+        x = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds  # [B, T, C]
+        B, T, _ = x.shape
+        use_cache = self.config.use_cache if use_cache is None else use_cache
+        if use_cache and hybrid_cache is None:
+            hybrid_cache = HybridCache.empty(self.config.num_hidden_layers)
+        past = hybrid_cache.seen_tokens if hybrid_cache is not None else 0
+        if position_ids is not None:
+            positions = position_ids.reshape(-1, position_ids.shape[-1])[0].to(x.device)  # [T]
+            if positions.numel() != T or (hybrid_cache is not None and int(positions[0]) != past):
+                raise ValueError(f"position_ids must be {past}..{past + T - 1} (contiguous, after the cache); "
+                                 f"got {positions.tolist()[:4]}...")
+        else:
+            positions = torch.arange(past, past + T, device=x.device)  # [T]
+        cos, sin = self.rotary_emb(positions, x.dtype)  # [T, D] each
+        hidden = [x] if output_hidden_states else None
+        for l, layer in enumerate(self.layers):
+            x = layer(x, positions, cos, sin, hybrid_cache.layers[l] if hybrid_cache is not None else None)
+            if hidden is not None:
+                hidden.append(x)
+        x = self.norm(x)
+        if hybrid_cache is not None:
+            hybrid_cache.seen_tokens = past + T
+        if hidden is not None:
+            hidden[-1] = x
+        return HybridOutput(last_hidden_state=x, hybrid_cache=hybrid_cache if use_cache else None,
+                            hidden_states=tuple(hidden) if hidden is not None else None)
+
+
+class HybridForCausalLM(HybridPreTrainedModel, GenerationMixin):
+    _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
+
+    def __init__(self, config: HybridConfig) -> None:
+        super().__init__(config)
+        self.model = HybridModel(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.post_init()
+
+    def forward(self, input_ids: torch.LongTensor | None = None, attention_mask: torch.Tensor | None = None,
+                position_ids: torch.LongTensor | None = None, inputs_embeds: torch.Tensor | None = None,
+                hybrid_cache: HybridCache | None = None, use_cache: bool | None = None,
+                labels: torch.LongTensor | None = None, logits_to_keep: int = 0,
+                output_hidden_states: bool | None = None, return_dict: bool | None = None,
+                **kwargs: Any) -> HybridOutput:
+        out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                         inputs_embeds=inputs_embeds, hybrid_cache=hybrid_cache, use_cache=use_cache,
+                         output_hidden_states=output_hidden_states)
+        h = out.last_hidden_state  # [B, T, C]
+        logits = self.lm_head(h[:, -logits_to_keep:] if logits_to_keep else h)  # [B, T, V]
+        loss = None
+        if labels is not None:
+            loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(), ignore_index=-100)
+        return HybridOutput(loss=loss, logits=logits, last_hidden_state=h, hybrid_cache=out.hybrid_cache,
+                            hidden_states=out.hidden_states)
+
+    # ---- generation: thread our own cache through generate() ---------------------------
+    def prepare_inputs_for_generation(self, input_ids: torch.LongTensor, hybrid_cache: HybridCache | None = None,
+                                      attention_mask: torch.Tensor | None = None, use_cache: bool | None = True,
+                                      inputs_embeds: torch.Tensor | None = None, **kwargs: Any) -> dict[str, Any]:
+        past = hybrid_cache.seen_tokens if hybrid_cache is not None else 0
+        inputs: dict[str, Any] = {"hybrid_cache": hybrid_cache, "use_cache": use_cache,
+                                  "attention_mask": attention_mask}
+        if inputs_embeds is not None and past == 0:
+            inputs["inputs_embeds"] = inputs_embeds
+        else:
+            inputs["input_ids"] = input_ids[:, past:].contiguous()  # only the positions not in the cache
+        return inputs
+
+    def _update_model_kwargs_for_generation(self, outputs: ModelOutput, model_kwargs: dict[str, Any],
+                                            is_encoder_decoder: bool = False, num_new_tokens: int = 1,
+                                            **kwargs: Any) -> dict[str, Any]:
+        model_kwargs["hybrid_cache"] = outputs.get("hybrid_cache")
+        mask = model_kwargs.get("attention_mask")
+        if mask is not None:
+            model_kwargs["attention_mask"] = torch.cat([mask, mask.new_ones(mask.shape[0], num_new_tokens)], -1)
+        model_kwargs.pop("position_ids", None)
+        return model_kwargs
+
+    def _reorder_cache(self, cache: HybridCache, beam_idx: torch.LongTensor) -> HybridCache:
+        cache.reorder_cache(beam_idx)
+        return cache
+
+
+_REGISTERED = False
+
+
+def register() -> None:
+    """Register HybridConfig / HybridForCausalLM with AutoConfig / AutoModelForCausalLM (idempotent).
+
+    Not done on import (importing hybrid changes nothing); from_mask and from_pretrained call it."""
+    global _REGISTERED
+    if _REGISTERED:
+        return
+    from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
+
+    try:
+        AutoConfig.register(HybridConfig.model_type, HybridConfig)
+    except ValueError:  # already registered (e.g. by another copy of this module)
+        pass
+    for auto, cls in ((AutoModel, HybridModel), (AutoModelForCausalLM, HybridForCausalLM)):
+        try:
+            auto.register(HybridConfig, cls)
+        except ValueError:
+            pass
+    _REGISTERED = True

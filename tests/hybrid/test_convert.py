@@ -1,0 +1,114 @@
+"""from_mask: parameter reuse (FA rows, GDN rows, GQA -> MHA expansion), mask handling, bad inputs."""
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests: conftest
+from conftest import tiny_model  # noqa: E402
+
+from headscope.mask import HeadMask, MaskError  # noqa: E402
+from hybrid.config import HybridConfigError  # noqa: E402
+from hybrid.convert import from_mask  # noqa: E402
+
+FA = [(0, 1), (1, 0), (1, 3), (2, 2)]
+
+
+def rows(linear, heads, D=16):
+    return torch.cat([linear.weight[h * D:(h + 1) * D] for h in heads])  # [h*D, C]
+
+
+@pytest.mark.parametrize("family", ["qwen3", "llama", "qwen2"])
+def test_parameter_reuse(family):
+    teacher = tiny_model(family)
+    model = from_mask(teacher, HeadMask.for_model(teacher, FA))
+    D, rep = model.config.head_dim, model.config.n_rep
+    assert torch.equal(model.model.embed_tokens.weight, teacher.model.embed_tokens.weight)
+    assert torch.equal(model.lm_head.weight, teacher.lm_head.weight)
+    for l, (layer, t) in enumerate(zip(model.model.layers, teacher.model.layers)):
+        attn, ta = layer.self_attn, t.self_attn
+        fa = [h for (ll, h) in FA if ll == l]
+        la = [h for h in range(4) if h not in fa]
+        assert attn.fa.heads == fa and attn.la.heads == la
+        assert torch.equal(attn.fa.q_proj.weight, rows(ta.q_proj, fa, D))
+        kv = sorted({h // rep for h in fa})
+        assert torch.equal(attn.fa.k_proj.weight, rows(ta.k_proj, kv, D))
+        assert torch.equal(attn.fa.v_proj.weight, rows(ta.v_proj, kv, D))
+        assert torch.equal(attn.la.q_proj.weight, rows(ta.q_proj, la, D))
+        assert torch.equal(attn.la.k_proj.weight, rows(ta.k_proj, [h // rep for h in la], D))  # GQA -> MHA
+        assert torch.equal(attn.la.v_proj.weight, rows(ta.v_proj, [h // rep for h in la], D))
+        assert torch.equal(attn.o_proj.weight, ta.o_proj.weight)
+        assert torch.equal(layer.mlp.down_proj.weight, t.mlp.down_proj.weight)
+        assert torch.equal(layer.input_layernorm.weight, t.input_layernorm.weight)
+        if family == "qwen2":  # q/k/v biases follow their rows
+            assert torch.equal(attn.la.k_proj.bias, torch.cat([ta.k_proj.bias[h // rep * D:(h // rep + 1) * D] for h in la]))
+        if family == "qwen3":
+            assert torch.equal(attn.la.q_norm.weight, ta.q_norm.weight)
+            assert torch.equal(attn.fa.k_norm.weight, ta.k_norm.weight)
+
+
+def test_new_parameters_are_named_and_initialised():
+    model = from_mask(tiny_model("qwen3"), HeadMask.for_model(tiny_model("qwen3"), FA), fusion="gated", gdn_conv=True)
+    new = model.new_parameters()
+    kinds = {n.split(".")[-2] if n.endswith((".weight", ".bias")) else n.split(".")[-1] for n in new}
+    assert kinds == {"gate_proj", "b_proj", "a_proj", "A_log", "dt_bias", "gamma", "branch_gate",
+                     "q_conv", "k_conv", "v_conv"}
+    assert not set(new) & set(model.reused_parameters())
+    fa = model.model.layers[1].self_attn.fa
+    assert torch.equal(fa.gate_proj.weight, torch.zeros_like(fa.gate_proj.weight))
+    la = model.model.layers[1].self_attn.la
+    assert (la.A_log.exp() >= 1).all() and (la.A_log.exp() <= 16).all()
+
+
+def test_mask_from_json_path(tmp_path):
+    teacher = tiny_model("qwen3")
+    path = tmp_path / "mask.json"
+    HeadMask.for_model(teacher, FA).to_json(path)
+    model = from_mask(teacher, path)
+    assert model.config.fa_heads == [[1], [0, 3], [2]]
+
+
+def test_mask_for_another_model_shape():
+    other = tiny_model("qwen3", num_hidden_layers=2)
+    with pytest.raises(MaskError, match="3 layers x 4 heads"):
+        from_mask(other, HeadMask.for_model(tiny_model("qwen3"), FA))
+
+
+def test_fingerprint_mismatch_can_be_overridden():
+    teacher = tiny_model("qwen3")
+    mask = HeadMask.for_model(tiny_model("qwen3", intermediate_size=96), FA)
+    with pytest.raises(MaskError, match="fingerprint"):
+        from_mask(teacher, mask)
+    assert from_mask(teacher, mask, check_fingerprint=False).config.fa_heads[1] == [0, 3]
+
+
+@pytest.mark.parametrize("heads,kw,match", [
+    ([], {}, "no full-attention head"),
+    ([(l, h) for l in range(3) for h in range(4)], {}, "every head"),
+    ([(0, 1)], {"require_fa_per_layer": True}, "no full-attention head"),
+    (FA, {"fusion": "mean"}, "fusion"),
+    (FA, {"windw": 3}, "windw"),
+])
+def test_bad_masks_and_options(heads, kw, match):
+    teacher = tiny_model("qwen3")
+    with pytest.raises((HybridConfigError, MaskError), match=match):
+        from_mask(teacher, HeadMask.for_model(teacher, heads), **kw)
+
+
+def test_unsupported_teacher_and_mask_type():
+    gpt2 = tiny_model("gpt2")
+    with pytest.raises(HybridConfigError, match="Llama-shaped"):
+        from_mask(gpt2, HeadMask.for_model(gpt2, [(0, 0)]))
+    with pytest.raises(TypeError, match="HeadMask"):
+        from_mask(tiny_model("qwen3"), [(0, 1)])
+
+
+def test_irregular_fa_subset_uses_per_head_kv():
+    teacher = tiny_model("qwen3")
+    model = from_mask(teacher, HeadMask.for_model(teacher, [(0, 0), (0, 1), (0, 2)]))  # KV 0 twice, KV 1 once
+    fa = model.model.layers[0].self_attn.fa
+    assert fa.kv_heads == [0, 1] and not fa.gqa
+    assert model.model.layers[1].self_attn.fa is None  # a layer with no FA head: GDN only
+    logits = model(torch.randint(0, 128, (1, 7))).logits
+    assert logits.shape == (1, 7, 128) and torch.isfinite(logits).all()

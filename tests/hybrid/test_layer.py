@@ -1,0 +1,119 @@
+"""One hybrid layer: FA branch vs the teacher's heads without RoPE, GDN branch vs the op, fusion variants."""
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests: conftest
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # tests/hybrid: testing_utils
+from conftest import tiny_model  # noqa: E402
+from testing_utils import assert_close  # noqa: E402
+
+from headscope.mask import HeadMask  # noqa: E402
+from hybrid.convert import from_mask  # noqa: E402
+from hybrid.layers.common import apply_rope, log_length_scale  # noqa: E402
+from hybrid.layers.fusion import calibrate_fusion  # noqa: E402
+from hybrid.ops import recurrent_gated_delta_rule  # noqa: E402
+
+FA = [(0, 1), (1, 0), (1, 3), (2, 2)]
+D = 16
+
+
+def build(**kw):
+    teacher = tiny_model("qwen3", dtype=torch.float64)
+    return teacher, from_mask(teacher, HeadMask.for_model(teacher, FA), **kw)
+
+
+def heads(linear, idx, x):
+    return torch.stack([F.linear(x, linear.weight[h * D:(h + 1) * D]) for h in idx], dim=2)  # [B, T, h, D]
+
+
+def teacher_nope_heads(ta, x, q_heads, scale_q=None):
+    """The teacher's attention output of q_heads with RoPE removed, computed by hand."""
+    rep = 2
+    q = ta.q_norm(heads(ta.q_proj, q_heads, x))  # [B, T, h, D]
+    k = ta.k_norm(heads(ta.k_proj, [h // rep for h in q_heads], x))
+    v = heads(ta.v_proj, [h // rep for h in q_heads], x)
+    if scale_q is not None:
+        q = q * scale_q[None, :, None, None]
+    o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
+    return o.transpose(1, 2)  # [B, T, h, D]
+
+
+@pytest.mark.parametrize("log_scale", [False, True])
+def test_fa_branch_is_teacher_heads_without_rope(log_scale):
+    teacher, model = build(fa_log_scale=log_scale, log_scale_base=4.0)
+    x = torch.randn(2, 9, 64, dtype=torch.float64)  # [B, T, C]
+    pos = torch.arange(9)
+    cos, sin = model.model.rotary_emb(pos, x.dtype)
+    fa = model.model.layers[1].self_attn.fa
+    o = fa(x, pos, cos, sin, None)  # [B, T, 2, D], gate = 1 at init
+    s = log_length_scale(pos, 4.0).double() if log_scale else None
+    assert_close("fa branch", o, teacher_nope_heads(teacher.model.layers[1].self_attn, x, [0, 3], s), "fp64_exact")
+
+
+def test_log_length_scale_formula():
+    s = log_length_scale(torch.arange(3), 512.0)
+    assert torch.allclose(s, torch.log(torch.tensor([1.0, 2.0, 3.0]) + 512) / torch.log(torch.tensor(512.0)))
+
+
+def test_gdn_branch_matches_the_op():
+    teacher, model = build()
+    ta, la = teacher.model.layers[1].self_attn, model.model.layers[1].self_attn.la
+    x = torch.randn(2, 9, 64, dtype=torch.float64)
+    pos = torch.arange(9)
+    cos, sin = model.model.rotary_emb(pos, x.dtype)
+    q = apply_rope(ta.q_norm(heads(ta.q_proj, [1, 2], x)), cos, sin)
+    k = apply_rope(ta.k_norm(heads(ta.k_proj, [0, 1], x)), cos, sin)  # KV head of q-head 1 is 0, of 2 is 1
+    v = heads(ta.v_proj, [0, 1], x)
+    g = (-la.A_log.exp() * F.softplus(la.dt_bias)).expand(2, 9, 2)  # a_proj = 0 at init
+    beta = torch.full((2, 9, 2), 0.5, dtype=x.dtype)
+    ref, _ = recurrent_gated_delta_rule(q, k, v, g, beta, use_qk_l2norm_in_kernel=True)
+    assert_close("gdn branch", la(x, pos, cos, sin, None), ref, "fp64_exact")
+
+
+def test_short_conv_starts_as_identity():
+    _, a = build()
+    _, b = build(gdn_conv=True)
+    ids = torch.randint(0, 128, (1, 10))
+    assert_close("conv at init", b(ids).logits, a(ids).logits, "fp64_exact")
+
+
+def test_fusion_variants():
+    _, norm = build()
+    _, none = build(fusion="none")
+    _, gated = build(fusion="gated")
+    x = torch.randn(2, 5, 64, dtype=torch.float64)
+    o_fa, o_la = torch.randn(2, 5, 2, D, dtype=torch.float64) * 3, torch.randn(2, 5, 2, D, dtype=torch.float64) * 20
+    fn = norm.model.layers[1].self_attn.fusion  # FA heads 0, 3; GDN heads 1, 2
+    with torch.no_grad():
+        fn.gamma.copy_(torch.tensor([1.0, 2.0, 3.0, 4.0]))
+    z = fn(x, o_fa, o_la).view(2, 5, 4, D)
+    assert torch.allclose(z.pow(2).mean(-1).sqrt(), torch.tensor([1.0, 2.0, 3.0, 4.0], dtype=z.dtype).expand(2, 5, 4), atol=1e-5)
+    z = none.model.layers[1].self_attn.fusion(x, o_fa, o_la).view(2, 5, 4, D)
+    assert torch.equal(z[:, :, [0, 3]], o_fa) and torch.equal(z[:, :, [1, 2]], o_la)  # original head order
+    fg = gated.model.layers[1].self_attn.fusion
+    with torch.no_grad():
+        fg.gamma.copy_(fn.gamma)
+    assert_close("gated at init == norm", fg(x, o_fa, o_la), fn(x, o_fa, o_la), "fp64_exact")
+    with torch.no_grad():
+        fg.branch_gate.bias.copy_(torch.tensor([2.0, -2.0]))
+    zg = fg(x, o_fa, o_la).view(2, 5, 4, D)
+    assert (zg[:, :, [0, 3]].norm() / z[:, :, [0, 3]].norm()) > (zg[:, :, [1, 2]].norm() / z[:, :, [1, 2]].norm())
+
+
+def test_calibrate_fusion_sets_gamma_to_teacher_head_rms():
+    teacher, model = build()
+    ids = torch.randint(0, 128, (2, 11))
+    seen = {}
+    h = teacher.model.layers[2].self_attn.o_proj.register_forward_pre_hook(lambda m, a: seen.setdefault("z", a[0]))
+    try:
+        teacher(ids)
+    finally:
+        h.remove()
+    expected = seen["z"].view(2, 11, 4, D).pow(2).mean(dim=(0, 1, 3)).sqrt()  # [H]
+    gamma = calibrate_fusion(model, teacher, ids)
+    assert gamma.shape == (3, 4)
+    assert_close("gamma", model.model.layers[2].self_attn.fusion.gamma, expected, "fp64_exact")

@@ -1,0 +1,88 @@
+"""HybridForCausalLM: the teacher baseline reproduces the teacher, save/load round trip, generate, errors."""
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests: conftest
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # tests/hybrid: testing_utils
+from conftest import tiny_model  # noqa: E402
+from testing_utils import assert_close  # noqa: E402
+
+from headscope.mask import HeadMask  # noqa: E402
+from hybrid.convert import from_mask  # noqa: E402
+from hybrid.layers.baselines import from_teacher  # noqa: E402
+from hybrid.modeling import HybridForCausalLM  # noqa: E402
+
+FA = [(0, 1), (1, 0), (1, 3), (2, 2)]
+
+
+@pytest.mark.parametrize("family", ["qwen3", "llama", "qwen2", "mistral"])
+def test_teacher_baseline_reproduces_teacher(family):
+    teacher = tiny_model(family, dtype=torch.float64)
+    ids = torch.randint(0, 128, (2, 13))
+    with torch.no_grad():
+        # fp32, not fp64_exact: the HF teacher itself runs its RMSNorm and eager softmax in float32
+        assert_close(f"{family} logits", from_teacher(teacher)(ids).logits, teacher(ids).logits, "fp32")
+
+
+def test_forward_shapes_loss_and_hidden_states():
+    teacher = tiny_model("qwen3")
+    model = from_mask(teacher, HeadMask.for_model(teacher, FA))
+    ids = torch.randint(0, 128, (2, 9))
+    out = model(ids, labels=ids, output_hidden_states=True, use_cache=False)
+    assert out.logits.shape == (2, 9, 128) and out.hybrid_cache is None
+    assert len(out.hidden_states) == 4 and out.loss.ndim == 0 and torch.isfinite(out.loss)
+    out.loss.backward()
+    assert model.model.layers[1].self_attn.la.b_proj.weight.grad is not None
+    assert model(ids, logits_to_keep=1).logits.shape == (2, 1, 128)
+
+
+def test_save_load_round_trip(tmp_path):
+    teacher = tiny_model("qwen3")
+    model = from_mask(teacher, HeadMask.for_model(teacher, FA), fusion="gated", gdn_conv=True)
+    with torch.no_grad():  # move new parameters off their init so the round trip is meaningful
+        for p in model.new_parameters().values():
+            p.add_(torch.randn_like(p) * 0.1)
+    model.save_pretrained(tmp_path)
+    assert (tmp_path / "model.safetensors").exists()
+    loaded = HybridForCausalLM.from_pretrained(tmp_path)
+    assert loaded.config.fa_heads == model.config.fa_heads and loaded.config.options == model.config.options
+    ids = torch.randint(0, 128, (1, 10))
+    with torch.no_grad():
+        assert torch.equal(loaded(ids).logits, model(ids).logits)
+    from transformers import AutoModelForCausalLM
+
+    auto = AutoModelForCausalLM.from_pretrained(tmp_path)
+    assert type(auto) is HybridForCausalLM
+
+
+def test_generate_greedy_matches_manual_loop():
+    teacher = tiny_model("qwen3")
+    model = from_mask(teacher, HeadMask.for_model(teacher, FA))
+    ids = torch.randint(3, 128, (1, 6))
+    out = model.generate(ids, max_new_tokens=5, do_sample=False, eos_token_id=None, pad_token_id=0)
+    seq = ids
+    with torch.no_grad():
+        for _ in range(5):
+            seq = torch.cat([seq, model(seq, use_cache=False).logits[:, -1:].argmax(-1)], 1)
+    assert torch.equal(out, seq)
+
+
+def test_padding_is_rejected():
+    teacher = tiny_model("qwen3")
+    model = from_mask(teacher, HeadMask.for_model(teacher, FA))
+    with pytest.raises(ValueError, match="padding"):
+        model(torch.randint(0, 128, (2, 4)), attention_mask=torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1]]))
+
+
+def test_import_registers_nothing():
+    code = ("import hybrid, hybrid.modeling, hybrid.convert\n"
+            "from transformers import AutoConfig\n"
+            "from transformers.models.auto.configuration_auto import CONFIG_MAPPING\n"
+            "assert 'headscope_hybrid' not in CONFIG_MAPPING\n"
+            "hybrid.modeling.register()\n"
+            "assert 'headscope_hybrid' in CONFIG_MAPPING\n")
+    subprocess.run([sys.executable, "-c", code], check=True)
