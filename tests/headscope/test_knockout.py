@@ -1,0 +1,103 @@
+"""Knockout curves and single head-set knockouts on a tiny model."""
+import random
+
+import pandas as pd
+import pytest
+import torch
+from conftest import tiny_model
+
+from headscope.heads import Head
+from headscope.knockout import auc, default_ks, knockout_curve, knockout_eval
+from headscope.results import HeadScores
+
+
+def _tokenizer():
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = "the number is answer a b c".split()
+    vocab = {"<unk>": 0, **{str(d): 1 + d for d in range(10)}, **{w: 11 + i for i, w in enumerate(words)}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Whitespace(),
+                                                 pre_tokenizers.Digits(individual_digits=True)])
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", pad_token="<unk>")
+
+
+@pytest.fixture(scope="module")
+def pairs():
+    from headscope.tasks import from_pairs
+
+    rng = random.Random(1)
+    items = []
+    for i in range(6):
+        a, b = rng.sample(range(10), 2)
+        pad = "a b " * (i % 3)  # different lengths: exercises padding
+        items.append((f"{pad}the number is {a} c the answer is", f"{pad}the number is {b} c the answer is",
+                      f" {a}", f" {b}"))
+    return from_pairs("toy", items).tokenized(_tokenizer())
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_model("qwen3")
+
+
+@pytest.mark.parametrize("kind", ["mean", "zero", "patch"])
+def test_curve_rows_and_consistency(model, pairs, kind):
+    scores = HeadScores("toy", torch.rand(4, 3, 4, generator=torch.Generator().manual_seed(0)))
+    df = knockout_curve(model, None, pairs, scores, ks=[0, 2, 4], kind=kind, n_random=2, batch_size=4,
+                        progress=False)
+    assert list(df.columns) == ["k", "fraction", "selection", "seed", "accuracy", "metric"]
+    assert len(df[df.selection == "top"]) == 3 and len(df[df.selection == "random"]) == 3 * 2
+    k0 = df[df.k == 0]
+    assert k0.metric.nunique() == 1 and k0.accuracy.nunique() == 1  # the intact model everywhere
+    # the top-4 row is exactly knockout_eval of the 4 best heads (batching and padding do not matter)
+    top4 = scores.top(4)
+    one = knockout_eval(model, None, pairs, top4, kind=kind, batch_size=1)
+    row = df[(df.selection == "top") & (df.k == 4)].iloc[0]
+    assert row.metric == pytest.approx(one["metric"], abs=1e-5) and row.accuracy == one["accuracy"]
+    assert one["metric_clean"] == pytest.approx(float(k0.metric.iloc[0]), abs=1e-5)
+    if kind != "zero":
+        assert row.metric != pytest.approx(one["metric_clean"], abs=1e-9)  # knocking heads out changes the run
+
+
+def test_patch_knockout_of_a_head_equals_patching_it(model, pairs):
+    """'patch' with one head = the activation-patching run behind that head's receiver score."""
+    from headscope.ablation import ablate_heads
+    from headscope.knockout import _capture_z
+
+    p = pairs[0]
+    store = {}
+    with torch.no_grad(), _capture_z(model, {1}, store):
+        model(input_ids=p.corrupt_ids[None])
+    with torch.no_grad(), ablate_heads(model, [Head(1, 3)], kind="patch", values={Head(1, 3): store[1][..., 48:64]}):
+        at = model(input_ids=p.clean_ids[None]).logits[0, p.answer_pos]
+    want = float((at[:, p.clean_answer_ids] - at[:, p.corrupt_answer_ids]).diagonal().mean())
+    got = knockout_eval(model, None, pairs[:1], [Head(1, 3)], kind="patch")["metric"]
+    assert got == pytest.approx(want, abs=1e-5)
+
+
+def test_default_ks_and_errors(model, pairs):
+    ks = default_ks(448)  # 10% of 448 heads = 45
+    assert ks[0] == 0 and ks[-1] == 45 and len(ks) == 11 and ks == sorted(set(ks))
+    assert default_ks(12) == [0, 1]
+    with pytest.raises(ValueError, match="kind"):
+        knockout_curve(model, None, pairs, torch.rand(3, 4), kind="noise")
+    with pytest.raises(ValueError, match="score this model"):
+        knockout_curve(model, None, pairs, torch.rand(2, 4))
+    with pytest.raises(ValueError, match="outside"):
+        knockout_eval(model, None, pairs, [Head(5, 0)])
+    with pytest.raises(ValueError, match="tokenizer"):
+        knockout_eval(model, None, "niah", [Head(0, 0)])
+
+
+def test_auc():
+    df = pd.DataFrame({"k": [0, 1, 2] * 3, "fraction": [0, 0.5, 1.0] * 3,
+                       "selection": ["top"] * 3 + ["random"] * 6, "seed": [None] * 3 + [0] * 3 + [1] * 3,
+                       "accuracy": [1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0, 0.5, 1.0]})
+    a = auc(df)
+    # random mean curve: 1.0, 0.75, 1.0 at fractions 0, 0.5, 1 -> trapezoids 0.4375 + 0.4375
+    assert a["top"] == pytest.approx(0.25) and a["random"] == pytest.approx(0.875)
+    assert a["gap"] == pytest.approx(a["random"] - a["top"])
+    with pytest.raises(ValueError, match="columns"):
+        auc(df.drop(columns="selection"))
