@@ -1,0 +1,219 @@
+"""The receiver-score engine (METHOD.md section 1) and the naive reference backend.
+
+For every pair: run clean and corrupted, then for every head h re-run the clean prompt with only h's
+slice of the output projection's input (``z  # [B, T, H*D]``) replaced by the corrupted run's value:
+
+    S(h) = (M_clean - M_patched(h)) / (M_clean - M_corrupt)
+
+A backend computes the metrics; ``receiver_scores`` checks the clean runs, normalizes and packs the
+result into ``HeadScores``. ``NaiveBackend`` (one full forward per head, a pre-hook on out_projs[l])
+is the test oracle that the fast backends must reproduce.
+"""
+from __future__ import annotations
+
+import contextlib
+import warnings
+from typing import Iterator, Protocol, Sequence
+
+import torch
+import torch.nn as nn
+
+from headscope.arch import Arch, describe
+from headscope.metrics import Metric, greedy_correct
+from headscope.patching.inputs import PatchPair
+from headscope.results import HeadScores
+
+__all__ = ["Backend", "NaiveBackend", "receiver_scores", "CleanFailureError", "DegeneratePairError",
+           "patch_heads", "model_device"]
+
+
+class CleanFailureError(RuntimeError):
+    """The model does not solve the clean task well enough for its scores to mean anything."""
+
+
+class DegeneratePairError(RuntimeError):
+    """M_clean == M_corrupt: the corruption does not change the model's answer, so S = x / 0."""
+
+
+class Backend(Protocol):
+    name: str
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+
+    def answer_logits(self, ids: torch.Tensor, answer_pos: torch.Tensor) -> torch.Tensor:
+        """ids  # [T] -> logits at answer_pos  # [A, V]"""
+
+    def patched_metrics(self, pair: PatchPair, metric: Metric, pbar=None) -> torch.Tensor:
+        """M_patched of every head  # [L, H] float64"""
+
+
+def model_device(model: nn.Module) -> torch.device:
+    p = next(model.parameters(), None)
+    return p.device if p is not None else torch.device("cpu")
+
+
+@contextlib.contextmanager
+def patch_heads(out_projs: Sequence[nn.Module], arch: Arch, jobs: Sequence[tuple[int, int]],
+                z_corrupt: dict[int, torch.Tensor]) -> Iterator[None]:
+    """Batch element i patches head jobs[i] = (layer, head): z[i, :, head_slice] <- z_corrupt[layer].
+
+    z_corrupt[l]  # [1, T', H*D] covers the last T' positions of the run (all of them, or the suffix).
+    """
+    rows: dict[int, list[tuple[int, slice]]] = {}
+    for i, (l, h) in enumerate(jobs):
+        rows.setdefault(l, []).append((i, arch.head_slice(h)))
+
+    def make_hook(l: int):
+        def hook(module, args):
+            z = args[0].clone()  # [B, T, H*D]
+            zc = z_corrupt[l]  # [1, T, H*D]
+            for i, sl in rows[l]:
+                z[i, :, sl] = zc[0, :, sl]
+            return (z,) + tuple(args[1:])
+        return hook
+
+    handles = [out_projs[l].register_forward_pre_hook(make_hook(l)) for l in rows]
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
+@contextlib.contextmanager
+def record_z(out_projs: Sequence[nn.Module], start: int = 0) -> Iterator[dict[int, torch.Tensor]]:
+    """Record the output projections' inputs z  # [B, T - start, H*D] of every layer."""
+    store: dict[int, torch.Tensor] = {}
+
+    def make_hook(l: int):
+        def hook(module, args):
+            store[l] = args[0][:, start:].clone()
+        return hook
+
+    handles = [p.register_forward_pre_hook(make_hook(l)) for l, p in enumerate(out_projs)]
+    try:
+        yield store
+    finally:
+        for h in handles:
+            h.remove()
+
+
+class NaiveBackend:
+    """Reference: one full forward of the clean prompt per head, head h's z channels replaced."""
+
+    name = "naive"
+
+    def __init__(self, model: nn.Module):
+        self.model = model
+        self.arch = describe(model)
+        self.n_layers, self.n_heads, self.n_kv_heads = self.arch.n_layers, self.arch.n_heads, self.arch.n_kv_heads
+        self.device = model_device(model)
+
+    def _logits(self, ids: torch.Tensor, answer_pos: torch.Tensor) -> torch.Tensor:
+        out = self.model(input_ids=ids.to(self.device), use_cache=False)
+        return out.logits[:, answer_pos.to(self.device)].float()  # [B, A, V]
+
+    @torch.inference_mode()
+    def answer_logits(self, ids: torch.Tensor, answer_pos: torch.Tensor) -> torch.Tensor:
+        return self._logits(ids[None], answer_pos)[0]  # [A, V]
+
+    @torch.inference_mode()
+    def patched_metrics(self, pair: PatchPair, metric: Metric, pbar=None) -> torch.Tensor:
+        with record_z(self.arch.out_projs) as z_corrupt:
+            self._logits(pair.corrupt_ids[None], pair.answer_pos)
+        out = torch.zeros(self.n_layers, self.n_heads, dtype=torch.float64)  # [L, H]
+        for l in range(self.n_layers):
+            for h in range(self.n_heads):
+                with patch_heads(self.arch.out_projs, self.arch, [(l, h)], z_corrupt):
+                    logits = self._logits(pair.clean_ids[None], pair.answer_pos)  # [1, A, V]
+                out[l, h] = metric(logits, pair)[0]
+                if pbar is not None:
+                    pbar.update(1)
+        return out
+
+
+def receiver_scores(backend: Backend, pairs: Sequence[PatchPair], metric: Metric, *, task: str = "custom",
+                    progress: bool = True, on_clean_failure: str = "warn", min_clean_accuracy: float = 0.5,
+                    denom_eps: float = 1e-4, settings: dict | None = None) -> HeadScores:
+    """Receiver scores of every head on every pair, normalized per pair.
+
+    Clean check: greedy teacher-forced exact match of the clean answer. If the accuracy is below
+    ``min_clean_accuracy``: "warn" warns, "error" raises CleanFailureError; "drop" always drops the
+    pairs the model gets wrong (raising if none is left).
+    Degenerate pairs (|M_clean - M_corrupt| <= denom_eps * max(|M_clean|, 1)) are dropped with a
+    warning; if every pair is degenerate, DegeneratePairError is raised.
+    """
+    if on_clean_failure not in ("warn", "drop", "error"):
+        raise ValueError(f"on_clean_failure={on_clean_failure!r}; use 'warn', 'drop' or 'error'")
+    if not pairs:
+        raise ValueError("no pairs to score: pass n_samples >= 1 or a non-empty list of pairs")
+    m_clean, m_corrupt, correct = [], [], []
+    for p in pairs:
+        lc = backend.answer_logits(p.clean_ids, p.answer_pos)  # [A, V]
+        lx = backend.answer_logits(p.corrupt_ids, p.answer_pos)  # [A, V]
+        m_clean.append(float(metric(lc, p)[0]))
+        m_corrupt.append(float(metric(lx, p)[0]))
+        correct.append(greedy_correct(lc, p.clean_answer_ids))
+    acc = sum(correct) / len(correct)
+    keep = list(range(len(pairs)))
+    dropped: dict[int, str] = {}
+    if acc < min_clean_accuracy and on_clean_failure == "error":
+        raise CleanFailureError(
+            f"the model answers only {acc:.0%} of the clean prompts of task {task!r} correctly (greedy, teacher-"
+            f"forced; need >= {min_clean_accuracy:.0%}): scores of a task the model cannot do are noise. Fix: use a "
+            "task/context length the model solves, or pass on_clean_failure='drop' / 'warn'")
+    if on_clean_failure == "drop":
+        for i in keep:
+            if not correct[i]:
+                dropped[i] = "clean answer wrong"
+        keep = [i for i in keep if correct[i]]
+        if not keep:
+            raise CleanFailureError(f"the model answers none of the {len(pairs)} clean prompts of task {task!r} "
+                                    "correctly, so on_clean_failure='drop' leaves nothing to score. Fix: use a "
+                                    "task/context length the model solves")
+        if dropped:
+            warnings.warn(f"dropped {len(dropped)} of {len(pairs)} pairs of task {task!r} whose clean answer the "
+                          f"model gets wrong (clean accuracy {acc:.0%})", stacklevel=3)
+    elif acc < min_clean_accuracy:
+        warnings.warn(f"the model answers only {acc:.0%} of the clean prompts of task {task!r} correctly (need >= "
+                      f"{min_clean_accuracy:.0%}); its head scores may be noise. Pass on_clean_failure='drop' to "
+                      "score only the pairs it solves", stacklevel=3)
+    degenerate = [i for i in keep if abs(m_clean[i] - m_corrupt[i]) <= denom_eps * max(abs(m_clean[i]), 1.0)]
+    if degenerate and len(degenerate) == len(keep):
+        raise DegeneratePairError(
+            f"M_clean - M_corrupt is ~0 for every pair of task {task!r} (e.g. {m_clean[keep[0]]:.4g} vs "
+            f"{m_corrupt[keep[0]]:.4g}): the corruption does not change the model's answer, so the normalized score "
+            "is undefined. Fix: corrupt the answer-bearing span (a different needle value), or use metric='logprob'")
+    if degenerate:
+        warnings.warn(f"dropped {len(degenerate)} pair(s) {degenerate} of task {task!r} whose corruption does not "
+                      "change the metric (M_clean ~= M_corrupt): the score would be x/0", stacklevel=3)
+        for i in degenerate:
+            dropped[i] = "corruption does not change the metric"
+        keep = [i for i in keep if i not in set(degenerate)]
+
+    n_heads = backend.n_layers * backend.n_heads
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+        bar = tqdm(total=n_heads * len(keep), desc=f"receiver scores ({backend.name}, {task})", unit="head")
+    rows = []
+    try:
+        for i in keep:
+            m_patched = backend.patched_metrics(pairs[i], metric, bar)  # [L, H]
+            rows.append((m_clean[i] - m_patched) / (m_clean[i] - m_corrupt[i]))
+    finally:
+        if bar is not None:
+            bar.close()
+    per_sample = torch.stack(rows)  # [N, L, H]
+    if not torch.isfinite(per_sample).all():
+        raise FloatingPointError("non-finite receiver scores (NaN/inf logits?); check the model's dtype")
+    info = dict(settings or {})
+    info.update(backend=backend.name, metric=metric.name, n_pairs=len(pairs), n_scored=len(keep),
+                clean_accuracy=acc, dropped={str(k): v for k, v in sorted(dropped.items())},
+                on_clean_failure=on_clean_failure, denom_eps=denom_eps)
+    idx = torch.tensor(keep)
+    return HeadScores(task=task, per_sample_raw=per_sample, kind="receiver", n_kv_heads=backend.n_kv_heads,
+                      clean_metric=torch.tensor(m_clean, dtype=torch.float64)[idx],
+                      corrupt_metric=torch.tensor(m_corrupt, dtype=torch.float64)[idx],
+                      clean_correct=torch.tensor(correct)[idx], settings=info)

@@ -1,0 +1,75 @@
+"""Receiver scores through a TransformerLens 4.x ``TransformerBridge`` (hook ``blocks.{l}.attn.hook_z``).
+
+Plain full forwards (no prefix reuse): the heads of one micro-batch are batch elements, element i
+patching head jobs[i] in ``hook_z  # [B, T, H, D]``. transformer_lens is imported by the caller only.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from headscope.metrics import Metric
+from headscope.patching.engine import model_device
+from headscope.patching.inputs import PatchPair
+
+__all__ = ["TLBackend", "is_transformer_bridge"]
+
+
+def is_transformer_bridge(obj: Any) -> bool:
+    return any(c.__module__.startswith("transformer_lens") and c.__name__ == "TransformerBridge"
+               for c in type(obj).__mro__)
+
+
+class TLBackend:
+    name = "transformer_lens"
+
+    def __init__(self, bridge: Any, batch_size: int | None = None):
+        if not is_transformer_bridge(bridge):
+            raise TypeError(f"TLBackend needs a transformer_lens TransformerBridge, got {type(bridge).__name__}")
+        if batch_size is not None and batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1 or None, got {batch_size}")
+        cfg = bridge.cfg
+        self.bridge = bridge
+        self.n_layers, self.n_heads = int(cfg.n_layers), int(cfg.n_heads)
+        self.n_kv_heads = int(getattr(cfg, "n_key_value_heads", None) or self.n_heads)
+        self.batch_size = batch_size or self.n_heads
+        self.device = model_device(bridge)
+
+    def _logits(self, ids: torch.Tensor, answer_pos: torch.Tensor, fwd_hooks=()) -> torch.Tensor:
+        ids = ids.to(self.device)
+        out = self.bridge.run_with_hooks(ids, fwd_hooks=list(fwd_hooks)) if fwd_hooks else self.bridge(ids)
+        return out[:, answer_pos.to(self.device)].float()  # [B, A, V]
+
+    @torch.inference_mode()
+    def answer_logits(self, ids: torch.Tensor, answer_pos: torch.Tensor) -> torch.Tensor:
+        return self._logits(ids[None], answer_pos)[0]  # [A, V]
+
+    @torch.inference_mode()
+    def patched_metrics(self, pair: PatchPair, metric: Metric, pbar=None) -> torch.Tensor:
+        _, cache = self.bridge.run_with_cache(pair.corrupt_ids[None].to(self.device),
+                                              names_filter=lambda name: name.endswith("attn.hook_z"))
+        z_corrupt = {l: cache[f"blocks.{l}.attn.hook_z"] for l in range(self.n_layers)}  # [1, T, H, D]
+        jobs = [(l, h) for l in range(self.n_layers) for h in range(self.n_heads)]
+        out = torch.zeros(self.n_layers, self.n_heads, dtype=torch.float64)  # [L, H]
+        for i in range(0, len(jobs), self.batch_size):
+            chunk = jobs[i:i + self.batch_size]
+            rows: dict[int, list[tuple[int, int]]] = {}
+            for b, (l, h) in enumerate(chunk):
+                rows.setdefault(l, []).append((b, h))
+
+            def make_hook(l: int):
+                def hook(z, hook):  # z  # [B, T, H, D]
+                    z = z.clone()
+                    for b, h in rows[l]:
+                        z[b, :, h] = z_corrupt[l][0, :, h]
+                    return z
+                return hook
+
+            hooks = [(f"blocks.{l}.attn.hook_z", make_hook(l)) for l in rows]
+            logits = self._logits(pair.clean_ids[None].expand(len(chunk), -1), pair.answer_pos, hooks)
+            for (l, h), v in zip(chunk, metric(logits, pair).tolist()):
+                out[l, h] = v
+            if pbar is not None:
+                pbar.update(len(chunk))
+        return out

@@ -1,0 +1,78 @@
+"""Every backend (hf fast path, naive, TransformerLens bridge, nnsight) gives the same scores; metrics."""
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests: conftest
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the pair builders of test_patching_exact
+sys.path.append(str(Path(__file__).resolve().parents[3]))  # repo root: `headscope` is the package
+from conftest import tiny_model  # noqa: E402
+from test_patching_exact import model_pair, one_thread  # noqa: E402,F401
+
+from headscope.metrics import resolve_metric  # noqa: E402
+from headscope.patching import HFBackend, NaiveBackend, as_patch_pair, receiver_scores  # noqa: E402
+
+
+def word_tokenizer(vocab: int = 128):
+    """A saved-and-reloaded word-level tokenizer "t0 t1 ..." (TransformerBridge wants a loadable one)."""
+    import transformers as tf
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    tok = Tokenizer(models.WordLevel({f"t{i}": i for i in range(vocab)}, unk_token="t0"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    fast = tf.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="t0", pad_token="t1", eos_token="t2")
+    folder = tempfile.mkdtemp(prefix="headscope_tok_")
+    fast.save_pretrained(folder)
+    return folder, tf.AutoTokenizer.from_pretrained(folder)
+
+
+def run(backend, pairs, metric="logit_diff"):
+    return receiver_scores(backend, pairs, resolve_metric(metric), progress=False, min_clean_accuracy=0.0)
+
+
+@pytest.mark.parametrize("family", ["qwen3", "gpt2"])
+def test_all_backends_agree(family):
+    pytest.importorskip("transformer_lens")
+    pytest.importorskip("nnsight")
+    from nnsight import NNsight
+    from transformer_lens.model_bridge import TransformerBridge
+
+    from headscope.patching.nn_sight import NNsightBackend
+    from headscope.patching.tl import TLBackend
+
+    model = tiny_model(family, attn_implementation="sdpa", initializer_range=0.2)
+    pairs = [as_patch_pair(model_pair(model, 20, fd, 2, seed=fd, max_effect=True)) for fd in (3, 12)]
+    ref = run(HFBackend(model), pairs)
+    folder, tok = word_tokenizer()
+    bridge = TransformerBridge.boot_transformers(folder, hf_model=model, tokenizer=tok)
+    for backend in (NaiveBackend(model), TLBackend(bridge), TLBackend(bridge, batch_size=5),
+                    NNsightBackend(NNsight(model)), NNsightBackend(NNsight(model), batch_size=7)):
+        got = run(backend, pairs)
+        assert (got.per_sample_raw - ref.per_sample_raw).abs().max() <= 1e-5, backend.name
+        assert torch.allclose(got.clean_metric, ref.clean_metric, atol=1e-5)
+        assert torch.allclose(got.corrupt_metric, ref.corrupt_metric, atol=1e-5)
+
+
+def test_metrics_builtin_and_callable():
+    model = tiny_model("qwen3", initializer_range=0.2)
+    pair = as_patch_pair(model_pair(model, 16, 4, 2, seed=1))
+    logits = NaiveBackend(model).answer_logits(pair.clean_ids, pair.answer_pos)  # [A, V]
+    a = torch.arange(2)
+    ld = (logits[a, pair.clean_answer_ids] - logits[a, pair.corrupt_answer_ids]).double().mean()
+    lp = torch.log_softmax(logits.double(), -1)[a, pair.clean_answer_ids].sum()
+    assert torch.allclose(resolve_metric("logit_diff")(logits, pair)[0], ld)
+    assert torch.allclose(resolve_metric("logprob")(logits, pair)[0], lp)
+
+    def first_logit(logits_at_answer, pair):  # user metric: sees [A, V] and the original pair object
+        assert logits_at_answer.dim() == 2 and hasattr(pair, "clean_ids")
+        return float(logits_at_answer[0, pair.clean_answer_ids[0]])
+
+    custom = run(HFBackend(model), [pair], first_logit)
+    naive = run(NaiveBackend(model), [pair], first_logit)
+    assert custom.settings["metric"] == "first_logit"
+    assert (custom.per_sample_raw - naive.per_sample_raw).abs().max() <= 1e-5
+    with pytest.raises(ValueError, match="unknown metric"):
+        resolve_metric("accuracy")

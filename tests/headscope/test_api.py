@@ -1,0 +1,89 @@
+"""score(): task names, pair lists, backend detection, and the errors a user can hit."""
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests: conftest
+sys.path.append(str(Path(__file__).resolve().parents[2]))  # repo root: `headscope` is the package
+from conftest import tiny_model  # noqa: E402
+
+from headscope.api import score  # noqa: E402
+from headscope.arch import UnsupportedModelError  # noqa: E402
+from headscope.patching import PatchInputError  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def char_tokenizer(size: int = 128):
+    """One token per ASCII character (ids = code points), so natural-language tasks fit a 128-token model."""
+    import transformers as tf
+    from tokenizers import Regex, Tokenizer, models, pre_tokenizers
+
+    vocab = {chr(i): i for i in range(size)}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="?"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    return tf.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="?", pad_token="\x00", eos_token="\x01")
+
+
+def test_score_niah_by_name_is_deterministic():
+    model, tok = tiny_model("qwen3", initializer_range=0.2), char_tokenizer()
+    with pytest.warns(UserWarning, match="correctly"):  # a random model fails the clean task: warned
+        a = score(model, "niah", tokenizer=tok, n_samples=2, seed=3, progress=False, context_length=160)
+    b = score(model, "niah", tokenizer=tok, n_samples=2, seed=3, progress=False, context_length=160,
+              on_clean_failure="warn", min_clean_accuracy=0.0)
+    assert a.task == "niah" and a.per_sample_raw.shape == (2, 3, 4)
+    assert torch.equal(a.per_sample_raw, b.per_sample_raw)
+    assert a.settings["task_config"] == {"context_length": 160} and a.settings["backend"] == "hf"
+    naive = score(model, "niah", tokenizer=tok, n_samples=2, seed=3, progress=False, backend="naive",
+                  task_config={"context_length": 160}, min_clean_accuracy=0.0)
+    assert (naive.per_sample_raw - a.per_sample_raw).abs().max() <= 1e-4
+
+
+def test_score_accepts_pair_list_and_wrappers():
+    pytest.importorskip("nnsight")
+    from nnsight import NNsight
+
+    from headscope.tasks import get_task
+
+    model, tok = tiny_model("qwen3", initializer_range=0.2), char_tokenizer()
+    pairs = get_task("niah", context_length=160).tokenized(tok, 1, 0)
+    hf = score(model, pairs, progress=False, min_clean_accuracy=0.0)
+    wrapped = score(NNsight(model), pairs, progress=False, min_clean_accuracy=0.0)  # auto -> nnsight backend
+    assert wrapped.settings["backend"] == "nnsight"
+    assert (wrapped.per_sample_raw - hf.per_sample_raw).abs().max() <= 1e-4
+
+
+def test_errors_name_the_problem():
+    model, tok = tiny_model("qwen3"), char_tokenizer()
+    with pytest.raises(LookupError, match="unknown task 'nope'"):
+        score(model, "nope", tokenizer=tok, progress=False)
+    with pytest.raises(ValueError, match="no tokenizer"):
+        score(model, "niah", progress=False, context_length=64)
+    with pytest.raises(PatchInputError, match="context is 256"):
+        score(model, "niah", tokenizer=tok, n_samples=1, progress=False, context_length=400)
+    with pytest.raises(PatchInputError, match="does not match the model"):
+        score(tiny_model("qwen3", vocab_size=64), "niah", tokenizer=tok, n_samples=1, progress=False,
+              context_length=64)
+    with pytest.raises(UnsupportedModelError, match="supported families"):
+        score(_NoHeads(), "niah", tokenizer=tok, progress=False)
+    with pytest.raises(ValueError, match="backend="):
+        score(model, "niah", tokenizer=tok, n_samples=1, progress=False, backend="jax", context_length=160)
+
+
+class _NoHeads(torch.nn.Module):
+    """A model with a config but no attention layout headscope knows."""
+
+    def __init__(self):
+        super().__init__()
+        import transformers as tf
+
+        self.config = tf.PretrainedConfig(model_type="mystery")
+        self.body = torch.nn.Linear(4, 4)
