@@ -1,0 +1,25 @@
+"""hybrid.ops: the kernels tier. Gated DeltaNet (fla's convention and [B, T, H, D] layout) and softmax
+attention; each fast op has a naive twin with the same argument order. Importing this package imports neither
+fla nor flash_attn (they load lazily inside the functions that use them).
+
+    chunk_gated_delta_rule      fla chunk kernel on CUDA if fla imports, else the PyTorch chunked twin
+    recurrent_gated_delta_rule  naive twin: plain loop over positions (also the decode step)
+    gated_delta_rule            explicit backend choice ("auto", "torch_chunk", "torch_recurrent", "fla_chunk",
+                                "fla_recurrent")
+    attention                   softmax attention ("auto", "flash", "sdpa", "eager"), GQA, q_offset for decoding
+    attention_eager             its naive twin
+"""
+from hybrid.ops.attention import attention, attention_eager
+from hybrid.ops.gdn import chunk_gated_delta_rule, fla_available, gated_delta_rule
+from hybrid.ops.gdn_chunk import chunk_gated_delta_rule as torch_chunk_gated_delta_rule
+from hybrid.ops.gdn_recurrent import recurrent_gated_delta_rule
+
+__all__ = [
+    "attention",
+    "attention_eager",
+    "chunk_gated_delta_rule",
+    "fla_available",
+    "gated_delta_rule",
+    "recurrent_gated_delta_rule",
+    "torch_chunk_gated_delta_rule",
+]

@@ -1,0 +1,214 @@
+"""Gated delta rule dispatch: fla's Triton kernels on CUDA when importable, else the PyTorch twins.
+
+Backends (all compute the same function, fla's convention; see gdn_recurrent.py):
+    "torch_recurrent"  plain loop over positions (reference twin; fine for decode, T = 1)
+    "torch_chunk"      chunked WY form in PyTorch (autograd backward)
+    "fla_chunk"        fla.ops.gated_delta_rule.chunk_gated_delta_rule (training / prefill)
+    "fla_recurrent"    fla.ops.gated_delta_rule.fused_recurrent_gated_delta_rule (decode; no backward)
+    "auto"             CUDA + fla: fla_recurrent when no gradient is needed and T <= FLA_RECURRENT_MAX_T,
+                       else fla_chunk; otherwise torch_recurrent for T = 1 and torch_chunk beyond.
+
+The Hopper issue (fla issue 640): fla 0.6.0 raises in backward on Hopper with 3.4.0 <= Triton < 3.7.1, because
+its gated `chunk_bwd_dqkwg` kernel gave wrong results there (guard in fla/ops/common/chunk_o.py). On that
+combination `fla_chunk` keeps fla's forward and, by default, computes the backward by recomputing the chunk
+with `torch_chunk` (exact gradients of the same function, slower), except at head dims listed in
+HOPPER_BWD_VERIFIED_DIMS. `allow_unverified_hopper_backward=True` (or env HYBRID_ALLOW_UNVERIFIED_HOPPER_BWD=1)
+runs fla's own backward with the guard switched off at any head dim, for the parity test
+(tests/hybrid/ops/test_gpu_kernels.py, experiments/fla_parity_gpu.py) that measures whether it is right.
+See docs/kernels.md for the decision.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+
+import torch
+
+from hybrid.ops.gdn_chunk import chunk_gated_delta_rule as torch_chunk_gated_delta_rule
+from hybrid.ops.gdn_recurrent import recurrent_gated_delta_rule as torch_recurrent_gated_delta_rule
+from hybrid.ops.utils import check_gdn_inputs
+
+BACKENDS = ("auto", "torch_chunk", "torch_recurrent", "fla_chunk", "fla_recurrent")
+FLA_RECURRENT_MAX_T = 64  # auto: decode / short no-grad calls use fla's fused recurrent kernel
+HOPPER_BWD_ENV = "HYBRID_ALLOW_UNVERIFIED_HOPPER_BWD"
+# (Dk, Dv) head dims at which experiments/fla_parity_gpu.py measured fla's guarded Hopper backward to match the
+# reference (relative error <= 1e-2 for every gradient); there the guard is bypassed by default. Empty until the
+# lead's H200 run fills it in (fla issue 640 bisects the miscompile to 64-wide tiles, i.e. head dim 64).
+HOPPER_BWD_VERIFIED_DIMS: frozenset[tuple[int, int]] = frozenset()
+
+
+@functools.cache
+def fla_available() -> bool:
+    """True if fla's gated delta rule kernels import (needs fla-core, Triton and a GPU build)."""
+    try:
+        import fla.ops.gated_delta_rule  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
+def hopper_backward_guarded() -> bool:
+    """True where fla refuses the gated chunk backward (Hopper GPU with 3.4.0 <= Triton < 3.7.1), read from
+    fla's own flags so the answer matches its guard exactly."""
+    from fla.utils import IS_NVIDIA_HOPPER, TRITON_ABOVE_3_4_0, TRITON_ABOVE_3_7_1
+
+    return bool(IS_NVIDIA_HOPPER and TRITON_ABOVE_3_4_0 and not TRITON_ABOVE_3_7_1)
+
+
+@contextlib.contextmanager
+def fla_hopper_guard_bypassed():
+    """Switch off fla's Hopper/Triton backward guard (fla.ops.common.chunk_o) inside the block only."""
+    import fla.ops.common.chunk_o as chunk_o
+
+    saved = chunk_o.TRITON_ABOVE_3_7_1
+    chunk_o.TRITON_ABOVE_3_7_1 = True
+    try:
+        yield
+    finally:
+        chunk_o.TRITON_ABOVE_3_7_1 = saved
+
+
+def _fla_chunk_raw(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
+                   chunk_size):
+    from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fla_chunk
+
+    return fla_chunk(q, k, v, g, beta, scale=scale, initial_state=initial_state,
+                     output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+                     chunk_size=chunk_size)
+
+
+class _FlaChunkHopperBackward(torch.autograd.Function):
+    """fla's chunk forward with a backward that fla's Hopper guard would refuse. bwd = "torch_chunk": recompute the
+    chunk with the PyTorch twin and differentiate that (exact gradients of the same function). bwd = "fla_unguarded":
+    keep fla's own graph from the forward and run its backward with the guard switched off."""
+
+    @staticmethod
+    def forward(ctx, bwd, scale, output_final_state, use_qk_l2norm_in_kernel, chunk_size,
+                q, k, v, g, beta, initial_state):
+        ctx.cfg = (bwd, scale, output_final_state, use_qk_l2norm_in_kernel, chunk_size)
+        inputs = [None if x is None else x.detach().requires_grad_(need)
+                  for x, need in zip((q, k, v, g, beta, initial_state), ctx.needs_input_grad[5:])]
+        if bwd == "fla_unguarded":
+            with torch.enable_grad():
+                o, ht = _fla_chunk_raw(*inputs[:5], scale, inputs[5], output_final_state,
+                                       use_qk_l2norm_in_kernel, chunk_size)
+            ctx.inner = (inputs, o, ht)
+        else:
+            ctx.save_for_backward(q, k, v, g, beta, initial_state)
+            o, ht = _fla_chunk_raw(q, k, v, g, beta, scale, initial_state, output_final_state,
+                                   use_qk_l2norm_in_kernel, chunk_size)
+        return o.detach(), (None if ht is None else ht.detach())
+
+    @staticmethod
+    def backward(ctx, do, dht):
+        bwd, scale, output_final_state, use_qk_l2norm_in_kernel, chunk_size = ctx.cfg
+        if bwd == "fla_unguarded":
+            inputs, o, ht = ctx.inner
+            del ctx.inner
+            guard = fla_hopper_guard_bypassed()
+        else:
+            inputs = [None if x is None else x.detach().requires_grad_(need)
+                      for x, need in zip(ctx.saved_tensors, ctx.needs_input_grad[5:])]
+            with torch.enable_grad():
+                o, ht = torch_chunk_gated_delta_rule(*inputs[:5], scale, inputs[5], output_final_state,
+                                                     use_qk_l2norm_in_kernel, chunk_size)
+            guard = contextlib.nullcontext()
+        outs, grads_out = [o], [do]
+        if ht is not None and dht is not None:
+            outs.append(ht), grads_out.append(dht)
+        wanted = [x for x in inputs if x is not None and x.requires_grad]
+        with guard:
+            grads = iter(torch.autograd.grad(outs, wanted, grads_out, allow_unused=True))
+        return (None,) * 5 + tuple(next(grads) if x is not None and x.requires_grad else None for x in inputs)
+
+
+def _allow_unverified(flag: bool | None) -> bool:
+    if flag is not None:
+        return bool(flag)
+    return os.environ.get(HOPPER_BWD_ENV, "0") not in ("", "0", "false", "False")
+
+
+def fla_chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
+                               use_qk_l2norm_in_kernel=False, chunk_size=64,
+                               allow_unverified_hopper_backward: bool | None = None):
+    """fla's chunk kernel, with the Hopper/Triton backward handling described in the module docstring."""
+    needs_grad = torch.is_grad_enabled() and any(
+        x is not None and x.requires_grad for x in (q, k, v, g, beta, initial_state))
+    if not needs_grad or not hopper_backward_guarded():
+        return _fla_chunk_raw(q, k, v, g, beta, scale, initial_state, output_final_state,
+                              use_qk_l2norm_in_kernel, chunk_size)
+    verified = (q.shape[-1], v.shape[-1]) in HOPPER_BWD_VERIFIED_DIMS
+    bwd = "fla_unguarded" if verified or _allow_unverified(allow_unverified_hopper_backward) else "torch_chunk"
+    return _FlaChunkHopperBackward.apply(bwd, scale, output_final_state, use_qk_l2norm_in_kernel,
+                                              chunk_size, q, k, v, g, beta, initial_state)
+
+
+def fla_recurrent_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
+                                   use_qk_l2norm_in_kernel=False, chunk_size=64):
+    """fla's fused recurrent kernel (forward only: fla has no backward for it). Keyword call: fla's
+    positional order there is (q, k, v, g, gk, gv, beta, ...)."""
+    if torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in (q, k, v, g, beta, initial_state)):
+        raise RuntimeError("backend='fla_recurrent' has no backward in fla; use 'fla_chunk' (or 'auto') for "
+                           "training, or call under torch.no_grad() for decoding")
+    from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule
+
+    return fused_recurrent_gated_delta_rule(q=q, k=k, v=v, g=g, beta=beta, scale=scale,
+                                            initial_state=initial_state, output_final_state=output_final_state,
+                                            use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel)
+
+
+def resolve_backend(backend: str, q: torch.Tensor, needs_grad: bool) -> str:
+    """The concrete backend that `backend` means for this input."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    T = q.shape[1]
+    if backend == "auto":
+        if q.is_cuda and fla_available():
+            return "fla_recurrent" if (not needs_grad and T <= FLA_RECURRENT_MAX_T) else "fla_chunk"
+        return "torch_recurrent" if T == 1 else "torch_chunk"
+    if backend.startswith("fla_"):
+        if not q.is_cuda:
+            raise ValueError(f"backend={backend!r} needs CUDA tensors, got device {q.device}; use 'torch_chunk'")
+        if not fla_available():
+            raise ImportError(f"backend={backend!r} needs fla: pip install fla-core (with Triton on a GPU machine)")
+    return backend
+
+
+def gated_delta_rule(
+    q: torch.Tensor,  # [B, T, H, Dk]
+    k: torch.Tensor,  # [B, T, H, Dk]
+    v: torch.Tensor,  # [B, T, H, Dv]
+    g: torch.Tensor,  # [B, T, H] log decay (<= 0)
+    beta: torch.Tensor,  # [B, T, H] in (0, 1)
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,  # [B, H, Dk, Dv]
+    output_final_state: bool = False,
+    use_qk_l2norm_in_kernel: bool = False,
+    chunk_size: int = 64,
+    backend: str = "auto",
+    allow_unverified_hopper_backward: bool | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Gated delta rule on the chosen backend. Returns o [B, T, H, Dv] and final state [B, H, Dk, Dv] or None."""
+    check_gdn_inputs(q, k, v, g, beta, initial_state)
+    needs_grad = torch.is_grad_enabled() and any(
+        x is not None and x.requires_grad for x in (q, k, v, g, beta, initial_state))
+    name = resolve_backend(backend, q, needs_grad)
+    args = (q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel, chunk_size)
+    if name == "torch_chunk":
+        return torch_chunk_gated_delta_rule(*args)
+    if name == "torch_recurrent":
+        return torch_recurrent_gated_delta_rule(*args)
+    if name == "fla_recurrent":
+        return fla_recurrent_gated_delta_rule(*args)
+    return fla_chunk_gated_delta_rule(*args, allow_unverified_hopper_backward=allow_unverified_hopper_backward)
+
+
+def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
+                           use_qk_l2norm_in_kernel=False, chunk_size=64):
+    """Chunked gated delta rule: fla's chunk kernel on CUDA when fla imports, else the PyTorch chunked twin.
+    Shapes as in `gated_delta_rule`."""
+    check_gdn_inputs(q, k, v, g, beta, initial_state)
+    backend = "fla_chunk" if (q.is_cuda and fla_available()) else "torch_chunk"
+    return gated_delta_rule(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
+                            chunk_size, backend=backend)

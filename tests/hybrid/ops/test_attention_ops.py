@@ -1,0 +1,68 @@
+"""attention op: SDPA against the eager twin in float64 (GQA, causal, q_offset), decode consistency, errors."""
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/hybrid: testing_utils (import it first)
+from testing_utils import assert_close  # noqa: E402
+
+from hybrid.ops import attention, attention_eager  # noqa: E402
+
+
+def qkv(B=2, T=9, S=9, H=4, K=2, D=8, Dv=8, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, T, H, D, generator=gen, dtype=torch.float64)  # [B, T, H, D]
+    k = torch.randn(B, S, K, D, generator=gen, dtype=torch.float64)  # [B, S, K, D]
+    v = torch.randn(B, S, K, Dv, generator=gen, dtype=torch.float64)  # [B, S, K, Dv]
+    return q, k, v
+
+
+@pytest.mark.parametrize("H,K", [(4, 4), (4, 2), (6, 1)])
+@pytest.mark.parametrize("causal", [True, False])
+def test_sdpa_matches_eager(H, K, causal):
+    q, k, v = qkv(H=H, K=K, Dv=5)
+    o = attention(q, k, v, causal=causal, backend="sdpa", scale=0.2)
+    assert o.shape == (2, 9, H, 5)
+    assert_close("sdpa vs eager", o, attention(q, k, v, causal=causal, backend="eager", scale=0.2), "fp64_exact")
+    assert_close("auto on cpu", attention(q, k, v, causal=causal, scale=0.2), o, "fp64_exact")
+
+
+@pytest.mark.parametrize("T,S,q_offset", [(1, 12, 11), (3, 12, 9), (4, 12, 5), (5, 8, 0)])
+def test_q_offset_matches_eager(T, S, q_offset):
+    q, k, v = qkv(T=T, S=S)
+    o = attention(q, k, v, backend="sdpa", q_offset=q_offset)
+    assert_close("sdpa vs eager", o, attention_eager(q, k, v, q_offset=q_offset), "fp64_exact")
+
+
+def test_decode_rows_equal_full_sequence_rows():
+    """Query i at key position q_offset + i sees exactly what row q_offset + i of the full causal pass sees."""
+    q, k, v = qkv(T=12, S=12, H=4, K=2)
+    full = attention(q, k, v, backend="sdpa")  # [B, T, H, Dv]
+    for start, end in ((11, 12), (7, 10)):  # one-token decode, and a 3-token chunk after a cache
+        part = attention(q[:, start:end], k[:, :end], v[:, :end], backend="sdpa", q_offset=start)
+        assert_close(f"rows {start}:{end}", part, full[:, start:end], "fp64_exact")
+
+
+def test_eager_is_softmax_definition():
+    q, k, v = qkv(B=1, T=3, S=3, H=1, K=1, D=2, Dv=2)
+    scores = torch.einsum("td,sd->ts", q[0, :, 0], k[0, :, 0]) * 2 ** -0.5  # [T, S]
+    scores = scores.masked_fill(torch.ones(3, 3, dtype=torch.bool).triu(1), float("-inf"))
+    ref = scores.softmax(-1) @ v[0, :, 0]  # [T, Dv]
+    assert_close("eager", attention_eager(q, k, v)[0, :, 0], ref, "fp64_exact")
+
+
+def test_errors_name_the_problem():
+    q, k, v = qkv(H=3, K=2)
+    with pytest.raises(ValueError, match="multiple of key/value heads"):
+        attention(q, k, v)
+    q, k, v = qkv(T=4, S=6)
+    with pytest.raises(ValueError, match="needs at least q_offset"):
+        attention(q, k, v, q_offset=3)
+    with pytest.raises(ValueError, match="backend must be one of"):
+        attention(q, k, v, backend="xformers")
+    with pytest.raises(ValueError, match="q_offset must be"):
+        attention(q, k, v, q_offset=-1)
+    with pytest.raises(ValueError, match=r"\[B, S, K, D\]"):
+        attention(q, k[..., :3], v)

@@ -1,0 +1,53 @@
+"""Shared test helpers for tests/hybrid: one `assert_close` and named tolerances.
+
+Import from a test file under tests/hybrid/...:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[N]))  # N so that it points at tests/hybrid
+    from testing_utils import TOL, assert_close, rel_err
+
+The error measure is fla's (tests/utils `get_err_ratio`): the RMS of the difference over the RMS of the
+reference, ||x - ref||_2 / ||ref||_2, so one number per tensor that does not blow up on near-zero entries.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+
+# Under plain `pytest` the rootdir conftest puts tests/ on sys.path, where tests/hybrid (no __init__.py) can shadow
+# the real `hybrid` package as a namespace package. Putting the repository root first keeps the real one.
+_ROOT = str(Path(__file__).resolve().parents[2])
+if _ROOT not in sys.path:
+    sys.path.insert(0, _ROOT)
+
+# Named tolerances on rel_err (relative RMS error). Use these names, not literals, in tests.
+TOL = {
+    "fp64_exact": 1e-10,  # two float64 implementations of the same function (chunk vs recurrent, sdpa vs eager)
+    "fp64_cancellation": 1e-7,  # float64, a quantity that is a near-total cancellation of O(1) terms (dg at huge decay)
+    "fp32": 1e-5,  # two float32 implementations of the same function
+    "bf16_kernel": 1e-2,  # a bf16 GPU kernel (fla, flash-attn) against a float32 reference
+    "bf16_model": 3e-2,  # a whole bf16 layer/model against a float32 reference
+}
+
+
+def rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
+    """||x - ref||_2 / ||ref||_2 computed in float64 (0 when both are all zero)."""
+    x, ref = x.detach().to(torch.float64), ref.detach().to(torch.float64)
+    if x.shape != ref.shape:
+        raise AssertionError(f"shape mismatch: {tuple(x.shape)} vs reference {tuple(ref.shape)}")
+    num, den = (x - ref).norm().item(), ref.norm().item()
+    if den == 0.0:
+        return num
+    return num / den
+
+
+def assert_close(name: str, x: torch.Tensor, ref: torch.Tensor, tol: float | str) -> float:
+    """Assert rel_err(x, ref) <= tol (a number or a key of TOL); non-finite values always fail.
+    Returns the error so tests can print or collect it."""
+    tol_value = TOL[tol] if isinstance(tol, str) else float(tol)
+    if not torch.isfinite(x).all():
+        raise AssertionError(f"{name}: non-finite values in the tested tensor")
+    err = rel_err(x, ref)
+    if not err <= tol_value:
+        raise AssertionError(f"{name}: relative error {err:.3e} > tolerance {tol_value:.1e} ({tol})")
+    return err
