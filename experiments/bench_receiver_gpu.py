@@ -62,11 +62,11 @@ def our_flops(args, p0: int, T: int) -> float:
     keys = sum(p + 1 for p in range(p0, T))  # causal (query, key) pairs of the suffix
     o_mlp = 2 * S * (H * D * C + 3 * C * I)
     full = 2 * S * C * (H * D + 2 * K * D) + 4 * H * D * keys + o_mlp
-    per_row = sum(o_mlp + (L - 1 - l) * full for l in range(L)) + 2 * A * C * V
-    n_rows = L * H
+    # one row per head: H rows start at each layer l (layer l from o_proj on, then L-1-l full layers)
+    rows_all_layers = sum(o_mlp + (L - 1 - l) * full for l in range(L)) + L * 2 * A * C * V
     keys_all = T * (T + 1) // 2
     full_run = L * (2 * T * C * (2 * H * D + 2 * K * D) + 6 * T * C * I + 4 * H * D * keys_all)
-    return n_rows * per_row + 2 * full_run
+    return H * rows_all_layers + 2 * full_run
 
 
 def naive_subset(model, pair, heads, metric):
