@@ -1,0 +1,40 @@
+"""The public names of both packages are pinned, resolve, and importing them changes nothing."""
+import subprocess
+import sys
+
+import headscope
+import hybrid
+
+HEADSCOPE_ALL = [
+    "Head", "HeadMask", "HeadScores", "MaskError", "PairError", "PathPatchingResult", "PromptPair",
+    "TokenizedPair", "UnknownTaskError", "UnsupportedModelError", "__version__", "ablate_heads", "answer_accuracy",
+    "attention_retrieval_score", "attribution_patching", "auc", "combine", "compare_to_exact", "describe",
+    "fixed_ratio", "from_pairs", "fuse", "get_task", "iterated_path_patching", "knockout_curve", "knockout_eval",
+    "kv_group_scores", "layer_similarity", "layerwise", "list_tasks", "load_model", "random_global",
+    "random_per_layer", "ranking_stability", "register_task", "samples_to_stabilize", "score", "select",
+    "sender_scores", "stability_weight", "tokenize_pair",
+]
+HYBRID_ALL = [
+    "HybridCache", "HybridConfig", "HybridConfigError", "HybridForCausalLM", "HybridModel", "HybridOptions",
+    "cache_nbytes", "calibrate_fusion", "from_layers", "from_mask", "from_teacher", "from_token_level",
+    "layerwise_mask", "register", "teacher_cache_nbytes",
+]
+
+
+def test_all_is_pinned():
+    assert sorted(headscope.__all__) == sorted(HEADSCOPE_ALL)
+    assert sorted(hybrid.__all__) == sorted(HYBRID_ALL)
+
+
+def test_every_name_resolves():
+    for name in headscope.__all__:
+        assert getattr(headscope, name) is not None, name
+    for name in hybrid.__all__:
+        assert getattr(hybrid, name) is not None, name
+
+
+def test_import_is_light_and_registers_nothing():
+    code = ("import sys, headscope, hybrid; heavy = [m for m in ('transformers', 'plotly', 'transformer_lens', "
+            "'nnsight', 'fla') if m in sys.modules]; print(heavy)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert out == "[]"
