@@ -17,6 +17,7 @@ from typing import Iterator, Sequence
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from hybrid.layers.common import acc, index_on
 
@@ -24,9 +25,11 @@ __all__ = ["HeadFusion", "head_rms", "calibrate_fusion"]
 
 
 def head_rms(o: torch.Tensor, eps: float) -> torch.Tensor:
-    """o [B, T, H, D] -> o / rms(o) over D, per head (float32 math, input dtype out)."""
-    x = acc(o)
-    return (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)).to(o.dtype)
+    """o [B, T, H, D] -> o / rms(o) over D, per head (float32 math for half types, input dtype out).
+
+    One fused op (``F.rms_norm`` accumulates half inputs in float32 and rounds once, the same values as
+    ``(x.float() * rsqrt(mean(x.float()^2) + eps)).to(dtype)``)."""
+    return F.rms_norm(o, (o.shape[-1],), eps=eps)
 
 
 class HeadFusion(nn.Module):
@@ -52,28 +55,30 @@ class HeadFusion(nn.Module):
                 self.branch_gate.weight.zero_()
                 self.branch_gate.bias.zero_()
 
-    def _scale(self, o: torch.Tensor, heads: tuple[int, ...]) -> torch.Tensor:
-        """o [B, T, h, D] -> rms-normalised o * gamma[heads]  [B, T, h, D]."""
-        return head_rms(o, self.eps) * self.gamma[index_on(heads, o.device)].to(o.dtype)[:, None]
+    def _assemble(self, o_fa: torch.Tensor | None, o_la: torch.Tensor | None) -> torch.Tensor:
+        """Both branches' heads in original head order, z [B, T, H, D] (no copy when one branch is absent)."""
+        if o_la is None:
+            return o_fa  # [B, T, H, D] every head FA, already in order
+        if o_fa is None:
+            return o_la
+        B, T = o_fa.shape[:2]
+        z = o_fa.new_empty(B, T, self.n_heads, self.head_dim)  # [B, T, H, D]
+        z.index_copy_(2, index_on(self.fa_heads, z.device), o_fa)
+        z.index_copy_(2, index_on(self.la_heads, z.device), o_la.to(o_fa.dtype))
+        return z
 
     def forward(self, x: torch.Tensor, o_fa: torch.Tensor | None, o_la: torch.Tensor | None) -> torch.Tensor:
-        """x [B, T, C]; o_fa [B, T, H_F, D]; o_la [B, T, H_L, D] -> z [B, T, H*D] in original head order."""
+        """x [B, T, C]; o_fa [B, T, H_F, D]; o_la [B, T, H_L, D] -> z [B, T, H*D] in original head order.
+
+        Heads are first put in order (one preallocated buffer), then normalised and scaled by gamma [H] in one
+        pass over all heads (gamma is already in head order: no gather)."""
+        z = self._assemble(o_fa, o_la)  # [B, T, H, D]
         if self.mode != "none":
-            o_fa = self._scale(o_fa, self.fa_heads) if o_fa is not None else None
-            o_la = self._scale(o_la, self.la_heads) if o_la is not None else None
+            z = head_rms(z, self.eps) * self.gamma.to(z.dtype)[:, None]  # [B, T, H, D]
         if self.mode == "gated" and o_fa is not None and o_la is not None:
             a = 2 * torch.softmax(acc(self.branch_gate(x)), dim=-1).to(x.dtype)  # [B, T, 2]
-            o_fa = o_fa * a[..., 0, None, None]
-            o_la = o_la * a[..., 1, None, None]
-        if o_la is None:
-            z = o_fa  # [B, T, H, D] (every head FA, already in order)
-        elif o_fa is None:
-            z = o_la
-        else:
-            B, T = x.shape[:2]
-            z = o_fa.new_empty(B, T, self.n_heads, self.head_dim)  # [B, T, H, D]
-            z[:, :, index_on(self.fa_heads, z.device)] = o_fa
-            z[:, :, index_on(self.la_heads, z.device)] = o_la.to(o_fa.dtype)
+            branch = index_on(tuple(0 if h in self.fa_heads else 1 for h in range(self.n_heads)), z.device)  # [H]
+            z = z * a[..., branch, None]  # [B, T, H, D]: FA heads * 2 a_FA, GDN heads * 2 a_GDN
         return z.reshape(*z.shape[:2], self.n_heads * self.head_dim)
 
 

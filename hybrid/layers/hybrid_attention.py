@@ -30,6 +30,14 @@ NEW_PARAMETER_NAMES = ("gate_proj", "b_proj", "a_proj", "A_log", "dt_bias", "a_b
                        "gamma", "branch_gate", "swa_gamma", "gdn_gamma")
 
 
+def qk_norm(norm: RMSNorm, x: torch.Tensor) -> torch.Tensor:
+    """``norm(x)`` as one fused op (same values: float32 math for half types, rounded once, times the weight).
+    float64 keeps RMSNorm's own path (it runs in float32, as the HF teacher's does)."""
+    if x.dtype == torch.float64:
+        return norm(x)
+    return F.rms_norm(x, (x.shape[-1],), eps=norm.eps) * norm.weight.to(x.dtype)
+
+
 class FullAttentionBranch(nn.Module):
     """Softmax attention on the query heads ``heads`` (GQA kept: only their KV heads are projected)."""
 
@@ -71,7 +79,7 @@ class FullAttentionBranch(nn.Module):
         k = self.k_proj(x).view(B, T, self.n_kv, D)  # [B, T, K, D]
         v = self.v_proj(x).view(B, T, self.n_kv, D)  # [B, T, K, D]
         if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
+            q, k = qk_norm(self.q_norm, q), qk_norm(self.k_norm, k)
         if self.rope:
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if self.log_scale:
@@ -167,7 +175,7 @@ class GatedDeltaNetBranch(nn.Module):
                 cache.conv = (sq, sk, sv)
         q, k, v = q.view(B, T, H, D), k.view(B, T, H, D), v.view(B, T, H, D)  # [B, T, H, D]
         if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
+            q, k = qk_norm(self.q_norm, q), qk_norm(self.k_norm, k)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         beta = torch.sigmoid(acc(self.b_proj(x))).to(x.dtype)  # [B, T, H]
         g = self.log_decay(x)  # [B, T, H]

@@ -79,11 +79,12 @@ def gdn_recurrent_parity(B: int = 2, T: int = 1, H: int = 4, D: int = 128, dtype
     return {"o": rel_err(o, o_ref), "ht": rel_err(ht, ht_ref)}
 
 
-def fla_guard_raises() -> bool:
-    """Whether fla's own chunk backward (no bypass) raises its Hopper/Triton guard on this machine."""
+def fla_guard_raises(B: int = 1, H: int = 1, D: int = 64) -> bool:
+    """Whether fla's own chunk backward (no bypass) raises its Hopper/Triton guard on this machine. Pass the
+    (B, H, D) of a shape already run so fla's autotuned kernels are reused instead of tuned again."""
     from hybrid.ops.gdn import _fla_chunk_raw
 
-    x = gdn_inputs(1, 64, 1, 64, 64)
+    x = gdn_inputs(B, 64, H, D, D)
     leaves = [x[n].clone().requires_grad_() for n in ("q", "k", "v", "g", "beta")]
     o, _ = _fla_chunk_raw(*leaves, None, None, False, False, 64)
     try:

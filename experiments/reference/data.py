@@ -1,0 +1,240 @@
+"""On-the-fly training batches for the reference model: text windows, NIAH, multi-key NIAH, reasoning.
+
+Each DataLoader worker builds whole batches (``batch_size=None``): ``rows`` sequences of one length
+``T`` (the length curriculum picks T per batch), each row drawn from the mixture:
+- "text":      a random window of the pre-tokenized training corpus;
+- "niah":      one single-key NIAH prompt + answer (haystack="train", context ~T, depth uniform 0..1);
+- "multikey":  one multi-key NIAH prompt + answer (2..6 keys);
+- "reasoning": short reasoning prompts + answers packed back to back, separated by <|endoftext|>;
+- "copy":      a snippet (16..128 tokens: corpus text, or independent corpus tokens) repeated until the
+               row is full: pure induction data, which makes copy/retrieval heads form early.
+Every row carries per-token loss weights ``w  # [T]``: 1 on ordinary targets, ``answer_weight`` on the
+positions that predict answer tokens, 0 on padding. Targets are ``ids`` shifted by one.
+"""
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+
+import torch
+from torch.utils.data import IterableDataset, get_worker_info
+
+KINDS = ("text", "niah", "multikey", "reasoning", "copy")
+HELDOUT_MODULUS = 7  # NIAH values divisible by 7 are never asked in training (eval reports them separately)
+
+
+def is_heldout_value(answer: str) -> bool:
+    """True for NIAH answers (" 4321") reserved for evaluation: the value is a multiple of HELDOUT_MODULUS."""
+    digits = answer.strip()
+    return digits.isdigit() and int(digits) % HELDOUT_MODULUS == 0
+
+
+@dataclass(frozen=True)
+class MixtureConfig:
+    seq_len: int = 2048
+    tokens_per_batch: int = 65536
+    w_text: float = 0.25
+    w_niah: float = 0.4
+    w_multikey: float = 0.15
+    w_reasoning: float = 0.2
+    w_copy: float = 0.1
+    answer_weight: float = 5.0
+    min_len: int = 256  # shortest sequence of the length curriculum
+    ramp: float = 0.3  # fraction of the run over which the longest length grows from min_len to seq_len
+    max_keys: int = 6
+    text_only: bool = False
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("seq_len", "tokens_per_batch", "min_len"):
+            if getattr(self, name) < 16:
+                raise ValueError(f"MixtureConfig.{name} must be >= 16, got {getattr(self, name)}")
+        if self.min_len > self.seq_len:
+            raise ValueError(f"MixtureConfig.min_len={self.min_len} exceeds seq_len={self.seq_len}")
+        if self.tokens_per_batch < self.seq_len:
+            raise ValueError(f"MixtureConfig.tokens_per_batch={self.tokens_per_batch} is below seq_len={self.seq_len}")
+        ws = self.weights()
+        if any(w < 0 for w in ws.values()) or sum(ws.values()) <= 0:
+            raise ValueError(f"MixtureConfig mixture weights must be >= 0 with a positive sum, got {ws}")
+        if not 0.0 <= self.ramp <= 1.0:
+            raise ValueError(f"MixtureConfig.ramp must be in [0, 1], got {self.ramp}")
+        if self.max_keys < 2:
+            raise ValueError(f"MixtureConfig.max_keys must be >= 2, got {self.max_keys}")
+
+    def weights(self) -> dict[str, float]:
+        if self.text_only:
+            return {"text": 1.0, "niah": 0.0, "multikey": 0.0, "reasoning": 0.0, "copy": 0.0}
+        return {"text": self.w_text, "niah": self.w_niah, "multikey": self.w_multikey, "reasoning": self.w_reasoning,
+                "copy": self.w_copy}
+
+
+def curriculum_lengths(cfg: MixtureConfig, progress: float) -> list[int]:
+    """Sequence lengths allowed at ``progress`` in [0, 1]: powers of two from min_len up to the current cap."""
+    frac = 1.0 if cfg.ramp == 0 else min(1.0, progress / cfg.ramp)
+    cap = cfg.min_len * (cfg.seq_len / cfg.min_len) ** frac  # geometric ramp
+    lens, t = [], cfg.min_len
+    while t < cfg.seq_len and t <= cap:
+        lens.append(t)
+        t *= 2
+    if cap >= cfg.seq_len or not lens:
+        lens.append(cfg.seq_len if cap >= cfg.seq_len else cfg.min_len)
+    return sorted(set(lens))
+
+
+def pick_length(cfg: MixtureConfig, progress: float, rng: random.Random) -> int:
+    """Half the batches at the current longest length, the rest uniform over the shorter ones."""
+    lens = curriculum_lengths(cfg, progress)
+    return lens[-1] if len(lens) == 1 or rng.random() < 0.5 else rng.choice(lens[:-1])
+
+
+def encode_example(tokenizer, prompt: str, answer: str) -> tuple[list[int], list[int]]:
+    """Token ids of prompt + answer and the positions whose next-token targets are answer tokens."""
+    enc = tokenizer(prompt + answer, add_special_tokens=False, return_offsets_mapping=True)
+    ids = list(enc["input_ids"])
+    first = next((j for j, (s, e) in enumerate(enc["offset_mapping"]) if e > len(prompt)), len(ids))
+    return ids, list(range(max(0, first - 1), len(ids) - 1))
+
+
+class MixtureStream(IterableDataset):
+    """Endless batches ``{"ids": [B, T] long, "w": [B, T] float, "kind": [B] long}`` (see module doc)."""
+
+    def __init__(self, cfg: MixtureConfig, tokenizer, text_ids: torch.Tensor, progress=None, rank_seed: int = 0):
+        self.cfg, self.tok = cfg, tokenizer
+        self.text_ids = text_ids  # [N] the tokenized training corpus
+        self.progress = progress  # multiprocessing.Value('d') shared with the trainer, or None (= 1.0)
+        self.rank_seed = rank_seed
+        self.eos = tokenizer.eos_token_id
+        self._tasks: dict = {}
+
+    # ---- sources ---------------------------------------------------------------------------
+    def _task(self, name: str, **cfg):
+        from headscope.tasks import get_task
+
+        key = (name, tuple(sorted(cfg.items())))
+        if key not in self._tasks:
+            self._tasks[key] = get_task(name, **cfg)
+        return self._tasks[key]
+
+    def _pair(self, task, rng: random.Random):
+        from headscope.tasks.base import PairError
+
+        for _ in range(50):
+            try:
+                return task.make_pair(self.tok, rng, rng.randrange(1 << 30), 1 << 30)
+            except PairError:
+                continue
+        raise RuntimeError(f"{task!r}: no valid pair in 50 attempts")
+
+    def text_row(self, T: int, rng: random.Random) -> tuple[list[int], list[float]]:
+        start = rng.randrange(0, len(self.text_ids) - T - 1)
+        return self.text_ids[start:start + T].tolist(), [1.0] * T
+
+    def copy_row(self, T: int, rng: random.Random) -> tuple[list[int], list[float]]:
+        n = rng.randint(16, min(128, max(16, T // 3)))
+        if rng.random() < 0.5:  # a text snippet
+            start = rng.randrange(0, len(self.text_ids) - n - 1)
+            snippet = [self.eos] + self.text_ids[start:start + n].tolist()
+        else:  # independent corpus tokens: nothing to predict but by copying
+            snippet = [self.eos] + [int(self.text_ids[rng.randrange(len(self.text_ids))]) for _ in range(n)]
+        ids = (snippet * (T // len(snippet) + 1))[:T]
+        return ids, [1.0] * T
+
+    def niah_row(self, T: int, rng: random.Random, multikey: bool) -> tuple[list[int], list[float]]:
+        ctx = max(64, T - 8)  # context_length counts the whole prompt; the answer adds ~5 tokens
+        if multikey:
+            max_keys = min(self.cfg.max_keys, max(2, T // 64))  # short prompts hold few needles
+            task = self._task("niah_multikey", context_length=ctx, haystack="train", depth="random",
+                              n_keys=rng.randint(2, max_keys))
+        else:
+            task = self._task("niah", context_length=ctx, depth="random", haystack="train")
+        for _ in range(20):  # values reserved for evaluation never appear as the asked value in training
+            pair = self._pair(task, rng)
+            if not is_heldout_value(pair.clean_answer):
+                break
+        ids, ans = encode_example(self.tok, pair.clean_prompt, pair.clean_answer)
+        if len(ids) > T:  # should not happen (prompt <= ctx tokens); keep the answer, drop the start
+            cut = len(ids) - T
+            ids, ans = ids[cut:], [p - cut for p in ans]
+        w = [1.0] * len(ids)
+        for p in ans:
+            if 0 <= p < len(w):
+                w[p] = self.cfg.answer_weight
+        return ids, w
+
+    def reasoning_row(self, T: int, rng: random.Random) -> tuple[list[int], list[float]]:
+        ids, w = [], []
+        task = self._task("reasoning")
+        while len(ids) < T:
+            pair = self._pair(task, rng)
+            e_ids, ans = encode_example(self.tok, pair.clean_prompt, pair.clean_answer)
+            ew = [1.0] * len(e_ids)
+            for p in ans:
+                ew[p] = self.cfg.answer_weight
+            ids += e_ids + [self.eos]
+            w += ew + [1.0]
+        return ids[:T], w[:T]
+
+    # ---- batches ---------------------------------------------------------------------------
+    def make_batch(self, rng: random.Random, progress: float) -> dict[str, torch.Tensor]:
+        T = pick_length(self.cfg, progress, rng)
+        B = max(1, self.cfg.tokens_per_batch // T)
+        ws = self.cfg.weights()
+        kinds = rng.choices(KINDS, weights=[ws[k] for k in KINDS], k=B)
+        ids = torch.full((B, T), self.eos, dtype=torch.long)  # [B, T]
+        w = torch.zeros(B, T)  # [B, T]
+        for b, kind in enumerate(kinds):
+            if kind == "text":
+                row, rw = self.text_row(T, rng)
+            elif kind == "reasoning":
+                row, rw = self.reasoning_row(T, rng)
+            elif kind == "copy":
+                row, rw = self.copy_row(T, rng)
+            else:
+                try:
+                    row, rw = self.niah_row(T, rng, multikey=(kind == "multikey"))
+                except RuntimeError:  # no valid pair at this length: never stop training for it
+                    row, rw = self.text_row(T, rng)
+            n = min(T, len(row))
+            ids[b, :n] = torch.tensor(row[:n])
+            w[b, :n] = torch.tensor(rw[:n])
+        w[:, -1] = 0.0  # the last position has no target
+        kind_ids = torch.tensor([KINDS.index(k) for k in kinds])  # [B]
+        return {"ids": ids, "w": w, "kind": kind_ids}
+
+    def __iter__(self):
+        info = get_worker_info()
+        wid = 0 if info is None else info.id
+        rng = random.Random(f"{self.cfg.seed}:{self.rank_seed}:{wid}")
+        while True:
+            progress = 1.0 if self.progress is None else float(self.progress.value)
+            yield self.make_batch(rng, progress)
+
+
+def tokenize_corpus(tokenizer, text: str, chunk_chars: int = 100_000) -> torch.Tensor:
+    """The whole corpus as one long id tensor ``[N]`` (tokenized in chunks cut at blank lines)."""
+    ids: list[int] = []
+    start = 0
+    while start < len(text):
+        end = min(len(text), start + chunk_chars)
+        cut = text.rfind("\n\n", start, end) if end < len(text) else end
+        end = cut + 2 if cut > start else end
+        ids += tokenizer(text[start:end], add_special_tokens=False)["input_ids"]
+        start = end
+    return torch.tensor(ids, dtype=torch.long)
+
+
+def describe_mixture(cfg: MixtureConfig) -> str:
+    ws = cfg.weights()
+    tot = sum(ws.values())
+    parts = ", ".join(f"{k} {v / tot:.0%}" for k, v in ws.items() if v > 0)
+    return f"{parts}; lengths {cfg.min_len}->{cfg.seq_len} over {cfg.ramp:.0%} of the run; " \
+           f"{cfg.tokens_per_batch} tokens/batch; answer weight {cfg.answer_weight}"
+
+
+def lr_at(progress: float, peak: float, warmup: float, final_frac: float = 0.1) -> float:
+    """Linear warmup over ``warmup`` of the run, then cosine decay to ``final_frac * peak``."""
+    if progress < warmup:
+        return peak * max(progress, 1e-3) / warmup
+    t = min(1.0, (progress - warmup) / max(1e-9, 1.0 - warmup))
+    return peak * (final_frac + (1 - final_frac) * 0.5 * (1 + math.cos(math.pi * t)))
