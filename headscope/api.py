@@ -11,7 +11,7 @@ headscope.reference.load_model). ``backend`` picks the engine: "auto" (from the 
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 import torch
 import torch.nn as nn
@@ -78,21 +78,12 @@ def _make_backend(model: Any, hf: nn.Module, backend: str, batch_size: int | Non
     return HFBackend(hf, HFFastConfig(batch_size=batch_size))
 
 
-def score(model: Any, task: Any = "niah", *, tokenizer: Any = None, n_samples: int = 8, seed: int = 0,
-          metric: "str | Callable" = "logit_diff", backend: str = "auto", batch_size: int | None = None,
-          device: "str | torch.device | None" = None, progress: bool = True, on_clean_failure: str = "warn",
-          min_clean_accuracy: float = 0.5, task_config: dict | None = None, **task_kwargs) -> HeadScores:
-    """Receiver score of every head (METHOD.md section 1) on ``n_samples`` pairs of ``task``.
-
-    task: a registered name ("niah", ...), a Task object, or a list of TokenizedPair.
-    on_clean_failure: "warn" | "drop" | "error" when the clean accuracy is below min_clean_accuracy
-    ("drop" scores only the pairs the model answers correctly). Pairs whose corruption does not change
-    the metric are dropped with a warning (an error if none is left).
-    """
+def prepare_pairs(model: Any, task: Any, tokenizer: Any, n_samples: int, seed: int, device: Any,
+                  task_config: dict | None, task_kwargs: dict) -> tuple[Any, nn.Module, Any, list, list, str]:
+    """Read a model (object, "default" or a path) and a task (name, Task or list of TokenizedPair) into
+    (model, hf model, arch, raw pairs, checked patch pairs, task name). Shared by every scorer."""
     if isinstance(n_samples, bool) or not isinstance(n_samples, int) or n_samples < 1:
         raise ValueError(f"n_samples must be an int >= 1, got {n_samples!r}")
-    if backend not in BACKENDS:
-        raise ValueError(f"backend={backend!r}; use one of {BACKENDS}")
     if isinstance(model, str):
         from headscope.reference import load_model
 
@@ -106,7 +97,7 @@ def score(model: Any, task: Any = "niah", *, tokenizer: Any = None, n_samples: i
     vocab_size = hf.get_input_embeddings().weight.shape[0]
 
     if isinstance(task, (list, tuple)):
-        raw_pairs: Sequence[Any] = list(task)
+        raw_pairs: list[Any] = list(task)
         task_name = getattr(getattr(raw_pairs[0], "pair", None), "task", "custom") if raw_pairs else "custom"
     else:
         if isinstance(task, str):
@@ -123,7 +114,28 @@ def score(model: Any, task: Any = "niah", *, tokenizer: Any = None, n_samples: i
         _check_tokenizer(tokenizer, vocab_size)
         task_name = getattr(task, "name", type(task).__name__)
         raw_pairs = task.tokenized(tokenizer, n_samples, seed)
+    if not raw_pairs:
+        raise ValueError("no pairs to score: pass n_samples >= 1 or a non-empty list of pairs")
     pairs = [as_patch_pair(p, vocab_size=vocab_size, max_positions=_max_positions(hf)) for p in raw_pairs]
+    return model, hf, arch, raw_pairs, pairs, task_name
+
+
+
+def score(model: Any, task: Any = "niah", *, tokenizer: Any = None, n_samples: int = 8, seed: int = 0,
+          metric: "str | Callable" = "logit_diff", backend: str = "auto", batch_size: int | None = None,
+          device: "str | torch.device | None" = None, progress: bool = True, on_clean_failure: str = "warn",
+          min_clean_accuracy: float = 0.5, task_config: dict | None = None, **task_kwargs) -> HeadScores:
+    """Receiver score of every head (METHOD.md section 1) on ``n_samples`` pairs of ``task``.
+
+    task: a registered name ("niah", ...), a Task object, or a list of TokenizedPair.
+    on_clean_failure: "warn" | "drop" | "error" when the clean accuracy is below min_clean_accuracy
+    ("drop" scores only the pairs the model answers correctly). Pairs whose corruption does not change
+    the metric are dropped with a warning (an error if none is left).
+    """
+    if backend not in BACKENDS:
+        raise ValueError(f"backend={backend!r}; use one of {BACKENDS}")
+    model, hf, arch, _, pairs, task_name = prepare_pairs(model, task, tokenizer, n_samples, seed, device,
+                                                         task_config, task_kwargs)
 
     engine = _make_backend(model, hf, backend, batch_size)
     settings = {"n_samples": len(pairs), "seed": seed, "batch_size": batch_size,

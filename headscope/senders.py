@@ -19,14 +19,13 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.nn as nn
 
-from headscope.api import _check_tokenizer, _hf_model, _max_positions
-from headscope.arch import Arch, describe
+from headscope.api import prepare_pairs
+from headscope.arch import Arch
 from headscope.fusion import COMBINE_RULES, combine
 from headscope.heads import Head
 from headscope.metrics import resolve_metric
 from headscope.patching.engine import receiver_scores as _normalized_scores
 from headscope.patching.hf import HFFastConfig
-from headscope.patching.inputs import as_patch_pair
 from headscope.patching.path import HFPathBackend, NaivePathBackend, normalize_receivers
 from headscope.results import HeadScores
 
@@ -42,41 +41,9 @@ def default_k(n_heads_total: int) -> int:
 
 def _prepare(model: Any, task: Any, tokenizer: Any, n_samples: int, seed: int, device: Any,
              task_config: dict | None, task_kwargs: dict) -> tuple[nn.Module, Arch, list, list, str]:
-    """(hf model, arch, raw pairs, patch pairs, task name), the same way headscope.api.score reads them."""
-    if isinstance(n_samples, bool) or not isinstance(n_samples, int) or n_samples < 1:
-        raise ValueError(f"n_samples must be an int >= 1, got {n_samples!r}")
-    if isinstance(model, str):
-        from headscope.reference import load_model
-
-        model, loaded_tok = load_model(model, device=device or "cpu")
-        tokenizer = tokenizer or loaded_tok
-    hf = _hf_model(model)
-    arch = describe(hf)
-    if device is not None:
-        hf.to(device)
-    tokenizer = tokenizer or getattr(model, "tokenizer", None)
-    vocab_size = hf.get_input_embeddings().weight.shape[0]
-    if isinstance(task, (list, tuple)):
-        raw = list(task)
-        name = getattr(getattr(raw[0], "pair", None), "task", "custom") if raw else "custom"
-    else:
-        if isinstance(task, str):
-            from headscope.tasks import get_task
-
-            task = get_task(task, **{**(task_config or {}), **task_kwargs})
-        elif task_config or task_kwargs:
-            raise ValueError("task_config / task keyword arguments only apply to a task given by name")
-        if not hasattr(task, "tokenized"):
-            raise TypeError(f"task must be a name, a Task or a list of TokenizedPair, got {type(task).__name__}")
-        if tokenizer is None:
-            raise ValueError("no tokenizer: pass tokenizer=..., or a model that carries one (TransformerBridge, "
-                             "nnsight LanguageModel, or a name/path string)")
-        _check_tokenizer(tokenizer, vocab_size)
-        name = getattr(task, "name", type(task).__name__)
-        raw = task.tokenized(tokenizer, n_samples, seed)
-    if not raw:
-        raise ValueError("no pairs to score: pass n_samples >= 1 or a non-empty list of pairs")
-    pairs = [as_patch_pair(p, vocab_size=vocab_size, max_positions=_max_positions(hf)) for p in raw]
+    """(hf model, arch, raw pairs, patch pairs, task name), read as headscope.api.score reads them."""
+    _, hf, arch, raw, pairs, name = prepare_pairs(model, task, tokenizer, n_samples, seed, device, task_config,
+                                                  task_kwargs)
     return hf, arch, raw, pairs, name
 
 
