@@ -59,6 +59,19 @@ def _expand_like(out: Any, batch: int) -> Any:
     return out.expand(batch, *out.shape[1:])
 
 
+def prefix_kv(cache: Any, n_layers: int, p0: int, T: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Keys and values of positions < p0 for every layer, from the clean run's cache (empty when p0 == 0)."""
+    prefix = []
+    if p0 > 0:
+        for l in range(n_layers):
+            k, v = _cache_kv(cache, l)  # [1, K, T, D]
+            if k.shape[-2] != T:
+                raise RuntimeError(f"layer {l}'s KV cache holds {k.shape[-2]} of {T} positions (a sliding "
+                                   "window?); the prefix cannot be reused: use backend='naive'")
+            prefix.append((k[:, :, :p0], v[:, :, :p0]))  # [1, K, p0, D] each
+    return prefix
+
+
 @contextlib.contextmanager
 def _replay_layers(layers: Sequence[nn.Module], output: Any, batch: int) -> Iterator[None]:
     """Layers' forwards return ``output`` (the clean output of the last of them) instead of computing."""
@@ -205,14 +218,7 @@ class HFBackend:
             for h in hooks:
                 h.remove()
         skip_attention = all(attn_kinds)  # attention returns (output, weights): replaceable by out_proj(z)
-        prefix = []
-        if p0 > 0:
-            for l in range(self.n_layers):
-                k, v = _cache_kv(cache, l)  # [1, K, T, D]
-                if k.shape[-2] != T:
-                    raise RuntimeError(f"layer {l}'s KV cache holds {k.shape[-2]} of {T} positions (a sliding "
-                                       "window?); the prefix cannot be reused: use backend='naive'")
-                prefix.append((k[:, :, :p0], v[:, :, :p0]))
+        prefix = prefix_kv(cache, self.n_layers, p0, T)
         del cache
         # Corrupted run: z of every layer on the suffix.
         with record_z(arch.out_projs, p0) as z_corrupt:

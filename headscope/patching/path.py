@@ -44,7 +44,8 @@ from headscope.arch import Arch, describe
 from headscope.heads import Head
 from headscope.metrics import Metric
 from headscope.patching.engine import model_device, record_z
-from headscope.patching.hf import HFBackend, HFFastConfig, _cache_kv, _is_oom, _record_layer_outputs, _replay_layers
+from headscope.patching.hf import (HFBackend, HFFastConfig, _is_oom, _record_layer_outputs, _replay_layers,
+                                    prefix_kv)
 from headscope.patching.inputs import PatchPair
 
 __all__ = ["NaivePathBackend", "HFPathBackend", "normalize_receivers", "receiver_table"]
@@ -324,14 +325,7 @@ class HFPathBackend:
                 record_z(arch.out_projs, p0) as z_clean:
             hidden = hf._base(pair.clean_ids[None], 0, cache)  # [1, T, C]
         m_clean = float(metric(hf._head(hidden, pair.answer_pos), pair)[0])
-        prefix = []
-        if p0 > 0:
-            for l in range(self.n_layers):
-                k, v = _cache_kv(cache, l)  # [1, K, T, D]
-                if k.shape[-2] != T:
-                    raise RuntimeError(f"layer {l}'s KV cache holds {k.shape[-2]} of {T} positions (a sliding "
-                                       "window?); the prefix cannot be reused: use backend='naive'")
-                prefix.append((k[:, :, :p0], v[:, :, :p0]))
+        prefix = prefix_kv(cache, self.n_layers, p0, T)
         del cache
         with record_z(arch.out_projs, p0) as z_corrupt:
             hf._base(pair.corrupt_ids[None], 0, None)
