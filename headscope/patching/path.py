@@ -40,10 +40,10 @@ from typing import Any, Iterator, Sequence
 import torch
 import torch.nn as nn
 
-from headscope.arch import Arch, describe
+from headscope.arch import Arch
 from headscope.heads import Head
 from headscope.metrics import Metric
-from headscope.patching.engine import model_device, record_z
+from headscope.patching.engine import NaiveBackend, record_z
 from headscope.patching.hf import (HFBackend, HFFastConfig, _is_oom, _record_layer_outputs, _replay_layers,
                                     prefix_kv)
 from headscope.patching.inputs import PatchPair
@@ -81,7 +81,7 @@ def receiver_table(receivers: Sequence[Head]) -> dict[int, list[int]]:
 
 
 # ---- the plain oracle ------------------------------------------------------------------------------
-class NaivePathBackend:
+class NaivePathBackend(NaiveBackend):
     """Reference: per sender, a full sender run and a full receiver run, exactly as defined.
 
     z_r' is computed literally: the receiver layer's attention module is called again, after the sender
@@ -92,22 +92,11 @@ class NaivePathBackend:
     name = "naive"
 
     def __init__(self, model: nn.Module, receivers: Any, skip_unreachable: bool = True):
-        self.model = model
-        self.arch = describe(model)
-        self.n_layers, self.n_heads, self.n_kv_heads = self.arch.n_layers, self.arch.n_heads, self.arch.n_kv_heads
+        super().__init__(model)  # model, arch, head counts, device, answer_logits
         self.receivers = normalize_receivers(receivers, self.n_layers, self.n_heads)
         self.table = receiver_table(self.receivers)
         self.last_layer = max(self.table)
         self.skip_unreachable = skip_unreachable
-        self.device = model_device(model)
-
-    def _logits(self, ids: torch.Tensor, answer_pos: torch.Tensor) -> torch.Tensor:
-        out = self.model(input_ids=ids.to(self.device), use_cache=False)
-        return out.logits[:, answer_pos.to(self.device)].float()  # [B, A, V]
-
-    @torch.inference_mode()
-    def answer_logits(self, ids: torch.Tensor, answer_pos: torch.Tensor) -> torch.Tensor:
-        return self._logits(ids[None], answer_pos)[0]  # [A, V]
 
     @contextlib.contextmanager
     def _sender_hooks(self, sender: tuple[int, int], z_clean, z_corrupt) -> Iterator[dict[int, tuple]]:
