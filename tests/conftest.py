@@ -1,46 +1,22 @@
-"""Shared fixtures: tiny models built from configs (no downloads)."""
+"""Shared fixtures. The model factories themselves live in model_factories.py (import them by name)."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-
-def tiny_config(family: str = "qwen3", **overrides):
-    """A few-layer config of a Hugging Face family, small enough for CPU unit tests."""
-    import transformers as tf
-
-    common = dict(vocab_size=128, hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
-                  max_position_embeddings=256)
-    if family == "qwen3":
-        cfg = tf.Qwen3Config(**common, num_key_value_heads=2, intermediate_size=128, head_dim=16)
-    elif family == "llama":
-        cfg = tf.LlamaConfig(**common, num_key_value_heads=2, intermediate_size=128)
-    elif family == "qwen2":
-        cfg = tf.Qwen2Config(**common, num_key_value_heads=2, intermediate_size=128)
-    elif family == "mistral":
-        cfg = tf.MistralConfig(**common, num_key_value_heads=2, intermediate_size=128)
-    elif family == "gpt2":
-        cfg = tf.GPT2Config(vocab_size=128, n_embd=64, n_layer=3, n_head=4, n_positions=256, bos_token_id=0, eos_token_id=0)
-    elif family == "gpt_neox":
-        cfg = tf.GPTNeoXConfig(vocab_size=128, hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
-                               intermediate_size=128, max_position_embeddings=256, bos_token_id=0, eos_token_id=0)
-    else:
-        raise ValueError(family)
-    for k, v in overrides.items():
-        setattr(cfg, k, v)
-    return cfg
-
-
-def tiny_model(family: str = "qwen3", seed: int = 0, attn_implementation: str = "eager", dtype=torch.float32,
-               **overrides):
-    import transformers as tf
-
-    torch.manual_seed(seed)
-    cfg = tiny_config(family, **overrides)
-    model = tf.AutoModelForCausalLM.from_config(cfg, attn_implementation=attn_implementation, dtype=dtype)
-    return model.eval()
+from model_factories import tiny_model
 
 
 @pytest.fixture
 def tiny_qwen3():
     return tiny_model("qwen3")
+
+
+@pytest.fixture
+def one_thread():
+    """Tiny models: one intra-op thread is faster and immune to other processes on the cores.
+    Use with `pytestmark = pytest.mark.usefixtures("one_thread")`."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

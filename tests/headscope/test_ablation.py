@@ -6,10 +6,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from conftest import tiny_model
 from headscope.ablation import ablate_heads, answer_accuracy, answer_correct, head_means
 from headscope.arch import describe
 from headscope.heads import Head
+
+from model_factories import tiny_model
 
 
 def _ids(seed: int = 0, B: int = 2, T: int = 12) -> torch.Tensor:

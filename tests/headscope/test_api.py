@@ -1,36 +1,15 @@
 """score(): task names, pair lists, backend detection, and the errors a user can hit."""
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests: conftest
-sys.path.append(str(Path(__file__).resolve().parents[2]))  # repo root: `headscope` is the package
-from conftest import tiny_model  # noqa: E402
+from headscope.api import score
+from headscope.arch import UnsupportedModelError
+from headscope.patching import PatchInputError
 
-from headscope.api import score  # noqa: E402
-from headscope.arch import UnsupportedModelError  # noqa: E402
-from headscope.patching import PatchInputError  # noqa: E402
+from char_tokenizer import char_tokenizer
+from model_factories import tiny_model
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
-def char_tokenizer(size: int = 128):
-    """One token per ASCII character (ids = code points), so natural-language tasks fit a 128-token model."""
-    import transformers as tf
-    from tokenizers import Regex, Tokenizer, models, pre_tokenizers
-
-    vocab = {chr(i): i for i in range(size)}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="?"))
-    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
-    return tf.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="?", pad_token="\x00", eos_token="\x01")
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_score_niah_by_name_is_deterministic():

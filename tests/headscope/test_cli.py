@@ -5,11 +5,12 @@ import sys
 import pandas as pd
 import pytest
 import torch
-from conftest import tiny_model
 
 from headscope.cli import main
 from headscope.mask import HeadMask
 from headscope.results import HeadScores
+
+from model_factories import tiny_model
 
 
 def _write_scores(path, task, seed, kind="receiver", shape=(6, 3, 4)):
@@ -104,6 +105,7 @@ def test_plot_commands(tmp_path):
         assert (tmp_path / f"{name}.html").stat().st_size > 1000
 
 
+@pytest.mark.filterwarnings("ignore:the model answers only:UserWarning")  # a random tiny model fails NIAH
 def test_score_run_knockout_on_a_tiny_model(tmp_path, model_dir, capsys):
     common = ["--model", str(model_dir), "--n-samples", "2", "--context-length", "64", "--quiet", "--device", "cpu"]
     assert main(["score", *common, "--task", "niah", "--out", str(tmp_path / "niah.json")]) == 0

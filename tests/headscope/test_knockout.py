@@ -4,11 +4,12 @@ import random
 import pandas as pd
 import pytest
 import torch
-from conftest import tiny_model
 
 from headscope.heads import Head
 from headscope.knockout import auc, default_ks, knockout_curve, knockout_eval
 from headscope.results import HeadScores
+
+from model_factories import tiny_model
 
 
 def _tokenizer():

@@ -3,13 +3,14 @@ import random
 
 import pytest
 import torch
-from conftest import tiny_model
 
 from headscope.ablation import ablate_heads
 from headscope.heads import Head
 from headscope.knockout import _capture_z
 from headscope.proxies import attention_retrieval_score, attribution_patching, compare_to_exact
 from headscope.results import HeadScores
+
+from model_factories import tiny_model
 
 
 def _tokenizer():

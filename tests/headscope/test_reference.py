@@ -4,8 +4,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import tiny_model
 from headscope.reference import ReferenceModelMissing, default_path, has_default_weights, load_model
+
+from model_factories import tiny_model
 
 SHIPPED_SKIP = pytest.mark.skipif(
     not has_default_weights(),
@@ -90,11 +91,14 @@ def test_shipped_generates(shipped):
     assert isinstance(tok.decode(out[0, ids.shape[1]:]), str)
 
 
+# Only the tasks the shipped model does well (docs/reference_model.md, measured: NIAH ~97% at 2040 tokens,
+# arithmetic ~100%, comparison ~99%). binding (~26%), two_hop (~40%) and multikey NIAH (~1%) are not solved
+# by it, so they are not asserted here.
 @SHIPPED_SKIP
 @pytest.mark.parametrize("task,cfg", [
     ("niah", dict(context_length=256, depth="uniform", haystack="heldout")),
     ("arithmetic", {}),
-    ("binding", {}),
+    ("comparison", {}),
 ])
 def test_shipped_solves_short_tasks(shipped, task, cfg):
     from headscope.ablation import answer_accuracy

@@ -2,10 +2,11 @@
 import numpy as np
 import pytest
 import torch
-from conftest import tiny_model
 
 from headscope.results import HeadScores
 from headscope.similarity import adjacent_layer_similarity, head_score_spread, layer_similarity
+
+from model_factories import tiny_model
 
 
 @pytest.mark.parametrize("family", ["qwen3", "gpt2"])

@@ -1,18 +1,13 @@
 """Baselines from the same builder: layer-wise masks and hybrids, the token-level hybrid."""
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests: conftest
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # tests/hybrid: testing_utils
-from conftest import tiny_model  # noqa: E402
-from testing_utils import assert_close  # noqa: E402
+from hybrid.cache import cache_nbytes
+from hybrid.config import HybridConfigError
+from hybrid.layers.baselines import TokenHybridAttention, from_layers, from_token_level, layerwise_mask
 
-from hybrid.cache import cache_nbytes  # noqa: E402
-from hybrid.config import HybridConfigError  # noqa: E402
-from hybrid.layers.baselines import TokenHybridAttention, from_layers, from_token_level, layerwise_mask  # noqa: E402
+from model_factories import tiny_model
+from testing_utils import assert_close
 
 
 def test_layerwise_mask_spacing():

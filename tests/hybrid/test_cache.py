@@ -1,18 +1,13 @@
 """Decoding with HybridCache: prefill + token-by-token equals one full forward; cache sizes."""
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests: conftest
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # tests/hybrid: testing_utils
-from conftest import tiny_model  # noqa: E402
-from testing_utils import assert_close  # noqa: E402
+from headscope.mask import HeadMask
+from hybrid.cache import cache_nbytes, teacher_cache_nbytes
+from hybrid.convert import from_mask
 
-from headscope.mask import HeadMask  # noqa: E402
-from hybrid.cache import cache_nbytes, teacher_cache_nbytes  # noqa: E402
-from hybrid.convert import from_mask  # noqa: E402
+from model_factories import tiny_model
+from testing_utils import assert_close
 
 FA = [(0, 1), (1, 0), (1, 3), (2, 2)]
 

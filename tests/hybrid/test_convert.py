@@ -1,16 +1,12 @@
 """from_mask: parameter reuse (FA rows, GDN rows, GQA -> MHA expansion), mask handling, bad inputs."""
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests: conftest
-from conftest import tiny_model  # noqa: E402
+from headscope.mask import HeadMask, MaskError
+from hybrid.config import HybridConfigError
+from hybrid.convert import from_mask
 
-from headscope.mask import HeadMask, MaskError  # noqa: E402
-from hybrid.config import HybridConfigError  # noqa: E402
-from hybrid.convert import from_mask  # noqa: E402
+from model_factories import tiny_model
 
 FA = [(0, 1), (1, 0), (1, 3), (2, 2)]
 

@@ -1,21 +1,16 @@
 """One hybrid layer: FA branch vs the teacher's heads without RoPE, GDN branch vs the op, fusion variants."""
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests: conftest
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # tests/hybrid: testing_utils
-from conftest import tiny_model  # noqa: E402
-from testing_utils import assert_close  # noqa: E402
+from headscope.mask import HeadMask
+from hybrid.convert import from_mask
+from hybrid.layers.common import apply_rope, log_length_scale
+from hybrid.layers.fusion import calibrate_fusion
+from hybrid.ops import recurrent_gated_delta_rule
 
-from headscope.mask import HeadMask  # noqa: E402
-from hybrid.convert import from_mask  # noqa: E402
-from hybrid.layers.common import apply_rope, log_length_scale  # noqa: E402
-from hybrid.layers.fusion import calibrate_fusion  # noqa: E402
-from hybrid.ops import recurrent_gated_delta_rule  # noqa: E402
+from model_factories import tiny_model
+from testing_utils import assert_close
 
 FA = [(0, 1), (1, 0), (1, 3), (2, 2)]
 D = 16

@@ -1,20 +1,17 @@
 """HybridForCausalLM: the teacher baseline reproduces the teacher, save/load round trip, generate, errors."""
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests: conftest
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # tests/hybrid: testing_utils
-from conftest import tiny_model  # noqa: E402
-from testing_utils import assert_close  # noqa: E402
+from headscope.mask import HeadMask
+from hybrid.convert import from_mask
+from hybrid.layers.baselines import from_teacher
+from hybrid.modeling import HybridForCausalLM
 
-from headscope.mask import HeadMask  # noqa: E402
-from hybrid.convert import from_mask  # noqa: E402
-from hybrid.layers.baselines import from_teacher  # noqa: E402
-from hybrid.modeling import HybridForCausalLM  # noqa: E402
+from model_factories import tiny_model
+from testing_utils import assert_close
 
 FA = [(0, 1), (1, 0), (1, 3), (2, 2)]
 

@@ -1,7 +1,6 @@
 """Shared test helpers for tests/hybrid: one `assert_close` and named tolerances.
 
-Import from a test file under tests/hybrid/...:
-    sys.path.insert(0, str(Path(__file__).resolve().parents[N]))  # N so that it points at tests/hybrid
+Import by plain name from any test (pyproject's pytest `pythonpath` holds tests/hybrid):
     from testing_utils import TOL, assert_close, rel_err
 
 The error measure is fla's (tests/utils `get_err_ratio`): the RMS of the difference over the RMS of the
@@ -9,16 +8,7 @@ reference, ||x - ref||_2 / ||ref||_2, so one number per tensor that does not blo
 """
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import torch
-
-# Under plain `pytest` the rootdir conftest puts tests/ on sys.path, where tests/hybrid (no __init__.py) can shadow
-# the real `hybrid` package as a namespace package. Putting the repository root first keeps the real one.
-_ROOT = str(Path(__file__).resolve().parents[2])
-if _ROOT not in sys.path:
-    sys.path.insert(0, _ROOT)
 
 # Named tolerances on rel_err (relative RMS error). Use these names, not literals, in tests.
 TOL = {

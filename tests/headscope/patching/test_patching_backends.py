@@ -1,19 +1,16 @@
 """Every backend (hf fast path, naive, TransformerLens bridge, nnsight) gives the same scores; metrics."""
-import sys
 import tempfile
-from pathlib import Path
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests: conftest
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # the pair builders of test_patching_exact
-sys.path.append(str(Path(__file__).resolve().parents[3]))  # repo root: `headscope` is the package
-from conftest import tiny_model  # noqa: E402
-from test_patching_exact import model_pair, one_thread  # noqa: E402,F401
+from headscope.metrics import resolve_metric
+from headscope.patching import HFBackend, NaiveBackend, as_patch_pair, receiver_scores
 
-from headscope.metrics import resolve_metric  # noqa: E402
-from headscope.patching import HFBackend, NaiveBackend, as_patch_pair, receiver_scores  # noqa: E402
+from model_factories import tiny_model
+from patching_pairs import model_pair
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def word_tokenizer(vocab: int = 128):

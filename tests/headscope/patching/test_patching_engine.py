@@ -1,19 +1,15 @@
 """The engine's checks: clean failure (warn/drop/error), degenerate pairs, input validation."""
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests: conftest
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.append(str(Path(__file__).resolve().parents[3]))  # repo root
-from conftest import tiny_model  # noqa: E402
-from test_patching_exact import make_pair, model_pair, one_thread  # noqa: E402,F401
-
-from headscope.metrics import resolve_metric  # noqa: E402
-from headscope.patching import (CleanFailureError, DegeneratePairError, HFBackend, PatchInputError,  # noqa: E402
+from headscope.metrics import resolve_metric
+from headscope.patching import (CleanFailureError, DegeneratePairError, HFBackend, PatchInputError,
                                 as_patch_pair, receiver_scores)
+
+from model_factories import tiny_model
+from patching_pairs import make_pair, model_pair
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

@@ -1,29 +1,17 @@
 """headscope.senders: sender_scores and iterated_path_patching (task handling, rounds, combination, errors)."""
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests: conftest
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/headscope: the char tokenizer of test_api
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # this folder: pair helpers
-from conftest import tiny_model  # noqa: E402
-from test_api import char_tokenizer  # noqa: E402
-from test_patching_exact import model_pair  # noqa: E402
+from headscope.api import score
+from headscope.fusion import combine
+from headscope.heads import Head
+from headscope.senders import PathPatchingResult, default_k, iterated_path_patching, sender_scores
 
-from headscope.api import score  # noqa: E402
-from headscope.fusion import combine  # noqa: E402
-from headscope.heads import Head  # noqa: E402
-from headscope.senders import PathPatchingResult, default_k, iterated_path_patching, sender_scores  # noqa: E402
+from char_tokenizer import char_tokenizer
+from model_factories import tiny_model
+from patching_pairs import model_pair
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

@@ -1,26 +1,15 @@
 """Fast path patching (HFPathBackend) equals the plain definition (NaivePathBackend) on tiny models."""
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests: conftest
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # this folder: the receiver tests' pair helpers
-from conftest import tiny_model  # noqa: E402
-from test_patching_exact import make_pair, model_pair  # noqa: E402
+from headscope.metrics import resolve_metric
+from headscope.patching import HFFastConfig, as_patch_pair, receiver_scores
+from headscope.patching.path import HFPathBackend, NaivePathBackend
 
-from headscope.metrics import resolve_metric  # noqa: E402
-from headscope.patching import HFFastConfig, as_patch_pair, receiver_scores  # noqa: E402
-from headscope.patching.path import HFPathBackend, NaivePathBackend  # noqa: E402
+from model_factories import tiny_model
+from patching_pairs import make_pair, model_pair
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def four_layers(family: str, **kw):

@@ -1,14 +1,10 @@
 """attention op: SDPA against the eager twin in float64 (GQA, causal, q_offset), decode consistency, errors."""
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/hybrid: testing_utils (import it first)
-from testing_utils import assert_close  # noqa: E402
+from hybrid.ops import attention, attention_eager
 
-from hybrid.ops import attention, attention_eager  # noqa: E402
+from testing_utils import assert_close
 
 
 def qkv(B=2, T=9, S=9, H=4, K=2, D=8, Dv=8, seed=0):

@@ -1,15 +1,11 @@
 """The PyTorch chunked gated delta rule against its naive recurrent twin, float64: outputs, states, gradients."""
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/hybrid: testing_utils (import it first)
-from testing_utils import assert_close  # noqa: E402
+from hybrid.ops import recurrent_gated_delta_rule, torch_chunk_gated_delta_rule
 
-from hybrid.ops import recurrent_gated_delta_rule, torch_chunk_gated_delta_rule  # noqa: E402
+from testing_utils import assert_close
 
 
 def gdn_inputs(B, T, H, Dk, Dv, seed=0, l2norm=False):

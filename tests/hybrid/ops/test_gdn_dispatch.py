@@ -6,12 +6,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/hybrid: testing_utils (import it first)
-from testing_utils import assert_close  # noqa: E402
-
-import hybrid.ops.gdn as gdn  # noqa: E402
-from hybrid.ops import (chunk_gated_delta_rule, gated_delta_rule, recurrent_gated_delta_rule,  # noqa: E402
+import hybrid.ops.gdn as gdn
+from hybrid.ops import (chunk_gated_delta_rule, gated_delta_rule, recurrent_gated_delta_rule,
                         torch_chunk_gated_delta_rule)
+
+from testing_utils import assert_close
 
 
 def gdn_inputs(B=1, T=20, H=2, Dk=8, Dv=6, requires_grad=False):

@@ -1,15 +1,11 @@
 """The naive gated-delta-rule twin: fla's convention, checked against an independent per-head matrix form."""
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/hybrid: testing_utils (import it first)
-from testing_utils import assert_close  # noqa: E402
+from hybrid.ops import recurrent_gated_delta_rule
 
-from hybrid.ops import recurrent_gated_delta_rule  # noqa: E402
+from testing_utils import assert_close
 
 
 def gdn_inputs(B=2, T=7, H=3, Dk=5, Dv=4, seed=0, dtype=torch.float64):

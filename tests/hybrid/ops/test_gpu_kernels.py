@@ -6,17 +6,13 @@ Small shapes (T = 512: 8 chunks, so the state hand-off is exercised) and one (B,
 kernels are compiled and autotuned once per head dim; the long-T measurements live in
 experiments/gpu_hybrid_all.py.
 """
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/hybrid: testing_utils (import it first)
-from testing_utils import assert_close  # noqa: E402
+from hybrid.ops import attention, attention_eager, parity
+from hybrid.ops.gdn import HOPPER_BWD_VERIFIED_DIMS, fla_available, hopper_backward_guarded
 
-from hybrid.ops import attention, attention_eager, parity  # noqa: E402
-from hybrid.ops.gdn import HOPPER_BWD_VERIFIED_DIMS, fla_available, hopper_backward_guarded  # noqa: E402
+from testing_utils import assert_close
 
 pytestmark = pytest.mark.gpu
 B, H, T = 1, 4, 512  # one autotune key per head dim for every fla test below
