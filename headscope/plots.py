@@ -150,8 +150,10 @@ def similarity_plot(matrix, title: str = "residual-stream cosine similarity betw
     return fig
 
 
-def save(fig, path: str | Path) -> Path:
+def save(fig, path: str | Path, *, include_plotlyjs: "bool | str" = True) -> Path:
     """Write ``fig`` as HTML; for a ``.png`` path write ``.html`` beside it, then the PNG (needs kaleido).
+
+    ``include_plotlyjs=True`` embeds plotly.js (~4.6 MB, opens offline); ``"cdn"`` links it (~10 KB files).
 
     Returns the path written last. Raises PngExportError naming the install when kaleido is missing.
     """
@@ -159,7 +161,7 @@ def save(fig, path: str | Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     suffix = path.suffix.lower()
     html = path if suffix in (".html", ".htm") else path.with_suffix(".html")
-    fig.write_html(str(html), include_plotlyjs=True)  # self-contained: opens offline
+    fig.write_html(str(html), include_plotlyjs=include_plotlyjs)
     if suffix in (".html", ".htm"):
         return html
     if suffix != ".png":

@@ -77,3 +77,15 @@ def test_save_html_and_png(tmp_path):
         assert (tmp_path / "h2.html").exists()
     with pytest.raises(ValueError, match=".html or .png"):
         plots.save(fig, tmp_path / "h.svg")
+
+
+def test_save_can_link_plotlyjs_instead_of_embedding_it(tmp_path):
+    import plotly.graph_objects as go
+
+    from headscope import plots
+
+    fig = go.Figure(go.Scatter(x=[0, 1], y=[1, 0]))
+    small = plots.save(fig, tmp_path / "cdn.html", include_plotlyjs="cdn")
+    big = plots.save(fig, tmp_path / "full.html")
+    assert small.stat().st_size < 100_000 < big.stat().st_size
+    assert "cdn.plot.ly" in small.read_text()
