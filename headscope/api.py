@@ -121,6 +121,17 @@ def prepare_pairs(model: Any, task: Any, tokenizer: Any, n_samples: int, seed: i
 
 
 
+def scoring_settings(hf: nn.Module, arch: Any, pairs: list, seed: int, batch_size: int | None,
+                     task_config: dict | None, task_kwargs: dict) -> dict:
+    """What a scorer records in HeadScores.settings about the model and the pairs."""
+    return {"n_samples": len(pairs), "seed": seed, "batch_size": batch_size,
+            "model": getattr(hf.config, "_name_or_path", "") or type(hf).__name__,
+            "n_layers": arch.n_layers, "n_heads": arch.n_heads,
+            "task_config": {**(task_config or {}), **task_kwargs},
+            "seq_lens": [p.seq_len for p in pairs], "first_diffs": [p.first_diff for p in pairs],
+            "dtype": str(next(hf.parameters()).dtype)}
+
+
 def score(model: Any, task: Any = "niah", *, tokenizer: Any = None, n_samples: int = 8, seed: int = 0,
           metric: "str | Callable" = "logit_diff", backend: str = "auto", batch_size: int | None = None,
           device: "str | torch.device | None" = None, progress: bool = True, on_clean_failure: str = "warn",
@@ -138,12 +149,7 @@ def score(model: Any, task: Any = "niah", *, tokenizer: Any = None, n_samples: i
                                                          task_config, task_kwargs)
 
     engine = _make_backend(model, hf, backend, batch_size)
-    settings = {"n_samples": len(pairs), "seed": seed, "batch_size": batch_size,
-                "model": getattr(hf.config, "_name_or_path", "") or type(hf).__name__,
-                "n_layers": arch.n_layers, "n_heads": arch.n_heads,
-                "task_config": {**(task_config or {}), **task_kwargs},
-                "seq_lens": [p.seq_len for p in pairs], "first_diffs": [p.first_diff for p in pairs],
-                "dtype": str(next(hf.parameters()).dtype)}
+    settings = scoring_settings(hf, arch, pairs, seed, batch_size, task_config, task_kwargs)
     return receiver_scores(engine, pairs, resolve_metric(metric), task=task_name, progress=progress,
                            on_clean_failure=on_clean_failure, min_clean_accuracy=min_clean_accuracy,
                            settings=settings)

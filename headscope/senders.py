@@ -19,7 +19,7 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.nn as nn
 
-from headscope.api import prepare_pairs
+from headscope.api import prepare_pairs, scoring_settings
 from headscope.arch import Arch
 from headscope.fusion import COMBINE_RULES, combine
 from headscope.heads import Head
@@ -102,12 +102,7 @@ def sender_scores(model: Any, task: Any, receivers: Any, *, tokenizer: Any = Non
     """
     hf, arch, _, pairs, name = _prepare(model, task, tokenizer, n_samples, seed, device, task_config, task_kwargs)
     heads = normalize_receivers(receivers, arch.n_layers, arch.n_heads)
-    settings = {"n_samples": len(pairs), "seed": seed, "batch_size": batch_size,
-                "model": getattr(hf.config, "_name_or_path", "") or type(hf).__name__,
-                "n_layers": arch.n_layers, "n_heads": arch.n_heads,
-                "task_config": {**(task_config or {}), **task_kwargs},
-                "seq_lens": [p.seq_len for p in pairs], "first_diffs": [p.first_diff for p in pairs],
-                "dtype": str(next(hf.parameters()).dtype)}
+    settings = scoring_settings(hf, arch, pairs, seed, batch_size, task_config, task_kwargs)
     return _score_senders(hf, arch, pairs, heads, resolve_metric(metric), backend, batch_size, progress, name,
                           on_clean_failure, min_clean_accuracy, settings)
 

@@ -9,19 +9,8 @@ from headscope.heads import Head
 from headscope.knockout import auc, default_ks, knockout_curve, knockout_eval
 from headscope.results import HeadScores
 
+from char_tokenizer import word_tokenizer
 from model_factories import tiny_model
-
-
-def _tokenizer():
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    words = "the number is answer a b c".split()
-    vocab = {"<unk>": 0, **{str(d): 1 + d for d in range(10)}, **{w: 11 + i for i, w in enumerate(words)}}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Whitespace(),
-                                                 pre_tokenizers.Digits(individual_digits=True)])
-    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", pad_token="<unk>")
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +24,7 @@ def pairs():
         pad = "a b " * (i % 3)  # different lengths: exercises padding
         items.append((f"{pad}the number is {a} c the answer is", f"{pad}the number is {b} c the answer is",
                       f" {a}", f" {b}"))
-    return from_pairs("toy", items).tokenized(_tokenizer())
+    return from_pairs("toy", items).tokenized(word_tokenizer())
 
 
 @pytest.fixture(scope="module")

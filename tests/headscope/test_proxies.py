@@ -10,19 +10,8 @@ from headscope.knockout import _capture_z
 from headscope.proxies import attention_retrieval_score, attribution_patching, compare_to_exact
 from headscope.results import HeadScores
 
+from char_tokenizer import word_tokenizer
 from model_factories import tiny_model
-
-
-def _tokenizer():
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    words = "the number is answer a b c".split()
-    vocab = {"<unk>": 0, **{str(d): 1 + d for d in range(10)}, **{w: 11 + i for i, w in enumerate(words)}}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Whitespace(),
-                                                 pre_tokenizers.Digits(individual_digits=True)])
-    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", pad_token="<unk>")
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +24,7 @@ def pairs():
         a, b = rng.sample(range(10), 2)
         items.append((f"a b the number is {a} c a b c the answer is", f"a b the number is {b} c a b c the answer is",
                       f" {a}", f" {b}"))
-    return from_pairs("toy", items).tokenized(_tokenizer())
+    return from_pairs("toy", items).tokenized(word_tokenizer())
 
 
 def _exact_scores(model, pairs):
