@@ -53,6 +53,18 @@ def model_device(model: nn.Module) -> torch.device:
     return p.device if p is not None else torch.device("cpu")
 
 
+def head_batches(n_layers: int, n_heads: int, batch_size: int):
+    """Every head in (layer, head) order, ``batch_size`` at a time, as (chunk, rows): chunk[b] = (layer, head)
+    is patched by batch row b, and rows[layer] = [(b, head), ...] groups the rows by layer."""
+    jobs = [(l, h) for l in range(n_layers) for h in range(n_heads)]
+    for i in range(0, len(jobs), batch_size):
+        chunk = jobs[i:i + batch_size]
+        rows: dict[int, list[tuple[int, int]]] = {}
+        for b, (l, h) in enumerate(chunk):
+            rows.setdefault(l, []).append((b, h))
+        yield chunk, rows
+
+
 @contextlib.contextmanager
 def patch_heads(out_projs: Sequence[nn.Module], arch: Arch, jobs: Sequence[tuple[int, int]],
                 z_corrupt: dict[int, torch.Tensor]) -> Iterator[None]:

@@ -11,7 +11,7 @@ import torch
 
 from headscope.arch import describe
 from headscope.metrics import Metric
-from headscope.patching.engine import model_device
+from headscope.patching.engine import head_batches, model_device
 from headscope.patching.inputs import PatchPair
 
 __all__ = ["NNsightBackend", "is_nnsight_model", "unwrap_nnsight"]
@@ -66,13 +66,8 @@ class NNsightBackend:
             for l in range(self.n_layers):
                 saved.append(self._envoy(l).input.save())
         z_corrupt = [s.clone() for s in saved]  # [1, T, H*D] each
-        jobs = [(l, h) for l in range(self.n_layers) for h in range(self.n_heads)]
         out = torch.zeros(self.n_layers, self.n_heads, dtype=torch.float64)  # [L, H]
-        for i in range(0, len(jobs), self.batch_size):
-            chunk = jobs[i:i + self.batch_size]
-            rows: dict[int, list[tuple[int, int]]] = {}
-            for b, (l, h) in enumerate(chunk):
-                rows.setdefault(l, []).append((b, h))
+        for chunk, rows in head_batches(self.n_layers, self.n_heads, self.batch_size):
             with self.nn.trace(pair.clean_ids[None].expand(len(chunk), -1).to(self.device)):
                 for l in sorted(rows):  # modules must be visited in execution order
                     z = self._envoy(l).input  # [B, T, H*D]

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from headscope.metrics import Metric
-from headscope.patching.engine import model_device
+from headscope.patching.engine import head_batches, model_device
 from headscope.patching.inputs import PatchPair
 
 __all__ = ["TLBackend", "is_transformer_bridge"]
@@ -50,13 +50,8 @@ class TLBackend:
         _, cache = self.bridge.run_with_cache(pair.corrupt_ids[None].to(self.device),
                                               names_filter=lambda name: name.endswith("attn.hook_z"))
         z_corrupt = {l: cache[f"blocks.{l}.attn.hook_z"] for l in range(self.n_layers)}  # [1, T, H, D]
-        jobs = [(l, h) for l in range(self.n_layers) for h in range(self.n_heads)]
         out = torch.zeros(self.n_layers, self.n_heads, dtype=torch.float64)  # [L, H]
-        for i in range(0, len(jobs), self.batch_size):
-            chunk = jobs[i:i + self.batch_size]
-            rows: dict[int, list[tuple[int, int]]] = {}
-            for b, (l, h) in enumerate(chunk):
-                rows.setdefault(l, []).append((b, h))
+        for chunk, rows in head_batches(self.n_layers, self.n_heads, self.batch_size):
 
             def make_hook(l: int):
                 def hook(z, hook):  # z  # [B, T, H, D]
