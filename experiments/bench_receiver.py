@@ -10,7 +10,6 @@ cache as its clean_cache; both results are normalized as (M_clean - M_patched) /
 from __future__ import annotations
 
 import argparse
-import tempfile
 import time
 from types import SimpleNamespace
 
@@ -53,14 +52,13 @@ def tl_scores(model, pair, m_clean, m_corrupt):
     """TransformerLens get_act_patch_attn_head_out_all_pos on a TransformerBridge of the same model."""
     import transformers as tf
     from tokenizers import Tokenizer, models
+
+    from headscope.patching.tl import bridge_from_hf
     from transformer_lens import patching
-    from transformer_lens.model_bridge import TransformerBridge
 
     tok = Tokenizer(models.WordLevel({f"t{i}": i for i in range(model.config.vocab_size)}, unk_token="t0"))
     fast = tf.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="t0", pad_token="t1", eos_token="t2")
-    folder = tempfile.mkdtemp(prefix="bench_tok_")
-    fast.save_pretrained(folder)
-    bridge = TransformerBridge.boot_transformers(folder, hf_model=model, tokenizer=tf.AutoTokenizer.from_pretrained(folder))
+    bridge = bridge_from_hf(model, fast)
     a = torch.arange(pair.answer_pos.shape[0])
 
     def metric(logits):  # logits  # [1, T, V]

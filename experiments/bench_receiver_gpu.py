@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import tempfile
 import time
 from types import SimpleNamespace
 
@@ -95,13 +94,12 @@ def tl_subset(model, pair, heads, metric):
     """TransformerLens bridge, one forward per head patching blocks.{l}.attn.hook_z (TL patching style)."""
     import transformers as tf
     from tokenizers import Tokenizer, models
-    from transformer_lens.model_bridge import TransformerBridge
+
+    from headscope.patching.tl import bridge_from_hf
 
     tok = Tokenizer(models.WordLevel({f"t{i}": i for i in range(model.config.vocab_size)}, unk_token="t0"))
     fast = tf.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="t0", pad_token="t1", eos_token="t2")
-    folder = tempfile.mkdtemp(prefix="bench_tok_")
-    fast.save_pretrained(folder)
-    bridge = TransformerBridge.boot_transformers(folder, hf_model=model, tokenizer=tf.AutoTokenizer.from_pretrained(folder))
+    bridge = bridge_from_hf(model, fast)
     with torch.inference_mode():
         _, cache = bridge.run_with_cache(pair.corrupt_ids[None].to(DEV), names_filter=lambda n: n.endswith("hook_z"))
         sync()

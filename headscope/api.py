@@ -66,8 +66,8 @@ def _make_backend(model: Any, hf: nn.Module, backend: str, batch_size: int | Non
                    "nnsight" if is_nnsight_model(model) else "hf")
     if backend == "transformer_lens":
         if not is_transformer_bridge(model):
-            raise TypeError("backend='transformer_lens' needs a TransformerBridge: TransformerBridge."
-                            "boot_transformers(path, hf_model=model, tokenizer=tokenizer)")
+            raise TypeError("backend='transformer_lens' needs a TransformerBridge: "
+                            "headscope.patching.tl.bridge_from_hf(model, tokenizer)")
         return TLBackend(model, batch_size)
     if backend == "nnsight":
         if not is_nnsight_model(model):

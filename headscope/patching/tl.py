@@ -13,7 +13,24 @@ from headscope.metrics import Metric
 from headscope.patching.engine import head_batches, model_device
 from headscope.patching.inputs import PatchPair
 
-__all__ = ["TLBackend", "is_transformer_bridge"]
+__all__ = ["TLBackend", "bridge_from_hf", "is_transformer_bridge"]
+
+
+def bridge_from_hf(model: Any, tokenizer: Any) -> Any:
+    """A TransformerLens 4.x ``TransformerBridge`` around an in-memory HF model.
+
+    ``boot_transformers`` wants a tokenizer it can load from a folder, so the tokenizer is saved to a temporary
+    folder and reloaded with ``AutoTokenizer`` first.
+    """
+    import tempfile
+
+    from transformer_lens.model_bridge import TransformerBridge
+    from transformers import AutoTokenizer
+
+    folder = tempfile.mkdtemp(prefix="headscope_tok_")
+    tokenizer.save_pretrained(folder)
+    return TransformerBridge.boot_transformers(folder, hf_model=model,
+                                               tokenizer=AutoTokenizer.from_pretrained(folder))
 
 
 def is_transformer_bridge(obj: Any) -> bool:

@@ -1,5 +1,4 @@
 """Every backend (hf fast path, naive, TransformerLens bridge, nnsight) gives the same scores; metrics."""
-import tempfile
 
 import pytest
 import torch
@@ -14,16 +13,13 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def word_tokenizer(vocab: int = 128):
-    """A saved-and-reloaded word-level tokenizer "t0 t1 ..." (TransformerBridge wants a loadable one)."""
+    """A word-level tokenizer "t0 t1 ..." over the tiny models' ids."""
     import transformers as tf
     from tokenizers import Tokenizer, models, pre_tokenizers
 
     tok = Tokenizer(models.WordLevel({f"t{i}": i for i in range(vocab)}, unk_token="t0"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    fast = tf.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="t0", pad_token="t1", eos_token="t2")
-    folder = tempfile.mkdtemp(prefix="headscope_tok_")
-    fast.save_pretrained(folder)
-    return folder, tf.AutoTokenizer.from_pretrained(folder)
+    return tf.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="t0", pad_token="t1", eos_token="t2")
 
 
 def run(backend, pairs, metric="logit_diff"):
@@ -35,16 +31,14 @@ def test_all_backends_agree(family):
     pytest.importorskip("transformer_lens")
     pytest.importorskip("nnsight")
     from nnsight import NNsight
-    from transformer_lens.model_bridge import TransformerBridge
 
     from headscope.patching.nn_sight import NNsightBackend
-    from headscope.patching.tl import TLBackend
+    from headscope.patching.tl import TLBackend, bridge_from_hf
 
     model = tiny_model(family, attn_implementation="sdpa", initializer_range=0.2)
     pairs = [as_patch_pair(model_pair(model, 20, fd, 2, seed=fd, max_effect=True)) for fd in (3, 12)]
     ref = run(HFBackend(model), pairs)
-    folder, tok = word_tokenizer()
-    bridge = TransformerBridge.boot_transformers(folder, hf_model=model, tokenizer=tok)
+    bridge = bridge_from_hf(model, word_tokenizer())
     for backend in (NaiveBackend(model), TLBackend(bridge), TLBackend(bridge, batch_size=5),
                     NNsightBackend(NNsight(model)), NNsightBackend(NNsight(model), batch_size=7)):
         got = run(backend, pairs)
