@@ -4,17 +4,20 @@ Each DataLoader worker builds whole batches (``batch_size=None``): ``rows`` sequ
 ``T`` (the length curriculum picks T per batch), each row drawn from the mixture:
 - "text":      a random window of the pre-tokenized training corpus;
 - "niah":      one single-key NIAH prompt + answer (haystack="train", context ~T, depth uniform 0..1);
-- "multikey":  one multi-key NIAH prompt + answer (2..6 keys);
+- "multikey":  one multi-key NIAH prompt + answer (2..6 keys), or with ``multikey_min_len`` > 0 several
+               prompts of random lengths (powers of two from multikey_min_len up to T) packed into the row;
 - "reasoning": short reasoning prompts + answers packed back to back, separated by <|endoftext|>;
 - "copy":      a snippet (16..128 tokens: corpus text, or independent corpus tokens) repeated until the
                row is full: pure induction data, which makes copy/retrieval heads form early.
-Every row carries per-token loss weights ``w  # [T]``: 1 on ordinary targets, ``answer_weight`` on the
-positions that predict answer tokens, 0 on padding. Targets are ``ids`` shifted by one.
+Every row carries per-token loss weights ``w  # [T]``: 1 on ordinary targets (``haystack_weight`` on the
+haystack/needle/question tokens of NIAH rows), ``answer_weight`` on the positions that predict answer
+tokens, 0 on padding. Targets are ``ids`` shifted by one.
 """
 from __future__ import annotations
 
 import math
 import random
+import re
 from dataclasses import dataclass
 
 import torch
@@ -43,6 +46,10 @@ class MixtureConfig:
     min_len: int = 256  # shortest sequence of the length curriculum
     ramp: float = 0.3  # fraction of the run over which the longest length grows from min_len to seq_len
     max_keys: int = 6
+    haystack_weight: float = 1.0  # loss weight of the prompt tokens of NIAH rows (0: train on the answers only)
+    multikey_min_len: int = 0  # > 0: pack multi-key prompts of lengths multikey_min_len..T into each row
+    reasoning_families: tuple[str, ...] = ("arithmetic", "binding", "comparison", "two_hop")  # repeats = weight
+    extra_queries: int = 0  # multi-key NIAH and binding examples: up to this many more keys asked after the answer
     text_only: bool = False
     seed: int = 0
 
@@ -61,6 +68,19 @@ class MixtureConfig:
             raise ValueError(f"MixtureConfig.ramp must be in [0, 1], got {self.ramp}")
         if self.max_keys < 2:
             raise ValueError(f"MixtureConfig.max_keys must be >= 2, got {self.max_keys}")
+        if not 0 <= self.extra_queries <= 8:
+            raise ValueError(f"MixtureConfig.extra_queries must be in [0, 8], got {self.extra_queries}")
+        if self.haystack_weight < 0:
+            raise ValueError(f"MixtureConfig.haystack_weight must be >= 0, got {self.haystack_weight}")
+        if self.multikey_min_len and not 64 <= self.multikey_min_len <= self.seq_len:
+            raise ValueError(f"MixtureConfig.multikey_min_len={self.multikey_min_len}: give 0 (one prompt per row) "
+                             f"or a length in [64, seq_len={self.seq_len}]")
+        from headscope.tasks.reasoning import FAMILIES
+
+        fams = self.reasoning_families
+        if isinstance(fams, str) or not fams or any(f not in FAMILIES for f in fams):
+            raise ValueError(f"MixtureConfig.reasoning_families={fams!r}: give a non-empty tuple drawn from "
+                             f"{tuple(FAMILIES)} (repeat a family to weight it)")
 
     def weights(self) -> dict[str, float]:
         if self.text_only:
@@ -94,6 +114,48 @@ def encode_example(tokenizer, prompt: str, answer: str) -> tuple[list[int], list
     ids = list(enc["input_ids"])
     first = next((j for j, (s, e) in enumerate(enc["offset_mapping"]) if e > len(prompt)), len(ids))
     return ids, list(range(max(0, first - 1), len(ids) - 1))
+
+
+KEYED_VALUE = re.compile(r"The special magic number for (\w+) is (\d+)\.")
+BOUND_VALUE = re.compile(r"\b([a-z]) = (\d|[a-z])\b")
+
+
+def extra_queries(pair, n: int, rng: random.Random) -> list[tuple[str, str]]:
+    """Up to n more (query, answer) continuations for a multi-key NIAH or binding pair: other keys / variables
+    of the same prompt asked in the prompt's own format, appended after the answer (several lookups per context,
+    as in multi-query associative recall). Other families: []."""
+    family = pair.meta.get("family", pair.task)
+    asked: list[tuple[str, str]] = []
+    if pair.task == "niah_multikey":
+        values = dict(KEYED_VALUE.findall(pair.clean_prompt))
+        others = [k for k in values if k != pair.meta.get("key")]
+        for key in rng.sample(others, min(n, len(others))):
+            asked.append((f"\nQuestion: What is the special magic number for {key}? Answer: The special magic number "
+                          f"for {key} is", f" {values[key]}"))
+    elif family == "binding":
+        head = pair.clean_prompt.rsplit(". Then ", 1)[0]
+        bound = dict(BOUND_VALUE.findall(head))
+        value = {v: (bound[x] if not x.isdigit() else x) for v, x in bound.items() if x.isdigit() or x in bound}
+        names = list(value)
+        for name in (rng.choice(names) for _ in range(n if names else 0)):
+            asked.append((f". Then {name} =", f" {value[name]}"))
+    return asked
+
+
+def encode_answers(tokenizer, pieces: list[tuple[str, bool]]) -> tuple[list[int], list[int]]:
+    """Token ids of the concatenated pieces and the positions whose next-token targets lie in an answer piece
+    (pieces: (text, is_answer))."""
+    text, spans, at = "", [], 0
+    for piece, is_answer in pieces:
+        if is_answer:
+            spans.append((at, at + len(piece)))
+        text += piece
+        at += len(piece)
+    enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    ids = list(enc["input_ids"])
+    ans = [j - 1 for j, (s, e) in enumerate(enc["offset_mapping"])
+           if j > 0 and any(s < b and e > a for a, b in spans)]
+    return ids, ans
 
 
 class MixtureStream(IterableDataset):
@@ -140,34 +202,67 @@ class MixtureStream(IterableDataset):
         ids = (snippet * (T // len(snippet) + 1))[:T]
         return ids, [1.0] * T
 
-    def niah_row(self, T: int, rng: random.Random, multikey: bool) -> tuple[list[int], list[float]]:
-        ctx = max(64, T - 8)  # context_length counts the whole prompt; the answer adds ~5 tokens
+    def niah_example(self, ctx: int, rng: random.Random, multikey: bool, n_keys: int = 2
+                     ) -> tuple[list[int], list[float]]:
+        """One NIAH prompt of ~ctx tokens + its answer: ids and loss weights (answer positions weighted)."""
         if multikey:
-            max_keys = min(self.cfg.max_keys, max(2, T // 64))  # short prompts hold few needles
-            task = self._task("niah_multikey", context_length=ctx, haystack="train", depth="random",
-                              n_keys=rng.randint(2, max_keys))
+            task = self._task("niah_multikey", context_length=ctx, haystack="train", depth="random", n_keys=n_keys)
         else:
             task = self._task("niah", context_length=ctx, depth="random", haystack="train")
         for _ in range(20):  # values reserved for evaluation never appear as the asked value in training
             pair = self._pair(task, rng)
             if not is_heldout_value(pair.clean_answer):
                 break
-        ids, ans = encode_example(self.tok, pair.clean_prompt, pair.clean_answer)
-        if len(ids) > T:  # should not happen (prompt <= ctx tokens); keep the answer, drop the start
-            cut = len(ids) - T
-            ids, ans = ids[cut:], [p - cut for p in ans]
-        w = [1.0] * len(ids)
+        ids, ans = self.encode_pair(pair, rng)
+        w = [self.cfg.haystack_weight] * len(ids)
         for p in ans:
-            if 0 <= p < len(w):
-                w[p] = self.cfg.answer_weight
+            w[p] = self.cfg.answer_weight
+        return ids, w
+
+    def encode_pair(self, pair, rng: random.Random) -> tuple[list[int], list[int]]:
+        """ids of prompt + answer (+ extra queries and answers, cfg.extra_queries) and the answer positions."""
+        extra = extra_queries(pair, rng.randint(0, self.cfg.extra_queries), rng) if self.cfg.extra_queries else []
+        if not extra:
+            return encode_example(self.tok, pair.clean_prompt, pair.clean_answer)
+        pieces = [(pair.clean_prompt, False), (pair.clean_answer, True)]
+        for query, answer in extra:
+            pieces += [(query, False), (answer, True)]
+        return encode_answers(self.tok, pieces)
+
+    def _n_keys(self, T: int, rng: random.Random) -> int:
+        return rng.randint(2, min(self.cfg.max_keys, max(2, T // 64)))  # short prompts hold few needles
+
+    def niah_row(self, T: int, rng: random.Random, multikey: bool) -> tuple[list[int], list[float]]:
+        if multikey and self.cfg.multikey_min_len and T >= 2 * self.cfg.multikey_min_len:
+            return self.packed_multikey_row(T, rng)
+        ctx = max(64, T - 8)  # context_length counts the whole prompt; the answer adds ~5 tokens
+        ids, w = self.niah_example(ctx, rng, multikey, self._n_keys(T, rng) if multikey else 2)
+        if len(ids) > T:  # should not happen (prompt <= ctx tokens); keep the answer, drop the start
+            ids, w = ids[-T:], w[-T:]
+        return ids, w
+
+    def packed_multikey_row(self, T: int, rng: random.Random) -> tuple[list[int], list[float]]:
+        """Multi-key prompts of random power-of-two lengths (multikey_min_len..T), separated by <|endoftext|>:
+        many asked keys per row instead of one."""
+        lo = self.cfg.multikey_min_len
+        sizes = [n for n in (lo * 2 ** i for i in range(12)) if n <= T]
+        ids: list[int] = []
+        w: list[float] = []
+        while T - len(ids) >= lo:
+            room = T - len(ids)
+            n = min(rng.choice(sizes), room)
+            e_ids, e_w = self.niah_example(max(64, n - 9), rng, True, self._n_keys(n, rng))
+            e_ids, e_w = e_ids[: room - 1], e_w[: room - 1]
+            ids += e_ids + [self.eos]
+            w += e_w + [self.cfg.haystack_weight]
         return ids, w
 
     def reasoning_row(self, T: int, rng: random.Random) -> tuple[list[int], list[float]]:
         ids, w = [], []
-        task = self._task("reasoning")
+        task = self._task("reasoning", families=tuple(self.cfg.reasoning_families))
         while len(ids) < T:
             pair = self._pair(task, rng)
-            e_ids, ans = encode_example(self.tok, pair.clean_prompt, pair.clean_answer)
+            e_ids, ans = self.encode_pair(pair, rng)
             ew = [1.0] * len(e_ids)
             for p in ans:
                 ew[p] = self.cfg.answer_weight

@@ -30,6 +30,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from data import KINDS, MixtureConfig, MixtureStream, describe_mixture, lr_at, tokenize_corpus  # noqa: E402
+from head_dropout import head_dropout  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -107,7 +108,12 @@ def make_probes(tokenizer, seq_len: int, n: int) -> dict:
     if seq_len > 256:
         specs["niah@256"] = ("niah", dict(context_length=248, depth="uniform", haystack="heldout"))
     specs["multikey"] = ("niah_multikey", dict(context_length=ctx, depth="random", haystack="heldout", n_keys=4))
+    if seq_len > 256:
+        specs["multikey@256"] = ("niah_multikey", dict(context_length=248, depth="random", haystack="heldout",
+                                                       n_keys=4))
     specs["reasoning"] = ("reasoning", {})
+    specs["binding"] = ("binding", {})
+    specs["two_hop"] = ("two_hop", {})
     probes = {}
     for i, (label, (name, cfg)) in enumerate(specs.items()):
         try:
@@ -144,6 +150,17 @@ def main() -> None:
     ap.add_argument("--w-reasoning", type=float, default=0.2)
     ap.add_argument("--w-copy", type=float, default=0.1, help="repeated-snippet rows (induction data)")
     ap.add_argument("--answer-weight", type=float, default=5.0)
+    ap.add_argument("--haystack-weight", type=float, default=1.0, help="loss weight of NIAH prompt tokens")
+    ap.add_argument("--multikey-min-len", type=int, default=0,
+                    help="> 0: pack multi-key prompts of lengths from this up to T into each multi-key row")
+    ap.add_argument("--reasoning-families", default="arithmetic,binding,comparison,two_hop",
+                    help="comma-separated; repeat a family to weight it, e.g. arithmetic,binding,binding")
+    ap.add_argument("--extra-queries", type=int, default=0,
+                    help="multi-key NIAH and binding examples ask up to this many more keys after the answer")
+    ap.add_argument("--head-drop", type=float, default=0.0,
+                    help="probability of mean-replacing each head's output per row (head_dropout.py)")
+    ap.add_argument("--init-from", type=Path, default=None,
+                    help="start from this saved model folder (e.g. headscope/weights/default) with a fresh optimizer")
     ap.add_argument("--lr", type=float, default=None)
     ap.add_argument("--warmup", type=float, default=0.03, help="warmup as a fraction of the run")
     ap.add_argument("--weight-decay", type=float, default=0.1)
@@ -180,10 +197,27 @@ def main() -> None:
     text_ids = tokenize_corpus(tok, a.corpus.read_text(encoding="utf-8"))  # [N]
     mix = MixtureConfig(seq_len=seq_len, tokens_per_batch=tokens_per_batch, w_text=a.w_text, w_niah=a.w_niah,
                         w_multikey=a.w_multikey, w_reasoning=a.w_reasoning, w_copy=a.w_copy,
-                        answer_weight=a.answer_weight,
+                        answer_weight=a.answer_weight, haystack_weight=a.haystack_weight,
+                        multikey_min_len=a.multikey_min_len, extra_queries=a.extra_queries,
+                        reasoning_families=tuple(f.strip() for f in a.reasoning_families.split(",") if f.strip()),
                         min_len=min(a.min_len, seq_len), ramp=a.ramp, text_only=a.text_only, seed=a.seed)
     mcfg = ModelConfig(vocab_size=len(tok), max_position_embeddings=max(2048, seq_len), **(TINY if a.tiny else {}))
-    model = build_model(mcfg, tok).to(a.device)
+    if a.init_from is not None:
+        from transformers import AutoModelForCausalLM
+
+        if not (a.init_from / "config.json").exists():
+            raise FileNotFoundError(f"--init-from {a.init_from}: no config.json there; give a folder written by "
+                                    "this script (or headscope/weights/default)")
+        model = AutoModelForCausalLM.from_pretrained(a.init_from, local_files_only=True, dtype=torch.float32,
+                                                     attn_implementation="sdpa").to(a.device)
+        if model.config.vocab_size != len(tok):
+            raise ValueError(f"--init-from {a.init_from}: vocab {model.config.vocab_size} != tokenizer's {len(tok)}; "
+                             "give the tokenizer the model was trained with (--tokenizer)")
+        mcfg = ModelConfig(**{k: getattr(model.config, k) for k in asdict(mcfg) if k != "rope_theta"},
+                           rope_theta=float(model.config.rope_parameters["rope_theta"]))
+        print(f"initialised from {a.init_from}", flush=True)
+    else:
+        model = build_model(mcfg, tok).to(a.device)
     n_params = sum(p.numel() for p in model.parameters())
     print(f"model: {n_params / 1e6:.2f} M params, {mcfg}\ndata: {describe_mixture(mix)}; corpus {len(text_ids)} tokens",
           flush=True)
@@ -233,54 +267,56 @@ def main() -> None:
     t_log, tok_log, last_ckpt = t0, 0, t0
     kind_loss = defaultdict(list)
     it = iter(loader)
-    while True:
-        elapsed = elapsed_before + time.time() - t0
-        p = prog(elapsed)
-        if p >= 1.0 or stop["signal"] is not None:
-            break
-        progress.value = p
-        cur_lr = lr_at(p, lr, a.warmup)
-        for g in opt.param_groups:
-            g["lr"] = cur_lr
-        batch = next(it)
-        ids = batch["ids"].to(a.device, non_blocking=True)  # [B, T]
-        w = batch["w"].to(a.device, non_blocking=True)  # [B, T]
-        with autocast:
-            logits = train_model(input_ids=ids).logits  # [B, T, V]
-        loss, row, ans = weighted_loss(logits, ids, w)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        step += 1
-        tokens_seen += ids.numel()
-        tok_log += ids.numel()
-        if step % log_every == 0:
-            for k, r, r_ans in zip(batch["kind"].tolist(), row.tolist(), ans.tolist()):
-                kind_loss[KINDS[k]].append(r)
-                if r_ans == r_ans:  # not NaN
-                    kind_loss[f"{KINDS[k]}_answer"].append(r_ans)
-        if step % log_every == 0:
-            now = time.time()
-            rec = {"step": step, "minutes": round((elapsed_before + now - t0) / 60, 3), "loss": round(loss.item(), 4),
-                   "lr": round(cur_lr, 6), "grad_norm": round(float(gnorm), 3), "seq_len": ids.shape[1],
-                   "tokens": tokens_seen, "tok_per_s": round(tok_log / (now - t_log))}
-            rec |= {f"loss_{k}": round(sum(v) / len(v), 4) for k, v in kind_loss.items() if v}
-            if probes and step % probe_every == 0:
-                rec |= {f"acc_{k}": round(v, 3) for k, v in probe_accuracy(model, probes, a.device, autocast).items()}
-            print(json.dumps(rec), flush=True)
-            log_f.write(json.dumps(rec) + "\n")
-            log_f.flush()
-            t_log, tok_log = time.time(), 0
-            kind_loss = defaultdict(list)
-        if time.time() - last_ckpt > a.ckpt_minutes * 60:
-            checkpoint(elapsed_before + time.time() - t0)
-            last_ckpt = time.time()
+    with head_dropout(model, a.head_drop):  # hooks on o_proj, active only in train mode
+        while True:
+            elapsed = elapsed_before + time.time() - t0
+            p = prog(elapsed)
+            if p >= 1.0 or stop["signal"] is not None:
+                break
+            progress.value = p
+            cur_lr = lr_at(p, lr, a.warmup)
+            for g in opt.param_groups:
+                g["lr"] = cur_lr
+            batch = next(it)
+            ids = batch["ids"].to(a.device, non_blocking=True)  # [B, T]
+            w = batch["w"].to(a.device, non_blocking=True)  # [B, T]
+            with autocast:
+                logits = train_model(input_ids=ids).logits  # [B, T, V]
+            loss, row, ans = weighted_loss(logits, ids, w)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            step += 1
+            tokens_seen += ids.numel()
+            tok_log += ids.numel()
+            if step % log_every == 0:
+                for k, r, r_ans in zip(batch["kind"].tolist(), row.tolist(), ans.tolist()):
+                    kind_loss[KINDS[k]].append(r)
+                    if r_ans == r_ans:  # not NaN
+                        kind_loss[f"{KINDS[k]}_answer"].append(r_ans)
+            if step % log_every == 0:
+                now = time.time()
+                rec = {"step": step, "minutes": round((elapsed_before + now - t0) / 60, 3), "loss": round(loss.item(), 4),
+                       "lr": round(cur_lr, 6), "grad_norm": round(float(gnorm), 3), "seq_len": ids.shape[1],
+                       "tokens": tokens_seen, "tok_per_s": round(tok_log / (now - t_log))}
+                rec |= {f"loss_{k}": round(sum(v) / len(v), 4) for k, v in kind_loss.items() if v}
+                if probes and step % probe_every == 0:
+                    rec |= {f"acc_{k}": round(v, 3) for k, v in probe_accuracy(model, probes, a.device, autocast).items()}
+                print(json.dumps(rec), flush=True)
+                log_f.write(json.dumps(rec) + "\n")
+                log_f.flush()
+                t_log, tok_log = time.time(), 0
+                kind_loss = defaultdict(list)
+            if time.time() - last_ckpt > a.ckpt_minutes * 60:
+                checkpoint(elapsed_before + time.time() - t0)
+                last_ckpt = time.time()
 
     elapsed = elapsed_before + time.time() - t0
     checkpoint(elapsed)
     final = {"step": step, "minutes": round(elapsed / 60, 3), "tokens": tokens_seen, "params": n_params,
-             "text_only": a.text_only, "model": asdict(mcfg), "mixture": asdict(mix), "lr": lr}
+             "text_only": a.text_only, "model": asdict(mcfg), "mixture": asdict(mix), "lr": lr,
+             "head_drop": a.head_drop, "init_from": str(a.init_from) if a.init_from else None}
     if probes:
         final |= {f"acc_{k}": v for k, v in probe_accuracy(model, probes, a.device, autocast).items()}
     save_final(model, tok, a.out)

@@ -1,0 +1,84 @@
+from __future__ import annotations
+
+import random
+import re
+
+import pytest
+import torch
+
+from ref_modules import load, ref_tokenizer  # noqa: F401  (fixture)
+
+data = load("data")
+
+
+def corpus_ids(tok):
+    from headscope.tasks import load_haystack
+
+    return data.tokenize_corpus(tok, load_haystack("heldout")[:60_000])
+
+
+@pytest.mark.parametrize("chain", [0.0, 1.0])
+def test_binding_extra_queries_ask_bound_values(ref_tokenizer, chain):
+    from headscope.tasks import get_task
+
+    rng = random.Random(0)
+    for pair in get_task("binding", chain=chain).generate(ref_tokenizer, n=6, seed=1):
+        head = pair.clean_prompt.split(". Then ")[0][len("Let "):]
+        bound = dict(part.split(" = ") for part in head.split(", "))
+        extra = data.extra_queries(pair, 3, rng)
+        assert len(extra) == 3
+        for query, answer in extra:
+            name = re.fullmatch(r"\. Then ([a-z]) =", query).group(1)
+            value = bound[name] if bound[name].isdigit() else bound[bound[name]]  # a chain copies a variable
+            assert answer == f" {value}"
+
+
+def test_multikey_extra_queries_ask_other_keys(ref_tokenizer):
+    from headscope.tasks import get_task
+
+    pair = get_task("niah_multikey", context_length=256, n_keys=4, haystack="heldout").generate(
+        ref_tokenizer, n=1, seed=3)[0]
+    extra = data.extra_queries(pair, 5, random.Random(0))
+    assert len(extra) == 3  # the other three keys, each once
+    keys = set()
+    for query, answer in extra:
+        key = re.search(r"number for (\w+)\? Answer", query).group(1)
+        assert key != pair.meta["key"]
+        assert f"The special magic number for {key} is{answer}." in pair.clean_prompt
+        keys.add(key)
+    assert len(keys) == 3
+    assert data.extra_queries(get_task("arithmetic").generate(ref_tokenizer, n=1)[0], 3, random.Random(0)) == []
+
+
+def test_encode_answers_marks_exactly_the_answer_tokens(ref_tokenizer):
+    pieces = [("Let a = 3, b = 7. Then a =", False), (" 3", True), (". Then b =", False), (" 7", True)]
+    ids, ans = data.encode_answers(ref_tokenizer, pieces)
+    targets = "".join(ref_tokenizer.decode([ids[p + 1]]) for p in ans)
+    assert targets == " 3 7"
+    assert ids == ref_tokenizer("".join(p for p, _ in pieces), add_special_tokens=False)["input_ids"]
+
+
+def test_packed_multikey_rows_fill_the_row_with_several_weighted_answers(ref_tokenizer):
+    cfg = data.MixtureConfig(seq_len=512, tokens_per_batch=1024, multikey_min_len=128, haystack_weight=0.0,
+                             extra_queries=2)
+    stream = data.MixtureStream(cfg, ref_tokenizer, corpus_ids(ref_tokenizer))
+    ids, w = stream.niah_row(512, random.Random(0), multikey=True)
+    assert len(ids) == len(w) <= 512
+    assert ids.count(ref_tokenizer.eos_token_id) >= 2  # at least two packed prompts
+    n_answers = sum(1 for x in w if x == cfg.answer_weight)
+    assert n_answers >= 10  # >= 2 prompts x one 4-digit value (5 tokens)
+    assert set(w) <= {0.0, cfg.answer_weight}  # haystack_weight 0: only answers are trained
+    batch = stream.make_batch(random.Random(1), 1.0)
+    assert batch["ids"].shape == batch["w"].shape and batch["ids"].shape[0] * batch["ids"].shape[1] <= 1024
+    assert torch.all(batch["w"][:, -1] == 0)
+
+
+@pytest.mark.parametrize("field,value,match", [
+    ("extra_queries", 9, "extra_queries"),
+    ("multikey_min_len", 32, "multikey_min_len"),
+    ("haystack_weight", -1.0, "haystack_weight"),
+    ("reasoning_families", ("binding", "nope"), "reasoning_families"),
+])
+def test_mixture_config_names_the_bad_field(field, value, match):
+    with pytest.raises(ValueError, match=match):
+        data.MixtureConfig(**{field: value})
