@@ -12,7 +12,9 @@ an untimed first call, before it is timed):
   1. parity D=128, D=64 at T=1024 (B=1, H=4): fla chunk kernel forward, backward via our dispatch and via fla's
      own backward with the Hopper guard bypassed ("unguarded"), vs the float32 PyTorch chunk reference on the same
      bf16 inputs: o, final state, dq, dk, dv, dg, dbeta, dh0; PASS <= 1e-2; HOPPER_BWD_VERIFIED_DIMS advice
-  2. layer timings at 128K then 4K (B=1, bf16, hidden 2048, 16 x 128 heads, 8 KV heads, 2 FA + 14 GDN heads)
+  2. layer timings at 128K then 4K (B=1, bf16, hidden 2048, 16 x 128 heads, 8 KV heads, 2 FA + 14 GDN heads):
+     hybrid layer, each branch alone, the fusion alone, o_proj alone, the 16-head full-attention layer; at 128K
+     also the attention cores alone (16-head vs 2-head softmax attention + 14-head GDN kernel)
   3. fla fused_recurrent (decode) vs the float32 recurrent twin, a few steps
   4. layer timings at 16K, 64K; then parity at T=4096
   5. decode cache bytes at 128K (analytic, always)
@@ -198,8 +200,16 @@ def timing_row(run: Run, T: int, layers, shape: dict, dtype: torch.dtype, fallba
         put("hybrid_fwd_ms", lambda: hybrid(x, pos, cos, sin))
         put("fa_branch_ms", lambda: hybrid.fa(x, pos, cos, sin, None))
         put("gdn_branch_ms", lambda: hybrid.la(x, pos, cos, sin, None))
+        o_fa, o_la = hybrid.fa(x, pos, cos, sin, None), hybrid.la(x, pos, cos, sin, None)  # [B, T, H_F|H_L, D]
+        z = hybrid.fusion(x, o_fa, o_la)  # [B, T, H*D]
+        put("fusion_ms", lambda: hybrid.fusion(x, o_fa, o_la))
+        put("o_proj_ms", lambda: hybrid.o_proj(z))
+        del o_fa, o_la, z
         put("full16_fwd_ms", lambda: full(x, pos, cos, sin))
+    # the layer = FA branch + GDN branch + fusion + o_proj; o_proj is the teacher's and not part of the fusion
     row["hybrid_over_branches"] = round(row["hybrid_fwd_ms"] / (row["fa_branch_ms"] + row["gdn_branch_ms"]), 3)
+    row["hybrid_over_parts"] = round(row["hybrid_fwd_ms"] / (row["fa_branch_ms"] + row["gdn_branch_ms"]
+                                                             + row["o_proj_ms"]), 3)
     row["fwd_speedup"] = round(row["full16_fwd_ms"] / row["hybrid_fwd_ms"], 2)
     xg = x.detach().requires_grad_(True)
 
@@ -228,8 +238,10 @@ def timing_row(run: Run, T: int, layers, shape: dict, dtype: torch.dtype, fallba
     hybrid.zero_grad(set_to_none=True)
     full.zero_grad(set_to_none=True)
     run.data["timings"].append(row)
-    line = (f"timing T={T}: hybrid fwd {row['hybrid_fwd_ms']} ms = {row['hybrid_over_branches']}x (FA branch "
-            f"{row['fa_branch_ms']} + GDN branch {row['gdn_branch_ms']}) [target <= {TARGETS['hybrid_over_branches']}]"
+    line = (f"timing T={T}: hybrid fwd {row['hybrid_fwd_ms']} ms = {row['hybrid_over_parts']}x (FA branch "
+            f"{row['fa_branch_ms']} + GDN branch {row['gdn_branch_ms']} + o_proj {row['o_proj_ms']}) "
+            f"[target <= {TARGETS['hybrid_over_branches']}], {row['hybrid_over_branches']}x the branches alone; "
+            f"fusion alone {row['fusion_ms']} ms"
             f"; full16 fwd {row['full16_fwd_ms']} -> speedup {row['fwd_speedup']}x; fwd+bwd hybrid "
             f"{row['hybrid_fwdbwd_ms[fla_bwd_unguarded]']} (fla bwd, guard bypassed) vs full16 "
             f"{row['full16_fwdbwd_ms']} -> speedup {row['fwdbwd_speedup']}x")
@@ -247,11 +259,82 @@ def timing_row(run: Run, T: int, layers, shape: dict, dtype: torch.dtype, fallba
         torch.cuda.empty_cache()
 
 
+def core_row(run: Run, T: int, shape: dict, dtype: torch.dtype, gdn_backend: str, attn_backend: str) -> None:
+    """Attention cores alone, as the issue's reference figures (no projections, norms, RoPE or fusion):
+    16-head softmax attention (8 KV heads, GQA as the teacher) vs 2-head softmax attention (2 KV heads)
+    plus the 14-head gated delta rule (fla chunk kernel, q/k L2-normalised in the kernel)."""
+    from hybrid.ops import attention, gated_delta_rule
+
+    dev, H, K, D = run.device, shape["H"], shape["K"], shape["D"]
+    HF = len(shape["fa_heads"])
+    HL = H - HF
+    g = torch.Generator(device=dev).manual_seed(T)
+
+    def rnd(*size, scale=1.0):
+        return (torch.randn(*size, device=dev, dtype=dtype, generator=g) * scale).requires_grad_(True)
+
+    q16, k8, v8 = rnd(1, T, H, D), rnd(1, T, K, D), rnd(1, T, K, D)  # [B, T, H|K, D]
+    q2, k2, v2 = rnd(1, T, HF, D), rnd(1, T, HF, D), rnd(1, T, HF, D)  # [B, T, H_F, D]
+    ql, kl, vl = rnd(1, T, HL, D), rnd(1, T, HL, D), rnd(1, T, HL, D)  # [B, T, H_L, D]
+    gl = (-torch.rand(1, T, HL, device=dev, generator=g) * 0.1).requires_grad_(True)  # [B, T, H_L] log decay
+    bl = torch.rand(1, T, HL, device=dev, dtype=dtype, generator=g).requires_grad_(True)  # [B, T, H_L]
+    fa16 = lambda: attention(q16, k8, v8, causal=True, backend=attn_backend)  # noqa: E731
+    fa2 = lambda: attention(q2, k2, v2, causal=True, backend=attn_backend)  # noqa: E731
+    gdn = lambda: gated_delta_rule(ql, kl, vl, gl, bl, scale=D ** -0.5, use_qk_l2norm_in_kernel=True,  # noqa: E731
+                                   backend=gdn_backend)[0]
+    row: dict = dict(T=T)
+
+    def put(key: str, fn) -> None:
+        try:
+            row[key] = round(bench_ms(fn, dev), 3)
+        except torch.OutOfMemoryError:
+            row[key] = float("nan")
+            torch.cuda.empty_cache()
+        run.say(f"  core T={T} {key} = {row[key]} ms")
+
+    def fb(fn):
+        def step():
+            o = fn()
+            o.backward(torch.ones_like(o))
+        return step
+
+    with torch.no_grad():
+        put("sdpa16_fwd_ms", fa16)
+        put("sdpa2_fwd_ms", fa2)
+        put("gdn14_fwd_ms", gdn)
+    saved = os.environ.get(HOPPER_BWD_ENV)
+    try:
+        os.environ[HOPPER_BWD_ENV] = "1"
+        put("sdpa16_fwdbwd_ms", fb(fa16))
+        put("sdpa2_fwdbwd_ms", fb(fa2))
+        put("gdn14_fwdbwd_ms", fb(gdn))
+    finally:
+        if saved is None:
+            os.environ.pop(HOPPER_BWD_ENV, None)
+        else:
+            os.environ[HOPPER_BWD_ENV] = saved
+    row["core_fwd_speedup"] = round(row["sdpa16_fwd_ms"] / (row["sdpa2_fwd_ms"] + row["gdn14_fwd_ms"]), 2)
+    row["core_fwdbwd_speedup"] = round(row["sdpa16_fwdbwd_ms"] / (row["sdpa2_fwdbwd_ms"] + row["gdn14_fwdbwd_ms"]), 2)
+    # the ceiling with a free GDN branch: 16-head attention over 2-head attention
+    row["core_fwdbwd_ceiling"] = round(row["sdpa16_fwdbwd_ms"] / row["sdpa2_fwdbwd_ms"], 2)
+    run.data.setdefault("cores", []).append(row)
+    run.say(f"cores T={T}: 16-head attention {row['sdpa16_fwd_ms']} ms fwd / {row['sdpa16_fwdbwd_ms']} fwd+bwd; "
+            f"2-head attention {row['sdpa2_fwd_ms']} / {row['sdpa2_fwdbwd_ms']}; 14-head GDN {row['gdn14_fwd_ms']} / "
+            f"{row['gdn14_fwdbwd_ms']} -> fwd {row['core_fwd_speedup']}x, fwd+bwd {row['core_fwdbwd_speedup']}x "
+            f"(ceiling with a free GDN branch {row['core_fwdbwd_ceiling']}x)")
+    run.save()
+    del q16, k8, v8, q2, k2, v2, ql, kl, vl, gl, bl
+    if dev == "cuda":
+        torch.cuda.empty_cache()
+
+
 def timing_section(run: Run, lengths: list[int], layers, shape: dict, dtype, fallback_at: set[int], big: int) -> None:
     for T in lengths:
         est = 60.0 if T >= big else 30.0  # 128K: full attention fwd+bwd ~0.5 s per call; first T: compiles
         if run.fits(f"timing T={T}", est):
             timing_row(run, T, layers, shape, dtype, fallback_bwd=T in fallback_at)
+        if T >= big and run.fits(f"cores T={T}", 20.0):
+            core_row(run, T, shape, dtype, layers[0].options.gdn_backend, layers[0].options.attn_backend)
 
 
 def cache_section(run: Run, cfg: HybridConfig, T: int) -> None:
