@@ -3,7 +3,7 @@
 Each DataLoader worker builds whole batches (``batch_size=None``): ``rows`` sequences of one length
 ``T`` (the length curriculum picks T per batch), each row drawn from the mixture:
 - "text":      a random window of the pre-tokenized training corpus;
-- "niah":      one single-key NIAH prompt + answer (haystack="train", context ~T, depth uniform 0..1);
+- "niah":      one single-key NIAH prompt + answer (cfg.haystack, default the training split, context ~T, depth uniform 0..1);
 - "multikey":  one multi-key NIAH prompt + answer (2..6 keys), or with ``multikey_min_len`` > 0 several
                prompts of random lengths (powers of two from multikey_min_len up to T) packed into the row;
 - "reasoning": short reasoning prompts + answers packed back to back, separated by <|endoftext|>;
@@ -50,6 +50,7 @@ class MixtureConfig:
     multikey_min_len: int = 0  # > 0: pack multi-key prompts of lengths multikey_min_len..T into each row
     reasoning_families: tuple[str, ...] = ("arithmetic", "binding", "comparison", "two_hop")  # repeats = weight
     extra_queries: int = 0  # multi-key NIAH and binding examples: up to this many more keys asked after the answer
+    haystack: str = "train"  # NIAH haystack source (headscope.tasks.load_haystack): data/corpus/train.txt
     text_only: bool = False
     seed: int = 0
 
@@ -206,9 +207,10 @@ class MixtureStream(IterableDataset):
                      ) -> tuple[list[int], list[float]]:
         """One NIAH prompt of ~ctx tokens + its answer: ids and loss weights (answer positions weighted)."""
         if multikey:
-            task = self._task("niah_multikey", context_length=ctx, haystack="train", depth="random", n_keys=n_keys)
+            task = self._task("niah_multikey", context_length=ctx, haystack=self.cfg.haystack, depth="random",
+                              n_keys=n_keys)
         else:
-            task = self._task("niah", context_length=ctx, depth="random", haystack="train")
+            task = self._task("niah", context_length=ctx, depth="random", haystack=self.cfg.haystack)
         for _ in range(20):  # values reserved for evaluation never appear as the asked value in training
             pair = self._pair(task, rng)
             if not is_heldout_value(pair.clean_answer):

@@ -60,7 +60,7 @@ def test_encode_answers_marks_exactly_the_answer_tokens(ref_tokenizer):
 
 def test_packed_multikey_rows_fill_the_row_with_several_weighted_answers(ref_tokenizer):
     cfg = data.MixtureConfig(seq_len=512, tokens_per_batch=1024, multikey_min_len=128, haystack_weight=0.0,
-                             extra_queries=2)
+                             extra_queries=2, haystack="heldout")  # data/corpus is not in a fresh clone
     stream = data.MixtureStream(cfg, ref_tokenizer, corpus_ids(ref_tokenizer))
     ids, w = stream.niah_row(512, random.Random(0), multikey=True)
     assert len(ids) == len(w) <= 512
