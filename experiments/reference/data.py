@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 import random
 import re
+from types import SimpleNamespace
 from dataclasses import dataclass
 
 import torch
@@ -51,6 +52,8 @@ class MixtureConfig:
     reasoning_families: tuple[str, ...] = ("arithmetic", "binding", "comparison", "two_hop")  # repeats = weight
     extra_queries: int = 0  # multi-key NIAH and binding examples: up to this many more keys asked after the answer
     haystack: str = "train"  # NIAH haystack source (headscope.tasks.load_haystack): data/corpus/train.txt
+    fast_niah: bool = False  # build NIAH prompts from token windows of the corpus (~length) instead of the task's
+    #                          exact-length fitting (same templates; several times cheaper; stages 1-3 used False)
     text_only: bool = False
     seed: int = 0
 
@@ -203,9 +206,45 @@ class MixtureStream(IterableDataset):
         ids = (snippet * (T // len(snippet) + 1))[:T]
         return ids, [1.0] * T
 
+    def fast_niah_pair(self, ctx: int, rng: random.Random, multikey: bool, n_keys: int) -> SimpleNamespace:
+        """A NIAH prompt in the task's format (its needle and question templates, needles at sentence
+        boundaries) around a window of corpus tokens; about ctx tokens, not fitted exactly. Only the clean
+        prompt and answer, with the fields ``extra_queries`` reads."""
+        from headscope.tasks.haystack import insert_needles
+        from headscope.tasks.niah import KEYED_NEEDLE, KEYED_QUESTION, KEYS, NEEDLE, QUESTION
+
+        def value() -> str:
+            return rng.choice("123456789") + "".join(rng.choice("0123456789") for _ in range(3))
+
+        asked = value()
+        while is_heldout_value(f" {asked}"):
+            asked = value()
+        if multikey:
+            keys = rng.sample(KEYS, n_keys)
+            needles = [(rng.random(), KEYED_NEEDLE.format(key=k, value=asked if i == 0 else value()))
+                       for i, k in enumerate(keys)]
+            question, key, task = KEYED_QUESTION.format(key=keys[0]), keys[0], "niah_multikey"
+        else:
+            needles = [(rng.random(), NEEDLE.format(value=asked))]
+            question, key, task = QUESTION, None, "niah"
+        extra = len(self.tok(" ".join(t for _, t in needles) + question + f" {asked}",
+                             add_special_tokens=False)["input_ids"]) + 2  # needles, question, answer, joins
+        n = max(16, ctx - extra)
+        start = rng.randrange(0, len(self.text_ids) - n - 1)
+        hay = self.tok.decode(self.text_ids[start:start + n].tolist())
+        body, _ = insert_needles(hay.strip(), needles)
+        return SimpleNamespace(task=task, meta={"family": "niah", "key": key}, clean_prompt=body + question,
+                               clean_answer=f" {asked}")
+
     def niah_example(self, ctx: int, rng: random.Random, multikey: bool, n_keys: int = 2
                      ) -> tuple[list[int], list[float]]:
         """One NIAH prompt of ~ctx tokens + its answer: ids and loss weights (answer positions weighted)."""
+        if self.cfg.fast_niah:
+            ids, ans = self.encode_pair(self.fast_niah_pair(ctx, rng, multikey, n_keys), rng)
+            w = [self.cfg.haystack_weight] * len(ids)
+            for p in ans:
+                w[p] = self.cfg.answer_weight
+            return ids, w
         if multikey:
             task = self._task("niah_multikey", context_length=ctx, haystack=self.cfg.haystack, depth="random",
                               n_keys=n_keys)

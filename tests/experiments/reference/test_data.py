@@ -82,3 +82,28 @@ def test_packed_multikey_rows_fill_the_row_with_several_weighted_answers(ref_tok
 def test_mixture_config_names_the_bad_field(field, value, match):
     with pytest.raises(ValueError, match=match):
         data.MixtureConfig(**{field: value})
+
+
+@pytest.mark.parametrize("multikey,ctx", [(False, 500), (True, 120), (True, 1000)])
+def test_fast_niah_prompts_use_the_task_templates_and_about_the_length(ref_tokenizer, multikey, ctx):
+    from headscope.tasks.niah import KEYED_QUESTION, QUESTION
+
+    cfg = data.MixtureConfig(seq_len=1024, tokens_per_batch=1024, fast_niah=True, haystack="heldout")
+    stream = data.MixtureStream(cfg, ref_tokenizer, corpus_ids(ref_tokenizer))
+    rng = random.Random(5)
+    for _ in range(5):
+        pair = stream.fast_niah_pair(ctx, rng, multikey, n_keys=3)
+        value = pair.clean_answer.strip()
+        assert re.fullmatch(r"[1-9]\d{3}", value) and not data.is_heldout_value(pair.clean_answer)
+        n = len(ref_tokenizer(pair.clean_prompt + pair.clean_answer, add_special_tokens=False)["input_ids"])
+        assert ctx - 8 <= n <= ctx + 2
+        if multikey:
+            key = pair.meta["key"]
+            assert pair.clean_prompt.endswith(KEYED_QUESTION.format(key=key))
+            assert f"The special magic number for {key} is {value}." in pair.clean_prompt
+            assert len(data.KEYED_VALUE.findall(pair.clean_prompt)) == 3
+        else:
+            assert pair.clean_prompt.endswith(QUESTION)
+            assert f"The special magic number is {value}." in pair.clean_prompt
+    ids, w = stream.niah_example(ctx, rng, multikey, n_keys=3)
+    assert len(ids) == len(w) and sum(1 for x in w if x == cfg.answer_weight) >= 5
