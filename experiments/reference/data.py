@@ -3,7 +3,8 @@
 Each DataLoader worker builds whole batches (``batch_size=None``): ``rows`` sequences of one length
 ``T`` (the length curriculum picks T per batch), each row drawn from the mixture:
 - "text":      a random window of the pre-tokenized training corpus;
-- "niah":      one single-key NIAH prompt + answer (cfg.haystack, default the training split, context ~T, depth uniform 0..1);
+- "niah":      one single-key NIAH prompt + answer (haystack cfg.haystack, by default the training split;
+               context ~T, depth uniform 0..1);
 - "multikey":  one multi-key NIAH prompt + answer (2..6 keys), or with ``multikey_min_len`` > 0 several
                prompts of random lengths (powers of two from multikey_min_len up to T) packed into the row;
 - "reasoning": short reasoning prompts + answers packed back to back, separated by <|endoftext|>;
@@ -18,8 +19,8 @@ from __future__ import annotations
 import math
 import random
 import re
-from types import SimpleNamespace
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import torch
 from torch.utils.data import IterableDataset, get_worker_info

@@ -158,7 +158,7 @@ def main() -> None:
     ap.add_argument("--extra-queries", type=int, default=0,
                     help="multi-key NIAH and binding examples ask up to this many more keys after the answer")
     ap.add_argument("--fast-niah", action="store_true",
-                    help="NIAH prompts around corpus token windows (about the length; ~3.7x cheaper data, bench_data.py)")
+                    help="NIAH prompts around corpus token windows (about the length; 4.2x cheaper, bench_data.py)")
     ap.add_argument("--head-drop", type=float, default=0.0,
                     help="probability of mean-replacing each head's output per row (head_dropout.py)")
     ap.add_argument("--init-from", type=Path, default=None,
@@ -299,12 +299,13 @@ def main() -> None:
                         kind_loss[f"{KINDS[k]}_answer"].append(r_ans)
             if step % log_every == 0:
                 now = time.time()
-                rec = {"step": step, "minutes": round((elapsed_before + now - t0) / 60, 3), "loss": round(loss.item(), 4),
-                       "lr": round(cur_lr, 6), "grad_norm": round(float(gnorm), 3), "seq_len": ids.shape[1],
-                       "tokens": tokens_seen, "tok_per_s": round(tok_log / (now - t_log))}
+                rec = {"step": step, "minutes": round((elapsed_before + now - t0) / 60, 3),
+                       "loss": round(loss.item(), 4), "lr": round(cur_lr, 6), "grad_norm": round(float(gnorm), 3),
+                       "seq_len": ids.shape[1], "tokens": tokens_seen, "tok_per_s": round(tok_log / (now - t_log))}
                 rec |= {f"loss_{k}": round(sum(v) / len(v), 4) for k, v in kind_loss.items() if v}
                 if probes and step % probe_every == 0:
-                    rec |= {f"acc_{k}": round(v, 3) for k, v in probe_accuracy(model, probes, a.device, autocast).items()}
+                    accs = probe_accuracy(model, probes, a.device, autocast)
+                    rec |= {f"acc_{k}": round(v, 3) for k, v in accs.items()}
                 print(json.dumps(rec), flush=True)
                 log_f.write(json.dumps(rec) + "\n")
                 log_f.flush()
