@@ -242,10 +242,7 @@ class MixtureStream(IterableDataset):
         """One NIAH prompt of ~ctx tokens + its answer: ids and loss weights (answer positions weighted)."""
         if self.cfg.fast_niah:
             ids, ans = self.encode_pair(self.fast_niah_pair(ctx, rng, multikey, n_keys), rng)
-            w = [self.cfg.haystack_weight] * len(ids)
-            for p in ans:
-                w[p] = self.cfg.answer_weight
-            return ids, w
+            return ids, self.loss_weights(len(ids), ans, self.cfg.haystack_weight)
         if multikey:
             task = self._task("niah_multikey", context_length=ctx, haystack=self.cfg.haystack, depth="random",
                               n_keys=n_keys)
@@ -256,10 +253,14 @@ class MixtureStream(IterableDataset):
             if not is_heldout_value(pair.clean_answer):
                 break
         ids, ans = self.encode_pair(pair, rng)
-        w = [self.cfg.haystack_weight] * len(ids)
-        for p in ans:
+        return ids, self.loss_weights(len(ids), ans, self.cfg.haystack_weight)
+
+    def loss_weights(self, n: int, answer_positions: list[int], base: float) -> list[float]:
+        """Per-token loss weights: ``base`` everywhere, ``cfg.answer_weight`` at the answer positions."""
+        w = [base] * n
+        for p in answer_positions:
             w[p] = self.cfg.answer_weight
-        return ids, w
+        return w
 
     def encode_pair(self, pair, rng: random.Random) -> tuple[list[int], list[int]]:
         """ids of prompt + answer (+ extra queries and answers, cfg.extra_queries) and the answer positions."""
@@ -305,9 +306,7 @@ class MixtureStream(IterableDataset):
         while len(ids) < T:
             pair = self._pair(task, rng)
             e_ids, ans = self.encode_pair(pair, rng)
-            ew = [1.0] * len(e_ids)
-            for p in ans:
-                ew[p] = self.cfg.answer_weight
+            ew = self.loss_weights(len(e_ids), ans, 1.0)
             ids += e_ids + [self.eos]
             w += ew + [1.0]
         return ids[:T], w[:T]
