@@ -48,6 +48,7 @@ class MixtureConfig:
     min_len: int = 256  # shortest sequence of the length curriculum
     ramp: float = 0.3  # fraction of the run over which the longest length grows from min_len to seq_len
     max_keys: int = 6
+    binding_vars: tuple[int, int] = (4, 4)  # binding examples bind n_vars ~ U[lo, hi] variables (task default 4)
     haystack_weight: float = 1.0  # loss weight of the prompt tokens of NIAH rows (0: train on the answers only)
     multikey_min_len: int = 0  # > 0: pack multi-key prompts of lengths multikey_min_len..T into each row
     reasoning_families: tuple[str, ...] = ("arithmetic", "binding", "comparison", "two_hop")  # repeats = weight
@@ -73,6 +74,10 @@ class MixtureConfig:
             raise ValueError(f"MixtureConfig.ramp must be in [0, 1], got {self.ramp}")
         if self.max_keys < 2:
             raise ValueError(f"MixtureConfig.max_keys must be >= 2, got {self.max_keys}")
+        bv = self.binding_vars
+        if (not isinstance(bv, tuple) or len(bv) != 2 or not all(isinstance(x, int) for x in bv)
+                or not 2 <= bv[0] <= bv[1] <= 9):
+            raise ValueError(f"MixtureConfig.binding_vars={bv!r}: give (lo, hi) with 2 <= lo <= hi <= 9")
         if not 0 <= self.extra_queries <= 8:
             raise ValueError(f"MixtureConfig.extra_queries must be in [0, 8], got {self.extra_queries}")
         if self.haystack_weight < 0:
@@ -300,11 +305,19 @@ class MixtureStream(IterableDataset):
             w += e_w + [self.cfg.haystack_weight]
         return ids, w
 
+    def reasoning_task(self, rng: random.Random):
+        """The task of the next reasoning example: the family mixture (stages 1-3), or with binding_vars other
+        than (4, 4) a family drawn here and binding with n_vars ~ U[binding_vars]."""
+        fams = tuple(self.cfg.reasoning_families)
+        if self.cfg.binding_vars == (4, 4):
+            return self._task("reasoning", families=fams)
+        fam = rng.choice(fams)
+        return self._task(fam, n_vars=rng.randint(*self.cfg.binding_vars)) if fam == "binding" else self._task(fam)
+
     def reasoning_row(self, T: int, rng: random.Random) -> tuple[list[int], list[float]]:
         ids, w = [], []
-        task = self._task("reasoning", families=tuple(self.cfg.reasoning_families))
         while len(ids) < T:
-            pair = self._pair(task, rng)
+            pair = self._pair(self.reasoning_task(rng), rng)
             e_ids, ans = self.encode_pair(pair, rng)
             ew = self.loss_weights(len(e_ids), ans, 1.0)
             ids += e_ids + [self.eos]

@@ -100,6 +100,15 @@ def probe_accuracy(model, probes: dict, device, autocast) -> dict[str, float]:
     return out
 
 
+def parse_range(text: str, flag: str) -> tuple[int, int]:
+    """"LO-HI" (or "N") -> (LO, HI); a clear error otherwise."""
+    try:
+        lo, _, hi = text.partition("-")
+        return int(lo), int(hi or lo)
+    except ValueError:
+        raise SystemExit(f"{flag} {text!r}: give LO-HI, e.g. 2-8") from None
+
+
 def make_probes(tokenizer, seq_len: int, n: int) -> dict:
     from headscope.tasks import get_task
 
@@ -157,6 +166,8 @@ def main() -> None:
                     help="comma-separated; repeat a family to weight it, e.g. arithmetic,binding,binding")
     ap.add_argument("--extra-queries", type=int, default=0,
                     help="multi-key NIAH and binding examples ask up to this many more keys after the answer")
+    ap.add_argument("--binding-vars", default="4-4", help="binding examples bind LO-HI variables (uniform)")
+    ap.add_argument("--max-keys", type=int, default=6, help="most keyed needles in a multi-key NIAH prompt")
     ap.add_argument("--fast-niah", action="store_true",
                     help="NIAH prompts around corpus token windows (about the length; 4.2x cheaper, bench_data.py)")
     ap.add_argument("--head-drop", type=float, default=0.0,
@@ -202,7 +213,8 @@ def main() -> None:
                         answer_weight=a.answer_weight, haystack_weight=a.haystack_weight,
                         multikey_min_len=a.multikey_min_len, extra_queries=a.extra_queries, fast_niah=a.fast_niah,
                         reasoning_families=tuple(f.strip() for f in a.reasoning_families.split(",") if f.strip()),
-                        min_len=min(a.min_len, seq_len), ramp=a.ramp, text_only=a.text_only, seed=a.seed)
+                        min_len=min(a.min_len, seq_len), ramp=a.ramp, text_only=a.text_only, seed=a.seed,
+                        max_keys=a.max_keys, binding_vars=parse_range(a.binding_vars, "--binding-vars"))
     mcfg = ModelConfig(vocab_size=len(tok), max_position_embeddings=max(2048, seq_len), **(TINY if a.tiny else {}))
     if a.init_from is not None:
         from transformers import AutoModelForCausalLM

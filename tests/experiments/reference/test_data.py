@@ -78,6 +78,8 @@ def test_packed_multikey_rows_fill_the_row_with_several_weighted_answers(ref_tok
     ("multikey_min_len", 32, "multikey_min_len"),
     ("haystack_weight", -1.0, "haystack_weight"),
     ("reasoning_families", ("binding", "nope"), "reasoning_families"),
+    ("binding_vars", (1, 4), "binding_vars"),
+    ("binding_vars", (6, 3), "binding_vars"),
 ])
 def test_mixture_config_names_the_bad_field(field, value, match):
     with pytest.raises(ValueError, match=match):
@@ -107,3 +109,20 @@ def test_fast_niah_prompts_use_the_task_templates_and_about_the_length(ref_token
             assert f"The special magic number is {value}." in pair.clean_prompt
     ids, w = stream.niah_example(ctx, rng, multikey, n_keys=3)
     assert len(ids) == len(w) and sum(1 for x in w if x == cfg.answer_weight) >= 5
+
+
+def test_binding_vars_draws_the_variable_count_per_example(ref_tokenizer):
+    cfg = data.MixtureConfig(reasoning_families=("binding",), binding_vars=(2, 8), seq_len=256, tokens_per_batch=256,
+                             min_len=256)
+    stream = data.MixtureStream(cfg, ref_tokenizer, corpus_ids(ref_tokenizer))
+    ids, w = stream.reasoning_row(4000, random.Random(0))
+    text = ref_tokenizer.decode(ids)
+    counts = {len(re.findall(r"[a-z] = \d", ex.split(". Then ")[0])) for ex in text.split("<|endoftext|>") if "Then" in ex}
+    assert min(counts) == 2 and max(counts) == 8  # direct bindings per example span the range (a chain adds a copy)
+    assert sum(x == cfg.answer_weight for x in w) >= len(counts)  # every example's answer is weighted
+
+
+def test_default_binding_vars_keep_the_family_mixture_of_stages_1_to_3(ref_tokenizer):
+    cfg = data.MixtureConfig(reasoning_families=("binding", "two_hop"), seq_len=256, tokens_per_batch=256, min_len=256)
+    stream = data.MixtureStream(cfg, ref_tokenizer, corpus_ids(ref_tokenizer))
+    assert stream.reasoning_task(random.Random(0)).name == "reasoning"  # same data stream as the shipped stages
