@@ -1,10 +1,10 @@
-"""Training curves of the shipped reference model's three H200 stages in one figure (plotly HTML).
+"""Training curves of the shipped reference model's four H200 stages in one figure (plotly HTML).
 
     python experiments/reference/plot_curves.py      # -> docs/figures/reference_training.html (~15 KB, plotly.js via CDN)
 
 Top: answer loss per row kind (multi-key, NIAH, reasoning; nats per answer token, a rolling mean of 4 logs)
 and text loss; bottom: the held-out probe accuracies (32 prompts each). x: H200 training minutes, the stages
-one after another (stage 2 continues stage 1's weights, stage 3 stage 2's). Prints the probe values at the end
+one after another (each stage continues the previous one's weights). Prints the probe values at the end
 of each stage.
 """
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 STAGES = [("stage 1", "reference_train_log.jsonl"), ("stage 2", "reference_train2_log.jsonl"),
-          ("stage 3", "reference_train3_log.jsonl")]
+          ("stage 3", "reference_train3_log.jsonl"), ("stage 4", "reference_train4_log.jsonl")]
 LOSSES = ["loss_multikey_answer", "loss_niah_answer", "loss_reasoning_answer", "loss_text"]
 PROBES = ["acc_niah@2048", "acc_multikey", "acc_reasoning", "acc_binding", "acc_two_hop"]
 
