@@ -91,15 +91,16 @@ def test_shipped_generates(shipped):
     assert isinstance(tok.decode(out[0, ids.shape[1]:]), str)
 
 
-# Only the tasks the shipped model does well (docs/reference_model.md, measured on the H200: NIAH 100% at 2040
-# tokens, arithmetic, comparison and two_hop 100%). binding (~21%) and multi-key NIAH (~34%) are not solved by
-# it, so they are not asserted here.
+# Every task family of the issue, at short contexts (docs/reference_model.md, measured on the H200 at 2040
+# tokens: NIAH 100%, multi-key NIAH 92-94%, arithmetic, comparison, two_hop and binding 100%).
 @SHIPPED_SKIP
 @pytest.mark.parametrize("task,cfg", [
     ("niah", dict(context_length=256, depth="uniform", haystack="heldout")),
+    ("niah_multikey", dict(context_length=256, depth="random", haystack="heldout", n_keys=4)),
     ("arithmetic", {}),
     ("comparison", {}),
     ("two_hop", {}),
+    ("binding", {}),
 ])
 def test_shipped_solves_short_tasks(shipped, task, cfg):
     from headscope.ablation import answer_accuracy
@@ -113,8 +114,8 @@ def test_shipped_solves_short_tasks(shipped, task, cfg):
 @SHIPPED_SKIP
 def test_shipped_has_real_retrieval_heads(shipped):
     """The issue's scientific check at a short context: knocking out the top 5% of heads by NIAH receiver score
-    breaks NIAH, knocking out as many random other heads does not (H200 numbers at 2040 tokens: 100 -> 0 and
-    100 -> 100, docs/reference_model.md)."""
+    breaks NIAH, knocking out as many random other heads does not (H200 numbers at 2040 tokens: 100 -> 16 or 4 and
+    100 -> 99.75 or 100 (two seeds), docs/reference_model.md)."""
     import random
 
     import headscope
