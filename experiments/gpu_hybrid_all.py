@@ -13,8 +13,8 @@ an untimed first call, before it is timed):
      own backward with the Hopper guard bypassed ("unguarded"), vs the float32 PyTorch chunk reference on the same
      bf16 inputs: o, final state, dq, dk, dv, dg, dbeta, dh0; PASS <= 1e-2; HOPPER_BWD_VERIFIED_DIMS advice
   2. layer timings at 128K then 4K (B=1, bf16, hidden 2048, 16 x 128 heads, 8 KV heads, 2 FA + 14 GDN heads):
-     hybrid layer, each branch alone, the fusion alone, o_proj alone, the 16-head full-attention layer; at 128K
-     also the attention cores alone (16-head vs 2-head softmax attention + 14-head GDN kernel)
+     hybrid layer, each branch alone, the fusion alone, o_proj alone, fusion + o_proj as the layer runs
+     them, the 16-head full-attention layer; at 128K also the attention cores alone (16-head vs 2-head softmax attention + 14-head GDN kernel)
   3. fla fused_recurrent (decode) vs the float32 recurrent twin, a few steps
   4. layer timings at 16K, 64K; then parity at T=4096
   5. decode cache bytes at 128K (analytic, always)
@@ -209,6 +209,8 @@ def timing_row(run: Run, T: int, layers, shape: dict, dtype: torch.dtype, fallba
         z = hybrid.fusion(x, o_fa, o_la)  # [B, T, H*D]
         put("fusion_ms", lambda: hybrid.fusion(x, o_fa, o_la))
         put("o_proj_ms", lambda: hybrid.o_proj(z))
+        # what the layer runs after its branches: fusion + o_proj in one (HeadFusion.project, no z buffer)
+        put("fusion_oproj_ms", lambda: hybrid.fusion.project(x, o_fa, o_la, hybrid.o_proj))
         del o_fa, o_la, z
         put("full16_fwd_ms", lambda: full(x, pos, cos, sin))
     # the layer = FA branch + GDN branch + fusion + o_proj; o_proj is the teacher's and not part of the fusion
@@ -246,7 +248,7 @@ def timing_row(run: Run, T: int, layers, shape: dict, dtype: torch.dtype, fallba
     line = (f"timing T={T}: hybrid fwd {row['hybrid_fwd_ms']} ms = {row['hybrid_over_parts']}x (FA branch "
             f"{row['fa_branch_ms']} + GDN branch {row['gdn_branch_ms']} + o_proj {row['o_proj_ms']}) "
             f"[target <= {TARGETS['hybrid_over_branches']}], {row['hybrid_over_branches']}x the branches alone; "
-            f"fusion alone {row['fusion_ms']} ms"
+            f"fusion alone {row['fusion_ms']} ms, fusion + o_proj as the layer runs them {row['fusion_oproj_ms']} ms"
             f"; full16 fwd {row['full16_fwd_ms']} -> speedup {row['fwd_speedup']}x; fwd+bwd hybrid "
             f"{row['hybrid_fwdbwd_ms[fla_bwd_unguarded]']} (fla bwd, guard bypassed) vs full16 "
             f"{row['full16_fwdbwd_ms']} -> speedup {row['fwdbwd_speedup']}x")

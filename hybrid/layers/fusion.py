@@ -9,6 +9,11 @@ Modes (``HybridOptions.fusion``):
 
 Heads are put back in their original order, so ``o_proj``'s input columns (ordered by head) are reused
 unchanged. ``calibrate_fusion`` sets gamma from the teacher's per-head output RMS.
+
+``forward`` is the reference (it builds z [B, T, H*D]); the layer calls ``project``, the same function
+followed by ``o_proj`` without building z: each branch is normalised on its own and multiplied by its own
+columns of o_proj's weight, with gamma folded into those columns (a [C, H*D] weight instead of a pass over
+the [B, T, H, D] activations), so the fusion costs one normalisation pass and no copies.
 """
 from __future__ import annotations
 
@@ -45,6 +50,7 @@ class HeadFusion(nn.Module):
         self.gamma = nn.Parameter(torch.full((n_heads,), float(gamma_init))) if mode != "none" else None  # [H]
         self.branch_gate = nn.Linear(hidden, 2) if mode == "gated" else None  # new
         self.gamma_init = float(gamma_init)
+        self._cols: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # o_proj columns per device (project)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -80,6 +86,42 @@ class HeadFusion(nn.Module):
             branch = index_on(tuple(0 if h in self.fa_heads else 1 for h in range(self.n_heads)), z.device)  # [H]
             z = z * a[..., branch, None]  # [B, T, H, D]: FA heads * 2 a_FA, GDN heads * 2 a_GDN
         return z.reshape(*z.shape[:2], self.n_heads * self.head_dim)
+
+    def _columns(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """o_proj input columns of the FA heads [H_F*D] and of the GDN heads [H_L*D] (head h owns columns
+        h*D .. h*D + D - 1), built once per device."""
+        key = str(device)
+        if key not in self._cols:
+            D = self.head_dim
+            cols = [torch.tensor([h * D + d for h in hs for d in range(D)], dtype=torch.long, device=device)
+                    for hs in (self.fa_heads, self.la_heads)]
+            self._cols[key] = (cols[0], cols[1])
+        return self._cols[key]
+
+    def project(self, x: torch.Tensor, o_fa: torch.Tensor | None, o_la: torch.Tensor | None,
+                o_proj: nn.Linear) -> torch.Tensor:
+        """``o_proj(self(x, o_fa, o_la))`` [B, T, C] without building z (module docstring).
+
+        Falls back to that expression when a branch is absent (nothing to fuse) or when o_proj carries hooks
+        (interventions on o_proj's input, e.g. headscope's ablations, must see z)."""
+        if o_fa is None or o_la is None or o_proj._forward_pre_hooks or o_proj._forward_hooks:
+            return o_proj(self(x, o_fa, o_la))
+        B, T = o_fa.shape[:2]
+        o_la = o_la.to(o_fa.dtype)
+        if self.mode != "none":
+            o_fa, o_la = head_rms(o_fa, self.eps), head_rms(o_la, self.eps)  # [B, T, H_F, D], [B, T, H_L, D]
+        if self.mode == "gated":
+            a = 2 * torch.softmax(acc(self.branch_gate(x)), dim=-1).to(x.dtype)  # [B, T, 2]
+            o_fa, o_la = o_fa * a[..., 0, None, None], o_la * a[..., 1, None, None]
+        W = o_proj.weight  # [C, H*D]
+        cols_fa, cols_la = self._columns(W.device)
+        w_fa, w_la = W.index_select(1, cols_fa), W.index_select(1, cols_la)  # [C, H_F*D], [C, H_L*D]
+        if self.gamma is not None:  # gamma [H] folded into the columns of each head
+            g = self.gamma.to(W.dtype)  # [H]
+            w_fa = w_fa * g[index_on(self.fa_heads, W.device)].repeat_interleave(self.head_dim)
+            w_la = w_la * g[index_on(self.la_heads, W.device)].repeat_interleave(self.head_dim)
+        out = F.linear(o_fa.reshape(B, T, -1), w_fa, o_proj.bias)  # [B, T, C]
+        return out + F.linear(o_la.reshape(B, T, -1), w_la)  # [B, T, C]
 
 
 @contextmanager

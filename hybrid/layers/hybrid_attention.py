@@ -208,7 +208,7 @@ class HybridAttention(nn.Module):
         """x [B, T, C] -> [B, T, C]."""
         o_fa = self.fa(x, positions, cos, sin, cache) if self.fa is not None else None  # [B, T, H_F, D]
         o_la = self.la(x, positions, cos, sin, cache) if self.la is not None else None  # [B, T, H_L, D]
-        return self.o_proj(self.fusion(x, o_fa, o_la))  # [B, T, C]
+        return self.fusion.project(x, o_fa, o_la, self.o_proj)  # [B, T, C] = o_proj(fusion(...)), no [B, T, H*D] copy
 
     def reset_new_parameters(self) -> None:
         for m in (self.fa, self.la, self.fusion):

@@ -112,3 +112,42 @@ def test_calibrate_fusion_sets_gamma_to_teacher_head_rms():
     gamma = calibrate_fusion(model, teacher, ids)
     assert gamma.shape == (3, 4)
     assert_close("gamma", model.model.layers[2].self_attn.fusion.gamma, expected, "fp64_exact")
+
+
+@pytest.mark.parametrize("fusion", ["norm", "none", "gated"])
+def test_fusion_project_equals_o_proj_of_the_fused_heads(fusion):
+    """The layer's fast path (no [B, T, H*D] buffer, gamma folded into o_proj's columns) computes
+    o_proj(fusion(...)) exactly (float64), values and gradients, for every fusion mode."""
+    _, model = build(fusion=fusion)
+    attn = model.model.layers[1].self_attn  # FA heads 0, 3; GDN heads 1, 2
+    fu = attn.fusion
+    with torch.no_grad():
+        if fu.gamma is not None:
+            fu.gamma.copy_(torch.tensor([1.0, 2.0, 3.0, 4.0]))
+        if fu.branch_gate is not None:
+            fu.branch_gate.weight.normal_()
+        attn.o_proj.weight.normal_()
+    x = torch.randn(2, 5, 64, dtype=torch.float64)
+    o_fa = (torch.randn(2, 5, 2, D, dtype=torch.float64) * 3).requires_grad_()
+    o_la = (torch.randn(2, 5, 2, D, dtype=torch.float64) * 20).requires_grad_()
+    params = [p for p in (fu.gamma, attn.o_proj.weight) if p is not None]
+    ref = attn.o_proj(fu(x, o_fa, o_la))  # [B, T, C]
+    fast = fu.project(x, o_fa, o_la, attn.o_proj)  # [B, T, C]
+    assert_close("project", fast, ref, "fp64_exact")
+    g = torch.randn_like(ref)
+    for a, b in zip(torch.autograd.grad(fast, [o_fa, o_la, *params], g),
+                    torch.autograd.grad(ref, [o_fa, o_la, *params], g)):
+        assert_close("project grad", a, b, "fp64_exact")
+
+
+def test_fusion_project_keeps_o_proj_hooks_working():
+    """With a hook on o_proj (an intervention on its input z) the layer falls back to o_proj(z): the hook runs."""
+    _, model = build()
+    attn = model.model.layers[1].self_attn
+    seen = []
+    handle = attn.o_proj.register_forward_pre_hook(lambda mod, args: seen.append(args[0].shape))
+    try:
+        model(torch.randint(0, 128, (1, 6)))
+    finally:
+        handle.remove()
+    assert seen == [torch.Size([1, 6, 4 * D])]
