@@ -13,7 +13,10 @@ unchanged. ``calibrate_fusion`` sets gamma from the teacher's per-head output RM
 ``forward`` is the reference (it builds z [B, T, H*D]); the layer calls ``project``, the same function
 followed by ``o_proj`` without building z: each branch is normalised on its own and multiplied by its own
 columns of o_proj's weight, with gamma folded into those columns (a [C, H*D] weight instead of a pass over
-the [B, T, H, D] activations), so the fusion costs one normalisation pass and no copies.
+the [B, T, H, D] activations), so the fusion costs one normalisation pass and no copies. It launches ~13 small
+kernels instead of ~6, which costs more than the copies below ``PROJECT_MIN_TOKENS`` tokens per call (H200,
+docs/hybrid.md: fusion + o_proj 0.35 vs 0.21 ms at 4K tokens, 0.58 vs 0.62 ms at 16K, 3.3 vs 4.5 ms at 128K),
+so shorter calls (and decoding) keep the buffer path.
 """
 from __future__ import annotations
 
@@ -26,7 +29,9 @@ import torch.nn.functional as F
 
 from hybrid.layers.common import acc, index_on
 
-__all__ = ["HeadFusion", "head_rms", "calibrate_fusion"]
+__all__ = ["HeadFusion", "head_rms", "calibrate_fusion", "PROJECT_MIN_TOKENS"]
+
+PROJECT_MIN_TOKENS = 8192  # B*T from which HeadFusion.project skips the z buffer (measured crossover 4K..16K)
 
 
 def head_rms(o: torch.Tensor, eps: float) -> torch.Tensor:
@@ -51,6 +56,7 @@ class HeadFusion(nn.Module):
         self.branch_gate = nn.Linear(hidden, 2) if mode == "gated" else None  # new
         self.gamma_init = float(gamma_init)
         self._cols: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # o_proj columns per device (project)
+        self.project_min_tokens = PROJECT_MIN_TOKENS  # below: project() builds z (fewer kernel launches)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -102,9 +108,11 @@ class HeadFusion(nn.Module):
                 o_proj: nn.Linear) -> torch.Tensor:
         """``o_proj(self(x, o_fa, o_la))`` [B, T, C] without building z (module docstring).
 
-        Falls back to that expression when a branch is absent (nothing to fuse) or when o_proj carries hooks
-        (interventions on o_proj's input, e.g. headscope's ablations, must see z)."""
-        if o_fa is None or o_la is None or o_proj._forward_pre_hooks or o_proj._forward_hooks:
+        Falls back to that expression when a branch is absent (nothing to fuse), when o_proj carries hooks
+        (interventions on o_proj's input, e.g. headscope's ablations, must see z), or below
+        ``project_min_tokens`` tokens (B*T) per call, where the buffer path is faster."""
+        if (o_fa is None or o_la is None or o_proj._forward_pre_hooks or o_proj._forward_hooks
+                or o_fa.shape[0] * o_fa.shape[1] < self.project_min_tokens):
             return o_proj(self(x, o_fa, o_la))
         B, T = o_fa.shape[:2]
         o_la = o_la.to(o_fa.dtype)

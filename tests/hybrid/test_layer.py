@@ -121,6 +121,7 @@ def test_fusion_project_equals_o_proj_of_the_fused_heads(fusion):
     _, model = build(fusion=fusion)
     attn = model.model.layers[1].self_attn  # FA heads 0, 3; GDN heads 1, 2
     fu = attn.fusion
+    fu.project_min_tokens = 0  # the fast path at any size (the default keeps short calls on the buffer path)
     with torch.no_grad():
         if fu.gamma is not None:
             fu.gamma.copy_(torch.tensor([1.0, 2.0, 3.0, 4.0]))
@@ -144,6 +145,7 @@ def test_fusion_project_keeps_o_proj_hooks_working():
     """With a hook on o_proj (an intervention on its input z) the layer falls back to o_proj(z): the hook runs."""
     _, model = build()
     attn = model.model.layers[1].self_attn
+    attn.fusion.project_min_tokens = 0
     seen = []
     handle = attn.o_proj.register_forward_pre_hook(lambda mod, args: seen.append(args[0].shape))
     try:
@@ -151,3 +153,13 @@ def test_fusion_project_keeps_o_proj_hooks_working():
     finally:
         handle.remove()
     assert seen == [torch.Size([1, 6, 4 * D])]
+
+
+def test_whole_model_is_the_same_on_both_fusion_paths():
+    """Logits with every layer on the fast fusion path equal the buffer path (float64)."""
+    _, model = build()
+    ids = torch.randint(0, 128, (2, 9))
+    ref = model(ids).logits  # [B, T, V] short call: buffer path
+    for layer in model.model.layers:
+        layer.self_attn.fusion.project_min_tokens = 0
+    assert_close("logits, fast fusion path", model(ids).logits, ref, "fp64_exact")
