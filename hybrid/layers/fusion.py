@@ -13,8 +13,8 @@ unchanged. ``calibrate_fusion`` sets gamma from the teacher's per-head output RM
 ``forward`` is the reference (it builds z [B, T, H*D]); the layer calls ``project``, the same function
 followed by ``o_proj`` without building z: each branch is normalised on its own and multiplied by its own
 columns of o_proj's weight, with gamma folded into those columns (a [C, H*D] weight instead of a pass over
-the [B, T, H, D] activations), so the fusion costs one normalisation pass and no copies. It launches ~13 small
-kernels instead of ~6, which costs more than the copies below ``PROJECT_MIN_TOKENS`` tokens per call (H200,
+the [B, T, H, D] activations), so the fusion costs one normalisation pass and no copies. It launches more small
+kernels than the buffer path, which costs more than the copies below ``PROJECT_MIN_TOKENS`` tokens per call (H200,
 docs/hybrid.md: fusion + o_proj 0.35 vs 0.21 ms at 4K tokens, 0.58 vs 0.62 ms at 16K, 3.3 vs 4.5 ms at 128K),
 so shorter calls (and decoding) keep the buffer path.
 """
@@ -55,7 +55,6 @@ class HeadFusion(nn.Module):
         self.gamma = nn.Parameter(torch.full((n_heads,), float(gamma_init))) if mode != "none" else None  # [H]
         self.branch_gate = nn.Linear(hidden, 2) if mode == "gated" else None  # new
         self.gamma_init = float(gamma_init)
-        self._cols: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # o_proj columns per device (project)
         self.project_min_tokens = PROJECT_MIN_TOKENS  # below: project() builds z (fewer kernel launches)
         self.reset_parameters()
 
@@ -88,21 +87,14 @@ class HeadFusion(nn.Module):
         if self.mode != "none":
             z = head_rms(z, self.eps) * self.gamma.to(z.dtype)[:, None]  # [B, T, H, D]
         if self.mode == "gated" and o_fa is not None and o_la is not None:
-            a = 2 * torch.softmax(acc(self.branch_gate(x)), dim=-1).to(x.dtype)  # [B, T, 2]
+            a = self._branch_scales(x)  # [B, T, 2]
             branch = index_on(tuple(0 if h in self.fa_heads else 1 for h in range(self.n_heads)), z.device)  # [H]
             z = z * a[..., branch, None]  # [B, T, H, D]: FA heads * 2 a_FA, GDN heads * 2 a_GDN
         return z.reshape(*z.shape[:2], self.n_heads * self.head_dim)
 
-    def _columns(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """o_proj input columns of the FA heads [H_F*D] and of the GDN heads [H_L*D] (head h owns columns
-        h*D .. h*D + D - 1), built once per device."""
-        key = str(device)
-        if key not in self._cols:
-            D = self.head_dim
-            cols = [torch.tensor([h * D + d for h in hs for d in range(D)], dtype=torch.long, device=device)
-                    for hs in (self.fa_heads, self.la_heads)]
-            self._cols[key] = (cols[0], cols[1])
-        return self._cols[key]
+    def _branch_scales(self, x: torch.Tensor) -> torch.Tensor:
+        """x [B, T, C] -> [B, T, 2]: 2 a_FA, 2 a_GDN of the "gated" mode (1 each at init)."""
+        return 2 * torch.softmax(acc(self.branch_gate(x)), dim=-1).to(x.dtype)
 
     def project(self, x: torch.Tensor, o_fa: torch.Tensor | None, o_la: torch.Tensor | None,
                 o_proj: nn.Linear) -> torch.Tensor:
@@ -119,17 +111,18 @@ class HeadFusion(nn.Module):
         if self.mode != "none":
             o_fa, o_la = head_rms(o_fa, self.eps), head_rms(o_la, self.eps)  # [B, T, H_F, D], [B, T, H_L, D]
         if self.mode == "gated":
-            a = 2 * torch.softmax(acc(self.branch_gate(x)), dim=-1).to(x.dtype)  # [B, T, 2]
+            a = self._branch_scales(x)  # [B, T, 2]
             o_fa, o_la = o_fa * a[..., 0, None, None], o_la * a[..., 1, None, None]
-        W = o_proj.weight  # [C, H*D]
-        cols_fa, cols_la = self._columns(W.device)
-        w_fa, w_la = W.index_select(1, cols_fa), W.index_select(1, cols_la)  # [C, H_F*D], [C, H_L*D]
-        if self.gamma is not None:  # gamma [H] folded into the columns of each head
-            g = self.gamma.to(W.dtype)  # [H]
-            w_fa = w_fa * g[index_on(self.fa_heads, W.device)].repeat_interleave(self.head_dim)
-            w_la = w_la * g[index_on(self.la_heads, W.device)].repeat_interleave(self.head_dim)
-        out = F.linear(o_fa.reshape(B, T, -1), w_fa, o_proj.bias)  # [B, T, C]
-        return out + F.linear(o_la.reshape(B, T, -1), w_la)  # [B, T, C]
+        W = o_proj.weight.view(o_proj.out_features, self.n_heads, self.head_dim)  # [C, H, D] (columns by head)
+        out = None
+        for o, heads, bias in ((o_fa, self.fa_heads, o_proj.bias), (o_la, self.la_heads, None)):
+            idx = index_on(heads, W.device)  # [h]
+            w = W.index_select(1, idx)  # [C, h, D]
+            if self.gamma is not None:  # gamma folded into the columns of each head
+                w = w * self.gamma.to(W.dtype)[idx][:, None]
+            y = F.linear(o.reshape(B, T, -1), w.reshape(W.shape[0], -1), bias)  # [B, T, C]
+            out = y if out is None else out + y
+        return out  # [B, T, C]
 
 
 @contextmanager
