@@ -14,7 +14,8 @@ an untimed first call, before it is timed):
      bf16 inputs: o, final state, dq, dk, dv, dg, dbeta, dh0; PASS <= 1e-2; HOPPER_BWD_VERIFIED_DIMS advice
   2. layer timings at 128K then 4K (B=1, bf16, hidden 2048, 16 x 128 heads, 8 KV heads, 2 FA + 14 GDN heads):
      hybrid layer, each branch alone, the fusion alone, o_proj alone, fusion + o_proj as the layer runs
-     them, the 16-head full-attention layer; at 128K also the attention cores alone (16-head vs 2-head softmax attention + 14-head GDN kernel)
+     them, the 16-head full-attention layer; at 128K also the attention cores alone (16-head vs 2-head
+     softmax attention + 14-head GDN kernel)
   3. fla fused_recurrent (decode) vs the float32 recurrent twin, a few steps
   4. layer timings at 16K, 64K; then parity at T=4096
   5. decode cache bytes at 128K (analytic, always)

@@ -3,7 +3,8 @@
 #   device run: command "STAGE=1 bash experiments/reference/run_h200.sh", carry ["data/corpus"], timeout_s 600
 # The shipped model is three such calls (STAGE=1, 2, 3 below), then stage 4 by sweep_h200.sh.
 # In stage 1 two trainings share the GPU: the reference model and a text-only twin (perplexity reference;
-# its model stays on the machine). MAIN_MIN, TEXT_MIN (0 skips the twin) and REF_ARGS (extra train_reference.py flags) override a stage's preset.
+# its model stays on the machine). MAIN_MIN, TEXT_MIN (0 skips the twin) and REF_ARGS (extra
+# train_reference.py flags) override a stage's preset.
 # Files in $OUT (<= 7, each < 16 MiB):
 #   run.log               stdout/stderr of everything (both trainings, eval)
 #   train_log.jsonl       the reference run's loss/accuracy curve
