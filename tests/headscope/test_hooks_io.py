@@ -1,0 +1,80 @@
+import os
+
+import pytest
+import torch
+import torch.nn as nn
+
+from headscope.hooks import Hook, hooks, post, pre
+from headscope.io import OutputExistsError, atomic_write, check_output_path, write_text
+
+
+def _n_hooks(m: nn.Module) -> int:
+    return len(m._forward_pre_hooks) + len(m._forward_hooks)
+
+
+def test_hooks_run_and_are_removed():
+    lin = nn.Linear(3, 3)
+    seen = []
+    with hooks(pre(lin, lambda m, a: seen.append("pre")), post(lin, lambda m, a, o: seen.append("post"))):
+        lin(torch.ones(1, 3))
+        assert _n_hooks(lin) == 2
+    assert seen == ["pre", "post"] and _n_hooks(lin) == 0
+
+
+def test_hooks_removed_on_error_and_accept_iterables():
+    mods = [nn.Linear(2, 2) for _ in range(3)]
+    with pytest.raises(RuntimeError, match="boom"):
+        with hooks(pre(m, lambda *a: None) for m in mods):
+            assert all(_n_hooks(m) == 1 for m in mods)
+            raise RuntimeError("boom")
+    assert all(_n_hooks(m) == 0 for m in mods)
+
+
+def test_hooks_bad_input():
+    with pytest.raises(TypeError, match="Hook values"):
+        with hooks("not a hook"):
+            pass
+    with pytest.raises(ValueError, match="kind"):
+        Hook(nn.Linear(1, 1), lambda *a: None, kind="backward")
+    with pytest.raises(TypeError, match="nn.Module"):
+        pre(object(), lambda *a: None)
+
+
+def test_pre_hook_with_kwargs_can_replace_input():
+    lin = nn.Linear(2, 2, bias=False)
+    with hooks(pre(lin, lambda m, args, kw: ((torch.zeros_like(args[0]),), kw), with_kwargs=True)):
+        assert lin(torch.ones(1, 2)).abs().sum() == 0
+
+
+def test_atomic_write_keeps_old_file_on_failure(tmp_path):
+    p = tmp_path / "a.json"
+    write_text(p, "old")
+    with pytest.raises(RuntimeError):
+        with atomic_write(p) as f:
+            f.write("half")
+            raise RuntimeError("killed")
+    assert p.read_text() == "old"
+    assert [x.name for x in tmp_path.iterdir()] == ["a.json"]  # no temporary left behind
+    write_text(p, "new")
+    assert p.read_text() == "new"
+
+
+def test_atomic_write_refuses_folder(tmp_path):
+    with pytest.raises(IsADirectoryError):
+        write_text(tmp_path, "x")
+
+
+def test_check_output_path(tmp_path):
+    mask = tmp_path / "mask.json"
+    check_output_path(mask, kind="headscope.head_mask")  # missing: fine
+    mask.write_text('{"schema": "headscope.head_mask"}')
+    check_output_path(mask, kind="headscope.head_mask")  # same kind: overwritten freely
+    other = tmp_path / "notes.json"
+    other.write_text("my notes")
+    with pytest.raises(OutputExistsError, match="--overwrite"):
+        check_output_path(other, kind="headscope.head_mask")
+    check_output_path(other, kind="headscope.head_mask", overwrite=True)
+    with pytest.raises(IsADirectoryError, match="folder"):
+        check_output_path(tmp_path)
+    with pytest.raises(ValueError, match=".html"):
+        check_output_path(tmp_path / "fig.txt", suffixes=(".html", ".png"))
