@@ -71,14 +71,15 @@ def our_flops(args, p0: int, T: int) -> float:
 def naive_subset(model, pair, heads, metric):
     """One full SDPA forward per head (the reference loop), only for `heads`."""
     from headscope.arch import describe
-    from headscope.patching.engine import patch_heads, record_z
+    from headscope.hooks import record_inputs
+    from headscope.patching.engine import patch_heads
 
     arch = describe(model)
     ids_c, ids_x = pair.clean_ids[None].to(DEV), pair.corrupt_ids[None].to(DEV)
     pos = pair.answer_pos.to(DEV)
     out = {}
     with torch.inference_mode():
-        with record_z(arch.out_projs) as z_corrupt:
+        with record_inputs(arch.out_projs) as z_corrupt:
             model(ids_x, use_cache=False, logits_to_keep=1)
         sync()
         t = time.perf_counter()

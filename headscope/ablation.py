@@ -10,7 +10,7 @@ A head's output is its slice of the output projection's input (``z  # [B, T, H*D
   ``values``, or pass ``batches`` and it is computed here).
 - "patch": supplied values, ``{Head: tensor}`` each broadcastable to ``[B, T, D]`` (e.g. the head's
   output on a corrupted prompt).
-Hooks live only inside the ``with`` block and are removed in ``finally``.
+Hooks (``headscope.hooks``) live only inside the ``with`` block.
 """
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ import torch.nn as nn
 
 from headscope.arch import describe
 from headscope.heads import Head
+from headscope.hooks import hooks, pre
 
 __all__ = ["ablate_heads", "head_means", "answer_correct", "answer_accuracy", "ABLATION_KINDS"]
 
@@ -78,14 +79,9 @@ def ablate_heads(model: nn.Module, heads: Iterable, kind: str = "zero",
             return (z,) + tuple(args[1:]), kwargs
         return hook
 
-    handles = []
-    try:
-        for layer, layer_heads in by_layer.items():
-            handles.append(arch.out_projs[layer].register_forward_pre_hook(make_hook(layer_heads), with_kwargs=True))
+    with hooks(pre(arch.out_projs[layer], make_hook(layer_heads), with_kwargs=True)
+               for layer, layer_heads in by_layer.items()):
         yield model
-    finally:
-        for handle in handles:
-            handle.remove()
 
 
 @torch.no_grad()
@@ -109,10 +105,7 @@ def head_means(model: nn.Module, batches: Sequence) -> torch.Tensor:
         return hook
 
     device = next(model.parameters()).device
-    handles = []
-    try:
-        for layer, proj in enumerate(arch.out_projs):
-            handles.append(proj.register_forward_pre_hook(make_hook(layer)))
+    with hooks(pre(proj, make_hook(layer)) for layer, proj in enumerate(arch.out_projs)):
         for batch in batches:
             if isinstance(batch, Mapping):
                 ids, mask = batch["input_ids"], batch.get("attention_mask")
@@ -124,9 +117,6 @@ def head_means(model: nn.Module, batches: Sequence) -> torch.Tensor:
             mask_box["mask"] = mask
             count += mask.sum()
             model(input_ids=ids.to(device), attention_mask=mask.to(device))
-    finally:
-        for handle in handles:
-            handle.remove()
     if count == 0:
         raise ValueError("head_means: batches hold no tokens")
     return (sums / count).float()  # [L, H, D]

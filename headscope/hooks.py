@@ -12,16 +12,21 @@
 ``pre(module, fn, with_kwargs=False)`` is ``register_forward_pre_hook``; ``post(module, fn,
 with_kwargs=False)`` is ``register_forward_hook``. ``hooks`` takes any number of them, or iterables of
 them (``hooks(pre(m, f) for m in mods)``), and yields the list of handles.
+
+``record_inputs(modules, start=0)`` is the common case built on them: a dict that fills, during the
+block, with a copy of each module's first input (e.g. every layer's ``z  # [B, T, H*D]``, the output
+projection's input), positions ``start..`` along dim 1.
 """
 from __future__ import annotations
 
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
+import torch
 import torch.nn as nn
 
-__all__ = ["Hook", "pre", "post", "hooks", "HOOK_KINDS"]
+__all__ = ["Hook", "pre", "post", "hooks", "record_inputs", "HOOK_KINDS"]
 
 HOOK_KINDS = ("pre", "post")
 
@@ -80,3 +85,20 @@ def hooks(*items: Hook | Iterable[Hook]) -> Iterator[list]:
     finally:
         for handle in handles:
             handle.remove()
+
+
+@contextmanager
+def record_inputs(modules: Sequence[nn.Module] | Mapping[Any, nn.Module],
+                  start: int = 0) -> Iterator[dict[Any, torch.Tensor]]:
+    """Inside the block, ``store[key]`` is a detached copy of ``modules[key]``'s first input at positions
+    ``start..`` (dim 1), from its latest forward; keys are list indices (a sequence) or the mapping's keys."""
+    items = modules.items() if isinstance(modules, Mapping) else enumerate(modules)
+    store: dict[Any, torch.Tensor] = {}
+
+    def make_hook(key: Any):
+        def hook(module, args):
+            store[key] = args[0][:, start:].detach().clone()  # e.g. z  # [B, T - start, H*D]
+        return hook
+
+    with hooks(pre(module, make_hook(key)) for key, module in items):
+        yield store

@@ -13,7 +13,6 @@ default the clean-minus-corrupt answer logit difference) is averaged over pairs.
 from __future__ import annotations
 
 import random
-from contextlib import contextmanager
 from typing import Any, Iterator, Sequence
 
 import numpy as np
@@ -23,6 +22,7 @@ import torch.nn as nn
 from headscope.ablation import ABLATION_KINDS, ablate_heads, head_means
 from headscope.arch import describe
 from headscope.heads import Head
+from headscope.hooks import record_inputs
 from headscope.metrics import resolve_metric
 from headscope.results import HeadScores
 
@@ -67,26 +67,6 @@ def _batches(pairs: Sequence, batch_size: int,
         yield idx, clean, corrupt, mask
 
 
-@contextmanager
-def _capture_z(model: nn.Module, layers: set[int], store: dict[int, torch.Tensor]) -> Iterator[None]:
-    """Record the output projection's input ``z  # [B, T, H*D]`` of ``layers`` into ``store``."""
-    arch = describe(model)
-
-    def make_hook(layer: int):
-        def hook(module, args):
-            store[layer] = args[0].detach()
-        return hook
-
-    handles = []
-    try:
-        for layer in sorted(layers):
-            handles.append(arch.out_projs[layer].register_forward_pre_hook(make_hook(layer)))
-        yield
-    finally:
-        for handle in handles:
-            handle.remove()
-
-
 def _mean_values(model: nn.Module, pairs: Sequence, batch_size: int, pad_id: int) -> torch.Tensor:
     batches = []
     for _, clean, corrupt, mask in _batches(pairs, batch_size, pad_id):
@@ -105,8 +85,7 @@ def _evaluate(model: nn.Module, pairs: Sequence, heads: list[Head], kind: str, m
         clean, corrupt, mask = clean.to(device), corrupt.to(device), mask.to(device)
         patch = None
         if heads and kind == "patch":
-            store: dict[int, torch.Tensor] = {}
-            with _capture_z(model, {h.layer for h in heads}, store):
+            with record_inputs({h.layer: arch.out_projs[h.layer] for h in heads}) as store:
                 model(input_ids=corrupt, attention_mask=mask)
             patch = {h: store[h.layer][..., arch.head_slice(h.head)] for h in heads}  # each [B, T, D]
         if heads:

@@ -26,6 +26,7 @@ import torch
 import torch.nn as nn
 
 from headscope.arch import describe
+from headscope.hooks import hooks, pre, record_inputs
 from headscope.metrics import resolve_metric
 from headscope.results import HeadScores
 
@@ -87,29 +88,19 @@ def attention_retrieval_score(model: nn.Module, tokenized_pairs: Sequence, progr
 
 
 @contextmanager
-def _z_hooks(model: nn.Module, store: dict[int, torch.Tensor], grad: bool) -> Iterator[None]:
-    """Record every layer's ``z  # [B, T, H*D]``; with ``grad`` make it a leaf that collects gradients."""
+def _z_leaves(model: nn.Module) -> Iterator[dict[int, torch.Tensor]]:
+    """Every layer's ``z  # [B, T, H*D]`` as a fresh leaf that collects gradients (fed on to the out_proj)."""
     arch = describe(model)
+    store: dict[int, torch.Tensor] = {}
 
     def make_hook(layer: int):
         def hook(module, args):
-            z = args[0].detach()
-            if grad:
-                z = z.clone().requires_grad_(True)
-                store[layer] = z
-                return (z,) + tuple(args[1:])
-            store[layer] = z
-            return None
+            store[layer] = args[0].detach().clone().requires_grad_(True)
+            return (store[layer],) + tuple(args[1:])
         return hook
 
-    handles = []
-    try:
-        for layer, proj in enumerate(arch.out_projs):
-            handles.append(proj.register_forward_pre_hook(make_hook(layer)))
-        yield
-    finally:
-        for handle in handles:
-            handle.remove()
+    with hooks(pre(proj, make_hook(layer)) for layer, proj in enumerate(arch.out_projs)):
+        yield store
 
 
 def attribution_patching(model: nn.Module, tokenized_pairs: Sequence, metric: Any = "logit_diff",
@@ -132,12 +123,10 @@ def attribution_patching(model: nn.Module, tokenized_pairs: Sequence, metric: An
     rows, m_clean, m_corrupt, dropped = [], [], [], []
     for i, p in enumerate(tqdm(tokenized_pairs, desc="attribution patching", disable=not progress)):
         pos = torch.as_tensor(p.answer_pos, dtype=torch.long, device=device)  # [A]
-        z_x: dict[int, torch.Tensor] = {}
-        with torch.no_grad(), _z_hooks(model, z_x, grad=False):
+        with torch.no_grad(), record_inputs(arch.out_projs) as z_x:
             lx = model(input_ids=torch.as_tensor(p.corrupt_ids)[None].to(device)).logits[0, pos]  # [A, V]
         mx = float(m(lx, p)[0])
-        z_c: dict[int, torch.Tensor] = {}
-        with torch.enable_grad(), _z_hooks(model, z_c, grad=True):
+        with torch.enable_grad(), _z_leaves(model) as z_c:
             lc = model(input_ids=torch.as_tensor(p.clean_ids)[None].to(device)).logits[0, pos]  # [A, V]
             mc_t = m(lc, p)[0]
             grads = torch.autograd.grad(mc_t, [z_c[l] for l in range(arch.n_layers)])  # L x [1, T, H*D]

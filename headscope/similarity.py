@@ -17,6 +17,7 @@ import torch
 import torch.nn as nn
 
 from headscope.arch import describe
+from headscope.hooks import hooks, post
 from headscope.results import HeadScores
 
 __all__ = ["layer_similarity", "adjacent_layer_similarity", "head_score_spread"]
@@ -43,12 +44,8 @@ def _record_residuals(model: nn.Module, store: list) -> Iterator[None]:
         h = output[0] if isinstance(output, (tuple, list)) else output  # [B, T, C]
         store.append(h[0].detach().double().cpu())
 
-    handles = [layer.register_forward_hook(hook) for layer in arch.layers]
-    try:
+    with hooks(post(layer, hook) for layer in arch.layers):
         yield
-    finally:
-        for handle in handles:
-            handle.remove()
 
 
 @torch.no_grad()

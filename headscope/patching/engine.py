@@ -19,6 +19,7 @@ import torch
 import torch.nn as nn
 
 from headscope.arch import Arch, describe
+from headscope.hooks import hooks, pre, record_inputs
 from headscope.metrics import Metric, greedy_correct
 from headscope.patching.inputs import PatchPair
 from headscope.results import HeadScores
@@ -85,30 +86,8 @@ def patch_heads(out_projs: Sequence[nn.Module], arch: Arch, jobs: Sequence[tuple
             return (z,) + tuple(args[1:])
         return hook
 
-    handles = [out_projs[l].register_forward_pre_hook(make_hook(l)) for l in rows]
-    try:
+    with hooks(pre(out_projs[l], make_hook(l)) for l in rows):
         yield
-    finally:
-        for h in handles:
-            h.remove()
-
-
-@contextlib.contextmanager
-def record_z(out_projs: Sequence[nn.Module], start: int = 0) -> Iterator[dict[int, torch.Tensor]]:
-    """Record the output projections' inputs z  # [B, T - start, H*D] of every layer."""
-    store: dict[int, torch.Tensor] = {}
-
-    def make_hook(l: int):
-        def hook(module, args):
-            store[l] = args[0][:, start:].clone()
-        return hook
-
-    handles = [p.register_forward_pre_hook(make_hook(l)) for l, p in enumerate(out_projs)]
-    try:
-        yield store
-    finally:
-        for h in handles:
-            h.remove()
 
 
 class NaiveBackend:
@@ -132,7 +111,7 @@ class NaiveBackend:
 
     @torch.inference_mode()
     def patched_metrics(self, pair: PatchPair, metric: Metric, pbar=None) -> torch.Tensor:
-        with record_z(self.arch.out_projs) as z_corrupt:
+        with record_inputs(self.arch.out_projs) as z_corrupt:
             self._logits(pair.corrupt_ids[None], pair.answer_pos)
         out = torch.zeros(self.n_layers, self.n_heads, dtype=torch.float64)  # [L, H]
         for l in range(self.n_layers):

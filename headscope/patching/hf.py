@@ -25,8 +25,10 @@ import torch
 import torch.nn as nn
 
 from headscope.arch import describe
+from headscope.batching import micro_batches
 from headscope.metrics import Metric
-from headscope.patching.engine import model_device, patch_heads, record_z
+from headscope.hooks import hooks, post, record_inputs
+from headscope.patching.engine import model_device, patch_heads
 from headscope.patching.inputs import PatchPair
 
 __all__ = ["HFBackend", "HFFastConfig"]
@@ -111,22 +113,14 @@ def _record_layer_outputs(layers: Sequence[nn.Module], start: int) -> Iterator[d
                 store[l] = out[:, start:].clone()
         return hook
 
-    handles = [layer.register_forward_hook(make_hook(l)) for l, layer in enumerate(layers)]
-    try:
+    with hooks(post(layer, make_hook(l)) for l, layer in enumerate(layers)):
         yield store
-    finally:
-        for h in handles:
-            h.remove()
 
 
 def _cache_kv(cache: Any, l: int) -> tuple[torch.Tensor, torch.Tensor]:
     if hasattr(cache, "layers"):
         return cache.layers[l].keys, cache.layers[l].values
     return cache.key_cache[l], cache.value_cache[l]  # older transformers
-
-
-def _is_oom(err: BaseException) -> bool:
-    return isinstance(err, torch.OutOfMemoryError) or "out of memory" in str(err).lower()
 
 
 class HFBackend:
@@ -209,46 +203,39 @@ class HFBackend:
             from transformers import DynamicCache
             cache = DynamicCache(config=self.model.config)
         attn_kinds: list[Any] = []
-        hooks = [a.register_forward_hook(lambda m, args, out: attn_kinds.append(
-            isinstance(out, tuple) and len(out) == 2)) for a in arch.attentions]
-        try:
-            with _record_layer_outputs(arch.layers, p0) as layer_out, record_z(arch.out_projs, p0) as z_clean:
-                self._base(pair.clean_ids[None], 0, cache)
-        finally:
-            for h in hooks:
-                h.remove()
+
+        def attn_kind(module, args, out):
+            attn_kinds.append(isinstance(out, tuple) and len(out) == 2)
+
+        with hooks(post(a, attn_kind) for a in arch.attentions), \
+                _record_layer_outputs(arch.layers, p0) as layer_out, record_inputs(arch.out_projs, p0) as z_clean:
+            self._base(pair.clean_ids[None], 0, cache)
         skip_attention = all(attn_kinds)  # attention returns (output, weights): replaceable by out_proj(z)
         prefix = prefix_kv(cache, self.n_layers, p0, T)
         del cache
         # Corrupted run: z of every layer on the suffix.
-        with record_z(arch.out_projs, p0) as z_corrupt:
+        with record_inputs(arch.out_projs, p0) as z_corrupt:
             self._base(pair.corrupt_ids[None], 0, None)
 
         suffix_ids = pair.clean_ids[p0:][None]  # [1, T - p0]
         rows = pair.answer_pos - p0  # [A] answer rows within the suffix
         jobs = [(l, h) for l in range(self.n_layers) for h in range(self.n_heads)]
         out = torch.zeros(self.n_layers, self.n_heads, dtype=torch.float64)  # [L, H]
-        batch = self._auto_batch(T - p0, T)
-        i = 0
-        while i < len(jobs):
-            chunk = jobs[i:i + batch]
-            try:
-                logits = self._run_batch(chunk, suffix_ids, p0, prefix, layer_out, z_corrupt, rows,
-                                         z_clean if skip_attention else None)  # [B, A, V]
-            except (torch.OutOfMemoryError, RuntimeError) as err:
-                if not _is_oom(err) or batch == 1:
-                    raise
-                batch = max(1, batch // 2)
-                self._batch = batch if self.config.batch_size is None else self._batch
-                if self.device.type == "cuda":
-                    torch.cuda.empty_cache()
-                continue
-            vals = metric(logits, pair)  # [B]
-            for (l, h), v in zip(chunk, vals.tolist()):
+        z_skip = z_clean if skip_attention else None
+
+        def run(chunk):
+            return self._run_batch(chunk, suffix_ids, p0, prefix, layer_out, z_corrupt, rows, z_skip)  # [B, A, V]
+
+        def remember(size: int) -> None:  # a size found by halving serves the next pairs too
+            if self.config.batch_size is None:
+                self._batch = size
+
+        for chunk, logits in micro_batches(jobs, run, self._auto_batch(T - p0, T), device=self.device,
+                                           on_shrink=remember):
+            for (l, h), v in zip(chunk, metric(logits, pair).tolist()):  # metric: [B]
                 out[l, h] = v
             if pbar is not None:
                 pbar.update(len(chunk))
-            i += len(chunk)
         return out
 
     def _run_batch(self, jobs, suffix_ids, p0, prefix, layer_out, z_corrupt, rows, z_clean=None) -> torch.Tensor:

@@ -43,9 +43,10 @@ import torch.nn as nn
 from headscope.arch import Arch
 from headscope.heads import Head
 from headscope.metrics import Metric
-from headscope.patching.engine import NaiveBackend, record_z
-from headscope.patching.hf import (HFBackend, HFFastConfig, _is_oom, _record_layer_outputs, _replay_layers,
-                                    prefix_kv)
+from headscope.batching import micro_batches
+from headscope.hooks import hooks, post, pre, record_inputs
+from headscope.patching.engine import NaiveBackend
+from headscope.patching.hf import HFBackend, HFFastConfig, _record_layer_outputs, _replay_layers, prefix_kv
 from headscope.patching.inputs import PatchPair
 
 __all__ = ["NaivePathBackend", "HFPathBackend", "normalize_receivers", "receiver_table"]
@@ -118,20 +119,16 @@ class NaivePathBackend(NaiveBackend):
                 inputs[l] = (tuple(a.clone() if torch.is_tensor(a) else a for a in args), dict(kwargs))
             return hook
 
-        handles = [p.register_forward_pre_hook(freeze(l)) for l, p in enumerate(arch.out_projs)]
-        handles += [arch.attentions[l].register_forward_pre_hook(record(l), with_kwargs=True) for l in self.table]
-        try:
+        with hooks([pre(p, freeze(l)) for l, p in enumerate(arch.out_projs)],
+                   [pre(arch.attentions[l], record(l), with_kwargs=True) for l in self.table]):
             yield inputs
-        finally:
-            for h in handles:
-                h.remove()
 
     def _receiver_z(self, inputs: dict[int, tuple]) -> dict[tuple[int, int], torch.Tensor]:
         """Run each receiver layer's attention on its recorded input; z_r' = r's channels  # [1, T, D]."""
         out: dict[tuple[int, int], torch.Tensor] = {}
         for l, heads in self.table.items():
             args, kwargs = inputs[l]
-            with record_z(self.arch.out_projs) as z:  # hooks every layer; only layer l runs here
+            with record_inputs(self.arch.out_projs) as z:  # hooks every layer; only layer l runs here
                 self.arch.attentions[l](*args, **kwargs)
             for h in heads:
                 out[(l, h)] = z[l][:, :, self.arch.head_slice(h)]
@@ -147,19 +144,15 @@ class NaivePathBackend(NaiveBackend):
                 return (z,) + tuple(args[1:])
             return hook
 
-        handles = [self.arch.out_projs[l].register_forward_pre_hook(make_hook(l)) for l in self.table]
-        try:
+        with hooks(pre(self.arch.out_projs[l], make_hook(l)) for l in self.table):
             yield
-        finally:
-            for h in handles:
-                h.remove()
 
     @torch.inference_mode()
     def patched_metrics(self, pair: PatchPair, metric: Metric, pbar=None) -> torch.Tensor:
         """M_path of every sender  # [L, H] float64 (M_clean for the unreachable ones when skipped)."""
-        with record_z(self.arch.out_projs) as z_clean:
+        with record_inputs(self.arch.out_projs) as z_clean:
             m_clean = float(metric(self._logits(pair.clean_ids[None], pair.answer_pos), pair)[0])
-        with record_z(self.arch.out_projs) as z_corrupt:
+        with record_inputs(self.arch.out_projs) as z_corrupt:
             self._logits(pair.corrupt_ids[None], pair.answer_pos)
         out = torch.full((self.n_layers, self.n_heads), m_clean, dtype=torch.float64)  # [L, H]
         for ls in range(self.n_layers):
@@ -191,12 +184,8 @@ def _record_outputs(modules: Sequence[nn.Module], start: int) -> Iterator[dict[i
             store[l] = out[:, start:].clone()
         return hook
 
-    handles = [m.register_forward_hook(make_hook(l)) for l, m in enumerate(modules)]
-    try:
+    with hooks(post(m, make_hook(l)) for l, m in enumerate(modules)):
         yield store
-    finally:
-        for h in handles:
-            h.remove()
 
 
 @contextlib.contextmanager
@@ -311,12 +300,12 @@ class HFPathBackend:
             from transformers import DynamicCache
             cache = DynamicCache(config=self.model.config)
         with _record_layer_outputs(arch.layers, p0) as layer_out, _record_outputs(arch.attentions, p0) as attn_out, \
-                record_z(arch.out_projs, p0) as z_clean:
+                record_inputs(arch.out_projs, p0) as z_clean:
             hidden = hf._base(pair.clean_ids[None], 0, cache)  # [1, T, C]
         m_clean = float(metric(hf._head(hidden, pair.answer_pos), pair)[0])
         prefix = prefix_kv(cache, self.n_layers, p0, T)
         del cache
-        with record_z(arch.out_projs, p0) as z_corrupt:
+        with record_inputs(arch.out_projs, p0) as z_corrupt:
             hf._base(pair.corrupt_ids[None], 0, None)
 
         run = dict(suffix_ids=pair.clean_ids[p0:][None], p0=p0, prefix=prefix, layer_out=layer_out,
@@ -325,24 +314,13 @@ class HFPathBackend:
         jobs = [(l, h) for l in range(self.last_layer) for h in range(self.n_heads)]
         if pbar is not None:
             pbar.update(self.n_layers * self.n_heads - len(jobs))  # unreachable senders: exactly 0, no compute
-        batch = hf._auto_batch(T - p0, T)
-        i = 0
-        while i < len(jobs):
-            chunk = jobs[i:i + batch]
-            try:
-                logits = self._run_batch(chunk, **run)  # [B, A, V]
-            except (torch.OutOfMemoryError, RuntimeError) as err:
-                if not _is_oom(err) or batch == 1:
-                    raise
-                batch = max(1, batch // 2)
-                if self.device.type == "cuda":
-                    torch.cuda.empty_cache()
-                continue
+        batches = micro_batches(jobs, lambda chunk: self._run_batch(chunk, **run), hf._auto_batch(T - p0, T),
+                                device=self.device)
+        for chunk, logits in batches:  # logits  # [B, A, V]
             for (l, h), v in zip(chunk, metric(logits, pair).tolist()):
                 out[l, h] = v
             if pbar is not None:
                 pbar.update(len(chunk))
-            i += len(chunk)
         return out
 
     def _run_batch(self, jobs, suffix_ids, p0, prefix, layer_out, attn_out, z_clean, z_corrupt, rows):
@@ -400,24 +378,21 @@ class HFPathBackend:
             return hook
 
         forwards = {l: replay_attention(l) for l in range(start, self.last_layer + 1) if l not in self.table}
-        handles = []
+        receiver_hooks = []
         if self.slim:  # the model's cache only sizes the masks; the slim modules read the prefix themselves
             forwards.update({l: slim_receivers(l) for l in self.table if l >= start})
             cache = hf._new_cache(prefix, self.n_layers, B) if p0 > 0 else None
         else:
-            handles = [arch.out_projs[l].register_forward_pre_hook(full_receivers(l)) for l in self.table if l >= start]
+            receiver_hooks = [pre(arch.out_projs[l], full_receivers(l)) for l in self.table if l >= start]
             cache = hf._new_cache(prefix, start, B) if p0 > 0 else None
         replay = contextlib.nullcontext() if start == 0 else _replay_layers(arch.layers[:start],
                                                                              layer_out[start - 1], B)
         try:
-            with replay, _override_forward(dict(enumerate(arch.attentions)), forwards):
+            with hooks(receiver_hooks), replay, _override_forward(dict(enumerate(arch.attentions)), forwards):
                 hf._base(suffix_ids.expand(B, -1), p0, cache)
             raise RuntimeError("the sender run did not reach the last receiver layer's attention")
         except _StopForward:
             pass
-        finally:
-            for h in handles:
-                h.remove()
         del cache
 
         # ---- receiver run: from the first receiver layer after the senders, receivers' z <- z_r'
@@ -440,11 +415,7 @@ class HFPathBackend:
         cache = hf._new_cache(prefix, rstart + 1, B) if p0 > 0 else None
         replay = contextlib.nullcontext() if rstart == 0 else _replay_layers(arch.layers[:rstart],
                                                                               layer_out[rstart - 1], B)
-        handles = [arch.out_projs[l].register_forward_pre_hook(patch_receivers(l)) for l in self.table if l >= rstart]
-        try:
-            with replay, _override_forward(dict(enumerate(arch.attentions)), {rstart: first_layer_attention}):
-                hidden = hf._base(suffix_ids.expand(B, -1), p0, cache)  # [B, T', C]
-        finally:
-            for h in handles:
-                h.remove()
+        with hooks(pre(arch.out_projs[l], patch_receivers(l)) for l in self.table if l >= rstart), replay, \
+                _override_forward(dict(enumerate(arch.attentions)), {rstart: first_layer_attention}):
+            hidden = hf._base(suffix_ids.expand(B, -1), p0, cache)  # [B, T', C]
         return hf._head(hidden, rows)  # [B, A, V]

@@ -20,8 +20,7 @@ so shorter calls (and decoding) keep the buffer path.
 """
 from __future__ import annotations
 
-from contextlib import contextmanager
-from typing import Iterator, Sequence
+from typing import Sequence
 
 import torch
 import torch.nn as nn
@@ -125,34 +124,20 @@ class HeadFusion(nn.Module):
         return out  # [B, T, C]
 
 
-@contextmanager
-def _capture_inputs(modules: Sequence[nn.Module]) -> Iterator[list]:
-    captured: list = [None] * len(modules)
-    handles = []
-    try:
-        for i, m in enumerate(modules):
-            def hook(_mod, args, i=i):
-                captured[i] = args[0].detach()
-            handles.append(m.register_forward_pre_hook(hook))
-        yield captured
-    finally:
-        for h in handles:
-            h.remove()
-
-
 @torch.no_grad()
 def calibrate_fusion(model: nn.Module, teacher: nn.Module, input_ids: torch.Tensor) -> torch.Tensor:
     """Set every layer's gamma_h to the teacher's RMS of head h's output (o_proj input) on ``input_ids``.
 
     After this, a normalised head starts with the teacher head's scale. Returns gamma [L, H]."""
     from headscope.arch import describe
+    from headscope.hooks import record_inputs
 
     arch = describe(teacher)
-    with _capture_inputs(arch.out_projs) as z:
+    with record_inputs(arch.out_projs) as z:  # z[l]  # [B, T, H*D]
         teacher(input_ids=input_ids)
     gammas = []
-    for l, zl in enumerate(z):
-        zl = zl.double().reshape(*zl.shape[:2], arch.n_heads, arch.head_dim)  # [B, T, H, D]
+    for l in range(arch.n_layers):
+        zl = z[l].double().reshape(*z[l].shape[:2], arch.n_heads, arch.head_dim)  # [B, T, H, D]
         rms = zl.pow(2).mean(dim=(0, 1, 3)).sqrt()  # [H]
         fusion = model.model.layers[l].self_attn.fusion
         if fusion.gamma is None:

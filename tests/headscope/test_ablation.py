@@ -9,6 +9,7 @@ import torch
 from headscope.ablation import ablate_heads, answer_accuracy, answer_correct, head_means
 from headscope.arch import describe
 from headscope.heads import Head
+from headscope.hooks import record_inputs
 
 from model_factories import tiny_model
 
@@ -21,15 +22,9 @@ def _ids(seed: int = 0, B: int = 2, T: int = 12) -> torch.Tensor:
 def _capture_z(model, ids):
     """Inputs of every output projection: list of [B, T, H*D]."""
     arch = describe(model)
-    zs = [None] * arch.n_layers
-    handles = [p.register_forward_pre_hook(lambda m, a, l=l: zs.__setitem__(l, a[0].detach().clone()))
-               for l, p in enumerate(arch.out_projs)]
-    try:
+    with record_inputs(arch.out_projs) as z:
         logits = model(input_ids=ids).logits
-    finally:
-        for h in handles:
-            h.remove()
-    return zs, logits
+    return [z[l] for l in range(arch.n_layers)], logits
 
 
 @pytest.mark.parametrize("family", ["qwen3", "gpt2"])
@@ -54,13 +49,9 @@ def test_zero_sets_exactly_the_head_slice():
         z_ref, _ = _capture_z(model, ids)
         with ablate_heads(model, [(1, 2)], kind="zero"):
             # a hook registered after ablate_heads' sees the ablated input
-            seen = {}
-            h = arch.out_projs[1].register_forward_pre_hook(lambda m, a: seen.__setitem__("z", a[0].clone()))
-            try:
+            with record_inputs({1: arch.out_projs[1]}) as seen:
                 model(input_ids=ids)
-            finally:
-                h.remove()
-    z = seen["z"]  # [B, T, H*D]
+    z = seen[1]  # [B, T, H*D]
     sl = arch.head_slice(2)
     assert torch.count_nonzero(z[..., sl]) == 0
     other = torch.ones(z.shape[-1], dtype=torch.bool)

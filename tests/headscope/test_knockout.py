@@ -54,11 +54,11 @@ def test_curve_rows_and_consistency(model, pairs, kind):
 def test_patch_knockout_of_a_head_equals_patching_it(model, pairs):
     """'patch' with one head = the activation-patching run behind that head's receiver score."""
     from headscope.ablation import ablate_heads
-    from headscope.knockout import _capture_z
+    from headscope.arch import describe
+    from headscope.hooks import record_inputs
 
     p = pairs[0]
-    store = {}
-    with torch.no_grad(), _capture_z(model, {1}, store):
+    with torch.no_grad(), record_inputs(describe(model).out_projs) as store:
         model(input_ids=p.corrupt_ids[None])
     with torch.no_grad(), ablate_heads(model, [Head(1, 3)], kind="patch", values={Head(1, 3): store[1][..., 48:64]}):
         at = model(input_ids=p.clean_ids[None]).logits[0, p.answer_pos]

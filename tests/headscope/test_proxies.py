@@ -6,7 +6,8 @@ import torch
 
 from headscope.ablation import ablate_heads
 from headscope.heads import Head
-from headscope.knockout import _capture_z
+from headscope.arch import describe
+from headscope.hooks import record_inputs
 from headscope.proxies import attention_retrieval_score, attribution_patching, compare_to_exact
 from headscope.results import HeadScores
 
@@ -38,9 +39,8 @@ def _exact_scores(model, pairs):
             diff = at.gather(-1, p.clean_answer_ids[:, None]) - at.gather(-1, p.corrupt_answer_ids[:, None])  # [A, 1]
             return float(diff.mean())
 
-        store = {}
         with torch.no_grad():
-            with _capture_z(model, {0, 1, 2}, store):
+            with record_inputs(describe(model).out_projs) as store:
                 mx = metric(model(input_ids=p.corrupt_ids[None]).logits)
             mc = metric(model(input_ids=p.clean_ids[None]).logits)
             row = torch.zeros(3, 4, dtype=torch.float64)

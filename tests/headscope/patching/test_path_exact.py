@@ -2,6 +2,7 @@
 import pytest
 import torch
 
+from headscope.hooks import hooks, pre
 from headscope.metrics import resolve_metric
 from headscope.patching import HFFastConfig, as_patch_pair, receiver_scores
 from headscope.patching.path import HFPathBackend, NaivePathBackend
@@ -102,12 +103,8 @@ def test_fast_path_restores_model():
         if len(calls) == 3:
             raise ValueError("inside the receiver run")
 
-    handle = model.model.norm.register_forward_pre_hook(fail_third)
-    try:
-        with pytest.raises(ValueError, match="inside the receiver run"):
-            HFPathBackend(model, [(2, 1), (3, 0)]).patched_metrics(pair, resolve_metric("logprob"))
-    finally:
-        handle.remove()
+    with hooks(pre(model.model.norm, fail_third)), pytest.raises(ValueError, match="inside the receiver run"):
+        HFPathBackend(model, [(2, 1), (3, 0)]).patched_metrics(pair, resolve_metric("logprob"))
     for layer in model.model.layers:
         assert "forward" not in layer.__dict__ and "forward" not in layer.self_attn.__dict__
         assert not layer._forward_hooks and not layer.self_attn._forward_hooks
