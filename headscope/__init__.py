@@ -2,7 +2,7 @@
 
     import headscope
     model, tok = headscope.load_model("default")            # the shipped reference model
-    scores = headscope.score(model, task="niah", tokenizer=tok)   # exact receiver scores -> HeadScores
+    scores = headscope.score(model, task="niah")            # exact receiver scores -> HeadScores (tok found)
     mask = headscope.select(scores, ratio="7:1", model=model)     # -> HeadMask; mask.to_json("mask.json")
 
 Names load lazily: importing the package imports neither transformers, plotly, TransformerLens nor nnsight,
@@ -37,6 +37,7 @@ _EXPORTS = {
     "UnknownTaskError": "headscope.tasks",
     # scoring
     "score": "headscope.api",
+    "register_backend": "headscope.patching.backends",
     "sender_scores": "headscope.senders",
     "iterated_path_patching": "headscope.senders",
     "PathPatchingResult": "headscope.senders",

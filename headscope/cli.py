@@ -224,7 +224,7 @@ def cmd_knockout(args: argparse.Namespace) -> None:
     if task is None:
         raise UsageError("pass --task: the scores cover several tasks, so the task to knock out on is ambiguous")
     model, tokenizer = _load_model(args.model, args)
-    df = knockout_curve(model, tokenizer, task, fused, max_fraction=args.max_fraction, kind=args.kind,
+    df = knockout_curve(model, task, fused, tokenizer=tokenizer, max_fraction=args.max_fraction, kind=args.kind,
                         n_random=args.n_random, n_samples=args.n_samples, seed=args.seed, metric=args.metric,
                         batch_size=args.batch_size or 8, progress=not args.quiet, **_task_kwargs(task, args))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
@@ -373,7 +373,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--scores", nargs="+", required=True, help="scores JSON file(s); several are fused")
     p.add_argument("--task", default=None, help="task to evaluate on (default: the scores' task)")
     _add_tasks(p, multiple=False)
-    p.add_argument("--kind", default="mean", choices=["mean", "zero", "patch"], help="ablation (default mean)")
+    p.add_argument("--kind", default="patch", choices=["patch", "mean", "zero"],
+                   help="ablation: patch = the head's activation on the corrupted prompt (default, the paper's), "
+                        "mean, zero")
     p.add_argument("--n-random", type=int, default=5, help="random head sets per k (default 5)")
     p.add_argument("--max-fraction", type=float, default=0.1, help="largest fraction of heads knocked out")
     p.add_argument("--quiet", action="store_true", help="no progress bars")

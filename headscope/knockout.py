@@ -1,12 +1,14 @@
 """Knockout curves: ablate the top-k heads by score, and as many random heads, and watch accuracy.
 
-    df = knockout_curve(model, tokenizer, "niah", scores, kind="mean")   # rows: k, fraction, selection, ...
-    auc(df)                    # {"top": ..., "random": ..., "gap": ...}
-    knockout_eval(model, tokenizer, "niah", [Head(3, 1)])              # one head set
+    df = knockout_curve(model, "niah", scores)     # rows: k, fraction, selection, ...
+    auc(df)                                        # {"top": ..., "random": ..., "gap": ...}
+    knockout_eval(model, "niah", [Head(3, 1)])     # one head set
 
-A knocked-out head's output (its slice of the output projection's input) is replaced, through
-``headscope.ablation.ablate_heads``, by: "mean" its mean over the evaluation prompts (clean and
-corrupt), "zero" zeros, or "patch" its value on the pair's corrupted prompt (run alongside).
+The pairs come from ``headscope.pairs.task_pairs`` (a task name, a Task or a list of TokenizedPair; the
+tokenizer is found from the model unless ``tokenizer=`` is given). A knocked-out head's output (its
+slice of the output projection's input) is replaced, through ``headscope.ablation.ablate_heads``, by:
+"patch" (the default, as in the paper) its value on the pair's corrupted prompt (run alongside), "mean"
+its mean over the evaluation prompts (clean and corrupt), or "zero" zeros.
 Accuracy is teacher-forced greedy exact match on the clean answer; ``metric`` (``headscope.metrics``,
 default the clean-minus-corrupt answer logit difference) is averaged over pairs.
 """
@@ -24,26 +26,13 @@ from headscope.arch import describe
 from headscope.heads import Head
 from headscope.hooks import record_inputs
 from headscope.metrics import resolve_metric
+from headscope.pairs import task_name, task_pairs
 from headscope.results import HeadScores
+from headscope.tokenizers import find_tokenizer
 
-__all__ = ["knockout_curve", "knockout_eval", "auc", "default_ks", "load_pairs"]
+__all__ = ["knockout_curve", "knockout_eval", "auc", "default_ks", "KNOCKOUT_KIND"]
 
-
-def load_pairs(task: Any, tokenizer: Any = None, n_samples: int = 16, seed: int = 0, **task_kwargs) -> list:
-    """TokenizedPairs from a task name (``get_task(name, **task_kwargs)``), a Task, or a list of pairs."""
-    if isinstance(task, (list, tuple)):
-        if not task:
-            raise ValueError("no pairs given: the list of TokenizedPairs is empty")
-        return list(task)
-    if tokenizer is None:
-        raise ValueError(f"a tokenizer is needed to build pairs for task {task!r}")
-    if isinstance(task, str):
-        from headscope.tasks import get_task
-
-        task = get_task(task, **task_kwargs)
-    elif task_kwargs:
-        raise ValueError(f"task options {sorted(task_kwargs)} only apply when the task is given by name")
-    return task.tokenized(tokenizer, n=n_samples, seed=seed)
+KNOCKOUT_KIND = "patch"  # the paper's: a knocked-out head takes its activation from the corrupted prompt
 
 
 def _pad(seqs: list[torch.Tensor], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -113,18 +102,24 @@ def _pad_id(tokenizer: Any) -> int:
     return 0 if pid is None else int(pid)
 
 
-def knockout_eval(model: nn.Module, tokenizer: Any, task: Any, heads: Sequence, *, kind: str = "mean",
+def _pairs_and_pad(model: nn.Module, task: Any, tokenizer: Any, n_samples: int, seed: int,
+                   task_kwargs: dict) -> tuple[list, int]:
+    pairs = task_pairs(model, task, tokenizer=tokenizer, n_samples=n_samples, seed=seed, **task_kwargs)
+    return pairs, _pad_id(find_tokenizer(model, tokenizer, required=False))
+
+
+def knockout_eval(model: nn.Module, task: Any, heads: Sequence, *, tokenizer: Any = None, kind: str = KNOCKOUT_KIND,
                   n_samples: int = 16, seed: int = 0, metric: Any = "logit_diff", batch_size: int = 8,
                   **task_kwargs) -> dict[str, float]:
     """Accuracy and mean metric with ``heads`` knocked out, and without (``*_clean``)."""
     _check_common(kind, batch_size)
     arch = describe(model)
-    pairs = load_pairs(task, tokenizer, n_samples, seed, **task_kwargs)
     heads = sorted({Head.from_any(h) for h in heads})
     bad = [str(h) for h in heads if h.layer >= arch.n_layers or h.head >= arch.n_heads]
     if bad:
         raise ValueError(f"knockout_eval: heads {bad} are outside the model ({arch.n_layers} x {arch.n_heads})")
-    m, pad = resolve_metric(metric), _pad_id(tokenizer)
+    pairs, pad = _pairs_and_pad(model, task, tokenizer, n_samples, seed, task_kwargs)
+    m = resolve_metric(metric)
     means = _mean_values(model, pairs, batch_size, pad) if kind == "mean" and heads else None
     acc0, met0 = _evaluate(model, pairs, [], kind, m, batch_size, pad, None)
     acc, met = _evaluate(model, pairs, heads, kind, m, batch_size, pad, means)
@@ -139,8 +134,8 @@ def default_ks(n_total: int, max_fraction: float = 0.1, n_points: int = 11) -> l
     return sorted({int(round(x)) for x in np.linspace(0, k_max, min(k_max + 1, n_points))})
 
 
-def knockout_curve(model: nn.Module, tokenizer: Any, task: Any, scores: HeadScores | torch.Tensor, *,
-                   ks: Sequence[int] | None = None, max_fraction: float = 0.1, kind: str = "mean",
+def knockout_curve(model: nn.Module, task: Any, scores: HeadScores | torch.Tensor, *, tokenizer: Any = None,
+                   ks: Sequence[int] | None = None, max_fraction: float = 0.1, kind: str = KNOCKOUT_KIND,
                    n_random: int = 5, n_samples: int = 16, seed: int = 0, metric: Any = "logit_diff",
                    batch_size: int = 8, progress: bool = True, **task_kwargs):
     """Accuracy as the top-k heads (by ``scores``) or k random heads are knocked out.
@@ -170,8 +165,8 @@ def knockout_curve(model: nn.Module, tokenizer: Any, task: Any, scores: HeadScor
                for i in sorted(range(total), key=lambda i: (-flat[i], i))]
     everyone = [Head(l, h) for l in range(arch.n_layers) for h in range(arch.n_heads)]
 
-    pairs = load_pairs(task, tokenizer, n_samples, seed, **task_kwargs)
-    m, pad = resolve_metric(metric), _pad_id(tokenizer)
+    pairs, pad = _pairs_and_pad(model, task, tokenizer, n_samples, seed, task_kwargs)
+    m = resolve_metric(metric)
     means = _mean_values(model, pairs, batch_size, pad) if kind == "mean" else None
     runs = [(k, "top", None) for k in ks] + [(k, "random", seed + r) for k in ks if k > 0 for r in range(n_random)]
     rows, intact = [], None
@@ -187,7 +182,7 @@ def knockout_curve(model: nn.Module, tokenizer: Any, task: Any, scores: HeadScor
     if 0 in ks:  # the intact model is the k=0 point of every random curve too
         rows += [{**rows[0], "selection": "random", "seed": seed + r} for r in range(n_random)]
     df = pd.DataFrame(rows).sort_values(["selection", "k", "seed"], na_position="first").reset_index(drop=True)
-    df.attrs.update({"kind": kind, "task": getattr(task, "name", task if isinstance(task, str) else "pairs"),
+    df.attrs.update({"kind": kind, "task": task_name(task, pairs),
                      "n_samples": len(pairs), "n_total": total})
     return df
 

@@ -1,8 +1,11 @@
 """Cheap proxies for the causal head scores, and how well they agree with the exact scores.
 
-    attn = attention_retrieval_score(model, pairs)     # HeadScores(kind="attention")
-    atp = attribution_patching(model, pairs)           # HeadScores(kind="atp")
+    attn = attention_retrieval_score(model, "niah", n_samples=8)   # HeadScores(kind="attention")
+    atp = attribution_patching(model, "niah", n_samples=8)         # HeadScores(kind="atp")
     compare_to_exact(atp, exact)                       # {"spearman", "kendall", "topk_overlap", "k"}
+
+``task``: a task name, a Task or a list of TokenizedPair (``headscope.pairs.task_pairs``; the tokenizer is
+found from the model unless ``tokenizer=`` is given).
 
 - Attention retrieval: the attention mass that each head puts, from the positions that predict the
   answer (``answer_pos``), on the needle span (``diff_pos``: the prompt positions where the clean and
@@ -19,7 +22,7 @@ from __future__ import annotations
 
 import warnings
 from contextlib import contextmanager
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator
 
 import numpy as np
 import torch
@@ -28,6 +31,7 @@ import torch.nn as nn
 from headscope.arch import describe
 from headscope.hooks import hooks, pre, record_inputs
 from headscope.metrics import resolve_metric
+from headscope.pairs import task_name, task_pairs
 from headscope.results import HeadScores
 
 __all__ = ["attention_retrieval_score", "attribution_patching", "compare_to_exact", "eager_attention"]
@@ -50,25 +54,14 @@ def eager_attention(model: nn.Module) -> Iterator[nn.Module]:
             model.set_attn_implementation(before)
 
 
-def _check_pairs(pairs: Sequence, name: str) -> None:
-    if len(pairs) == 0:
-        raise ValueError(f"{name}: no pairs given")
-    for attr in ("clean_ids", "corrupt_ids", "answer_pos", "clean_answer_ids"):
-        if not hasattr(pairs[0], attr):
-            raise TypeError(f"{name}: pairs must be TokenizedPairs (task.tokenized(...)), missing {attr!r}")
-
-
-def _task_of(pairs: Sequence) -> str:
-    return getattr(getattr(pairs[0], "pair", None), "task", "custom")
-
-
 @torch.no_grad()
-def attention_retrieval_score(model: nn.Module, tokenized_pairs: Sequence, progress: bool = False) -> HeadScores:
+def attention_retrieval_score(model: nn.Module, task: Any = "niah", *, tokenizer: Any = None, n_samples: int = 8,
+                              seed: int = 0, progress: bool = False, **task_kwargs) -> HeadScores:
     """Attention mass from the answer positions onto the needle span, per head: ``HeadScores(kind="attention")``."""
     from tqdm.auto import tqdm
 
-    _check_pairs(tokenized_pairs, "attention_retrieval_score")
     arch = describe(model)
+    tokenized_pairs = task_pairs(model, task, tokenizer=tokenizer, n_samples=n_samples, seed=seed, **task_kwargs)
     device = next(model.parameters()).device
     rows = []
     with eager_attention(model):
@@ -83,7 +76,7 @@ def attention_retrieval_score(model: nn.Module, tokenized_pairs: Sequence, progr
             attn = torch.stack([a[0] for a in out.attentions])  # [L, H, T, S]
             mass = attn[:, :, q][..., torch.as_tensor(diff, device=device)].sum(-1)  # [L, H, A]
             rows.append(mass.mean(-1).double().cpu())  # [L, H]
-    return HeadScores(task=_task_of(tokenized_pairs), per_sample_raw=torch.stack(rows), kind="attention",
+    return HeadScores(task=task_name(task, tokenized_pairs), per_sample_raw=torch.stack(rows), kind="attention",
                       n_kv_heads=arch.n_kv_heads, settings={"proxy": "attention_retrieval"})
 
 
@@ -103,8 +96,9 @@ def _z_leaves(model: nn.Module) -> Iterator[dict[int, torch.Tensor]]:
         yield store
 
 
-def attribution_patching(model: nn.Module, tokenized_pairs: Sequence, metric: Any = "logit_diff",
-                         denom_eps: float = 1e-4, progress: bool = False) -> HeadScores:
+def attribution_patching(model: nn.Module, task: Any = "niah", *, tokenizer: Any = None, n_samples: int = 8,
+                         seed: int = 0, metric: Any = "logit_diff", denom_eps: float = 1e-4, progress: bool = False,
+                         **task_kwargs) -> HeadScores:
     """AtP estimate of every head's receiver score: ``HeadScores(kind="atp")`` (formula in the module docstring).
 
     ``metric`` must be differentiable: a built-in name ("logit_diff", "logprob"). Pairs whose
@@ -113,12 +107,12 @@ def attribution_patching(model: nn.Module, tokenized_pairs: Sequence, metric: An
     """
     from tqdm.auto import tqdm
 
-    _check_pairs(tokenized_pairs, "attribution_patching")
     m = resolve_metric(metric)
     if not m.builtin:
         raise ValueError(f"attribution_patching needs a differentiable built-in metric ('logit_diff' or 'logprob'), "
                          f"got the callable {m.name!r}")
     arch = describe(model)
+    tokenized_pairs = task_pairs(model, task, tokenizer=tokenizer, n_samples=n_samples, seed=seed, **task_kwargs)
     device = next(model.parameters()).device
     rows, m_clean, m_corrupt, dropped = [], [], [], []
     for i, p in enumerate(tqdm(tokenized_pairs, desc="attribution patching", disable=not progress)):
@@ -146,7 +140,7 @@ def attribution_patching(model: nn.Module, tokenized_pairs: Sequence, metric: An
     if dropped:
         warnings.warn(f"attribution_patching dropped pairs {dropped} whose corruption does not change the metric",
                       stacklevel=2)
-    return HeadScores(task=_task_of(tokenized_pairs), per_sample_raw=torch.stack(rows), kind="atp",
+    return HeadScores(task=task_name(task, tokenized_pairs), per_sample_raw=torch.stack(rows), kind="atp",
                       n_kv_heads=arch.n_kv_heads, clean_metric=torch.tensor(m_clean, dtype=torch.float64),
                       corrupt_metric=torch.tensor(m_corrupt, dtype=torch.float64),
                       settings={"proxy": "attribution_patching", "metric": m.name, "dropped": dropped})

@@ -67,6 +67,8 @@ def load_model(name_or_path: str | Path = DEFAULT_NAME, *, dtype: torch.dtype = 
         raise ReferenceModelMissing(
             f"cannot load {name_or_path!r} offline ({err}); pass a local folder or a name already in the "
             f"Hugging Face cache (headscope never downloads). For the default model: {_TRAIN_HINT}") from err
-    if tokenizer.pad_token_id is None and tokenizer.eos_token_id is not None:
-        tokenizer.pad_token = tokenizer.eos_token
-    return model.to(device).eval(), tokenizer
+    from headscope.tokenizers import prepare_tokenizer, remember_tokenizer
+
+    model = model.to(device).eval()
+    remember_tokenizer(model, prepare_tokenizer(tokenizer))  # score(model, task) finds it
+    return model, tokenizer

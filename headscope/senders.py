@@ -19,20 +19,17 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.nn as nn
 
-from headscope.api import prepare_pairs, scoring_settings
+from headscope.api import prepare_scoring, scoring_settings
 from headscope.arch import Arch
 from headscope.fusion import COMBINE_RULES, combine
 from headscope.heads import Head
 from headscope.metrics import resolve_metric
 from headscope.patching.engine import receiver_scores as _normalized_scores
-from headscope.patching.hf import HFFastConfig
-from headscope.patching.path import HFPathBackend, NaivePathBackend, normalize_receivers
+from headscope.patching.backends import PATH_BACKENDS, check_path_backend, make_path_backend
+from headscope.patching.path import normalize_receivers
 from headscope.results import HeadScores
 
 __all__ = ["sender_scores", "iterated_path_patching", "PathPatchingResult", "PATH_BACKENDS", "default_k"]
-
-PATH_BACKENDS = ("hf", "naive")
-
 
 def default_k(n_heads_total: int) -> int:
     """Receivers per round by default: 2% of all heads, at least 1."""
@@ -42,20 +39,17 @@ def default_k(n_heads_total: int) -> int:
 def _prepare(model: Any, task: Any, tokenizer: Any, n_samples: int, seed: int, device: Any,
              task_config: dict | None, task_kwargs: dict) -> tuple[nn.Module, Arch, list, list, str]:
     """(hf model, arch, raw pairs, patch pairs, task name), read as headscope.api.score reads them."""
-    _, hf, arch, raw, pairs, name = prepare_pairs(model, task, tokenizer, n_samples, seed, device, task_config,
-                                                  task_kwargs)
+    _, hf, arch, raw, pairs, name = prepare_scoring(model, task, tokenizer, n_samples, seed, device, task_config,
+                                                    task_kwargs)
     return hf, arch, raw, pairs, name
 
 
 def _score_senders(hf: nn.Module, arch: Arch, pairs: list, receivers: Sequence[Head], metric, backend: str,
                    batch_size: int | None, progress: bool, task: str, on_clean_failure: str,
                    min_clean_accuracy: float, settings: dict) -> HeadScores:
-    if backend not in PATH_BACKENDS:
-        raise ValueError(f"backend={backend!r}; path patching supports {PATH_BACKENDS}")
     if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1):
         raise ValueError(f"batch_size must be an int >= 1 or None, got {batch_size!r}")
-    engine = (HFPathBackend(hf, receivers, HFFastConfig(batch_size=batch_size)) if backend == "hf"
-              else NaivePathBackend(hf, receivers))
+    engine = make_path_backend(hf, receivers, backend, batch_size)
     bar = None
     if progress:
         from tqdm.auto import tqdm
@@ -100,6 +94,7 @@ def sender_scores(model: Any, task: Any, receivers: Any, *, tokenizer: Any = Non
     backend: "hf" (fast, exact) or "naive" (the plain reference loop). Returns HeadScores(kind="sender")
     with the raw per-sample scores [N, L, H]; senders at layers >= the last receiver layer are 0.
     """
+    check_path_backend(backend)
     hf, arch, _, pairs, name = _prepare(model, task, tokenizer, n_samples, seed, device, task_config, task_kwargs)
     heads = normalize_receivers(receivers, arch.n_layers, arch.n_heads)
     settings = scoring_settings(hf, arch, pairs, seed, batch_size, task_config, task_kwargs)
@@ -188,8 +183,7 @@ def iterated_path_patching(model: Any, task: Any = "niah", *, tokenizer: Any = N
         raise ValueError(f"rule={rule!r} is not one of {COMBINE_RULES}")
     if not 0.0 <= min_score < 1.0:
         raise ValueError(f"min_score={min_score} must be in [0, 1): it is compared with clipped mean scores")
-    if backend not in PATH_BACKENDS:
-        raise ValueError(f"backend={backend!r}; path patching supports {PATH_BACKENDS}")
+    check_path_backend(backend)
     hf, arch, raw, pairs, name = _prepare(model, task, tokenizer, n_samples, seed, device, task_config, task_kwargs)
     if k is None:
         k = default_k(arch.n_total)
@@ -198,9 +192,10 @@ def iterated_path_patching(model: Any, task: Any = "niah", *, tokenizer: Any = N
     metric_fn = resolve_metric(metric)
     if receiver_scores is None:
         from headscope.api import score
+        from headscope.patching.backends import BACKENDS
 
-        receiver_scores = score(hf, raw, metric=metric_fn, backend=backend, batch_size=batch_size,
-                                progress=progress, on_clean_failure=on_clean_failure,
+        receiver_scores = score(hf, raw, metric=metric_fn, backend=backend if backend in BACKENDS else "auto",
+                                batch_size=batch_size, progress=progress, on_clean_failure=on_clean_failure,
                                 min_clean_accuracy=min_clean_accuracy)
     if not isinstance(receiver_scores, HeadScores):
         raise TypeError(f"receiver_scores must be HeadScores (headscope.api.score), got "

@@ -1,6 +1,6 @@
 """The paper's motivating picture: layers change the residual stream smoothly, heads inside a layer differ.
 
-    sim = layer_similarity(model, pairs)        # DataFrame [L+1, L+1], cosine of residual streams
+    sim = layer_similarity(model, "niah")       # DataFrame [L+1, L+1], cosine of residual streams
     adjacent_layer_similarity(sim)              # cos(layer i, layer i+1), i = 0..L-1
     head_score_spread(scores)                   # per layer: std, min, max, max-min of head scores
 
@@ -11,13 +11,14 @@ residual stream after decoder layer i-1, captured with forward hooks on the deco
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Iterator, Sequence
+from typing import Any, Iterator
 
 import torch
 import torch.nn as nn
 
 from headscope.arch import describe
 from headscope.hooks import hooks, post
+from headscope.pairs import task_pairs
 from headscope.results import HeadScores
 
 __all__ = ["layer_similarity", "adjacent_layer_similarity", "head_score_spread"]
@@ -49,17 +50,26 @@ def _record_residuals(model: nn.Module, store: list) -> Iterator[None]:
 
 
 @torch.no_grad()
-def layer_similarity(model: nn.Module, tokenized_inputs: Sequence, progress: bool = False):
+def layer_similarity(model: nn.Module, task: Any = "niah", *, tokenizer: Any = None, n_samples: int = 8,
+                     seed: int = 0, progress: bool = False, **task_kwargs):
     """Mean over inputs and tokens of cos(residual_i[t], residual_j[t]): a DataFrame ``[L+1, L+1]``.
 
-    ``tokenized_inputs``: TokenizedPairs (their clean prompts are used), ``[T]`` id tensors or lists.
+    ``task``: a task name or Task (its pairs from ``headscope.pairs.task_pairs``), or a list of inputs:
+    TokenizedPairs (their clean prompts are used), ``[T]`` id tensors or lists of ids.
     Index/columns are "embed", "L0", ..., "L{L-1}" (stream after that layer).
     """
     import pandas as pd
     from tqdm.auto import tqdm
 
-    if len(tokenized_inputs) == 0:
-        raise ValueError("layer_similarity: no inputs given")
+    if isinstance(task, (list, tuple)):
+        if len(task) == 0:
+            raise ValueError("layer_similarity: no inputs given")
+        if task_kwargs:
+            raise ValueError(f"layer_similarity: task options {sorted(task_kwargs)} only apply to a task name")
+        tokenized_inputs = list(task)
+    else:
+        tokenized_inputs = task_pairs(model, task, tokenizer=tokenizer, n_samples=n_samples, seed=seed,
+                                      **task_kwargs)
     arch = describe(model)
     device = next(model.parameters()).device
     total = torch.zeros(arch.n_layers + 1, arch.n_layers + 1, dtype=torch.float64)  # [L+1, L+1]

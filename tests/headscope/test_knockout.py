@@ -35,7 +35,7 @@ def model():
 @pytest.mark.parametrize("kind", ["mean", "zero", "patch"])
 def test_curve_rows_and_consistency(model, pairs, kind):
     scores = HeadScores("toy", torch.rand(4, 3, 4, generator=torch.Generator().manual_seed(0)))
-    df = knockout_curve(model, None, pairs, scores, ks=[0, 2, 4], kind=kind, n_random=2, batch_size=4,
+    df = knockout_curve(model, pairs, scores, ks=[0, 2, 4], kind=kind, n_random=2, batch_size=4,
                         progress=False)
     assert list(df.columns) == ["k", "fraction", "selection", "seed", "accuracy", "metric"]
     assert len(df[df.selection == "top"]) == 3 and len(df[df.selection == "random"]) == 3 * 2
@@ -43,7 +43,7 @@ def test_curve_rows_and_consistency(model, pairs, kind):
     assert k0.metric.nunique() == 1 and k0.accuracy.nunique() == 1  # the intact model everywhere
     # the top-4 row is exactly knockout_eval of the 4 best heads (batching and padding do not matter)
     top4 = scores.top(4)
-    one = knockout_eval(model, None, pairs, top4, kind=kind, batch_size=1)
+    one = knockout_eval(model, pairs, top4, kind=kind, batch_size=1)
     row = df[(df.selection == "top") & (df.k == 4)].iloc[0]
     assert row.metric == pytest.approx(one["metric"], abs=1e-5) and row.accuracy == one["accuracy"]
     assert one["metric_clean"] == pytest.approx(float(k0.metric.iloc[0]), abs=1e-5)
@@ -63,8 +63,9 @@ def test_patch_knockout_of_a_head_equals_patching_it(model, pairs):
     with torch.no_grad(), ablate_heads(model, [Head(1, 3)], kind="patch", values={Head(1, 3): store[1][..., 48:64]}):
         at = model(input_ids=p.clean_ids[None]).logits[0, p.answer_pos]
     want = float((at[:, p.clean_answer_ids] - at[:, p.corrupt_answer_ids]).diagonal().mean())
-    got = knockout_eval(model, None, pairs[:1], [Head(1, 3)], kind="patch")["metric"]
+    got = knockout_eval(model, pairs[:1], [Head(1, 3)], kind="patch")["metric"]
     assert got == pytest.approx(want, abs=1e-5)
+    assert knockout_eval(model, pairs[:1], [Head(1, 3)])["metric"] == got  # "patch" is the default (the paper's)
 
 
 def test_default_ks_and_errors(model, pairs):
@@ -72,13 +73,15 @@ def test_default_ks_and_errors(model, pairs):
     assert ks[0] == 0 and ks[-1] == 45 and len(ks) == 11 and ks == sorted(set(ks))
     assert default_ks(12) == [0, 1]
     with pytest.raises(ValueError, match="kind"):
-        knockout_curve(model, None, pairs, torch.rand(3, 4), kind="noise")
+        knockout_curve(model, pairs, torch.rand(3, 4), kind="noise")
     with pytest.raises(ValueError, match="score this model"):
-        knockout_curve(model, None, pairs, torch.rand(2, 4))
+        knockout_curve(model, pairs, torch.rand(2, 4))
     with pytest.raises(ValueError, match="outside"):
-        knockout_eval(model, None, pairs, [Head(5, 0)])
-    with pytest.raises(ValueError, match="tokenizer"):
-        knockout_eval(model, None, "niah", [Head(0, 0)])
+        knockout_eval(model, pairs, [Head(5, 0)])
+    with pytest.raises(ValueError, match="tokenizer="):  # a random tiny model names no folder: say what to pass
+        knockout_eval(model, "niah", [Head(0, 0)])
+    with pytest.raises(ValueError, match="only apply to a task given by name"):
+        knockout_eval(model, pairs, [Head(0, 0)], context_length=64)
 
 
 def test_auc():

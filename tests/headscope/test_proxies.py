@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from headscope.ablation import ablate_heads
-from headscope.heads import Head
 from headscope.arch import describe
+from headscope.heads import Head
 from headscope.hooks import record_inputs
 from headscope.proxies import attention_retrieval_score, attribution_patching, compare_to_exact
 from headscope.results import HeadScores
@@ -85,6 +85,10 @@ def test_attribution_patching_tracks_exact_patching(pairs):
 def test_attribution_patching_needs_a_differentiable_metric(pairs):
     with pytest.raises(ValueError, match="differentiable"):
         attribution_patching(tiny_model("qwen3"), pairs, metric=lambda logits, pair: 0.0)
+    with pytest.raises(TypeError, match="TokenizedPairs"):
+        attention_retrieval_score(tiny_model("qwen3"), [[1, 2, 3]])
+    with pytest.raises(ValueError, match="empty"):
+        attention_retrieval_score(tiny_model("qwen3"), [])
 
 
 def test_compare_to_exact():

@@ -1,0 +1,119 @@
+"""A model's tokenizer, found without being told.
+
+    model, tok = headscope.load_model("default")
+    find_tokenizer(model) is tok                       # remembered by load_model
+    model = AutoModelForCausalLM.from_pretrained("/path/to/folder")
+    find_tokenizer(model)                              # loaded from that folder, offline, then cached
+
+``find_tokenizer(model, tokenizer=None)`` returns, in this order: ``tokenizer`` when given (an explicit
+tokenizer always wins); the tokenizer the model carries (a TransformerLens ``TransformerBridge``, an
+nnsight ``LanguageModel``); the one ``headscope.load_model`` loaded with it; one loaded offline
+(``local_files_only=True``) from the folder the model was loaded from (its ``name_or_path`` /
+``config._name_or_path``). A loaded tokenizer is cached per model object. If none is found, the error
+says what to pass.
+"""
+from __future__ import annotations
+
+import weakref
+from pathlib import Path
+from typing import Any
+
+__all__ = ["find_tokenizer", "remember_tokenizer", "unwrap", "prepare_tokenizer", "TokenizerNotFound",
+           "TOKENIZER_FILES"]
+
+# Files one of which a folder holds when it holds a tokenizer (fast, sentencepiece, BPE vocab).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "spiece.model")
+
+_CACHE: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
+
+
+class TokenizerNotFound(ValueError):
+    """No tokenizer was passed and none could be found for the model."""
+
+
+def prepare_tokenizer(tokenizer: Any) -> Any:
+    """Give a tokenizer without a pad token its EOS token as pad (padding batches needs one)."""
+    if getattr(tokenizer, "pad_token_id", None) is None and getattr(tokenizer, "eos_token_id", None) is not None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def unwrap(model: Any) -> Any:
+    """The torch model inside a TransformerBridge / nnsight wrapper, or the object itself."""
+    from headscope.patching.nn_sight import is_nnsight_model, unwrap_nnsight
+    from headscope.patching.tl import is_transformer_bridge
+
+    if is_transformer_bridge(model):
+        return model.original_model
+    if is_nnsight_model(model):
+        try:
+            return unwrap_nnsight(model)
+        except TypeError:
+            return model
+    return model
+
+
+def remember_tokenizer(model: Any, tokenizer: Any) -> None:
+    """Record ``tokenizer`` as ``model``'s, so that ``find_tokenizer(model)`` returns it (weakly held)."""
+    _CACHE[unwrap(model)] = tokenizer
+
+
+def _source(model: Any) -> str:
+    for obj in (model, getattr(model, "config", None)):
+        for key in ("name_or_path", "_name_or_path"):
+            value = getattr(obj, key, None)
+            if isinstance(value, (str, Path)) and str(value):
+                return str(value)
+    return ""
+
+
+def _load_from(source: str) -> Any:
+    from transformers import AutoTokenizer
+
+    path = Path(source).expanduser()
+    if path.is_dir() and not any((path / f).exists() for f in TOKENIZER_FILES):
+        raise TokenizerNotFound(f"the model was loaded from {path}, which holds no tokenizer (none of "
+                                f"{', '.join(TOKENIZER_FILES)}); pass tokenizer=AutoTokenizer.from_pretrained(<the "
+                                "folder that holds it>), or save it next to the model: tokenizer.save_pretrained"
+                                f"({str(path)!r})")
+    try:
+        return prepare_tokenizer(AutoTokenizer.from_pretrained(str(path) if path.is_dir() else source,
+                                                               local_files_only=True))
+    except (OSError, ValueError) as err:
+        raise TokenizerNotFound(f"cannot load the tokenizer of {source!r} offline ({err}); pass tokenizer=... "
+                                "(headscope never downloads)") from err
+
+
+def find_tokenizer(model: Any, tokenizer: Any = None, *, required: bool = True) -> Any:
+    """The tokenizer to use with ``model`` (see the module docstring); None only when not ``required``."""
+    if tokenizer is not None:
+        return tokenizer
+    carried = getattr(model, "tokenizer", None)  # TransformerBridge, nnsight LanguageModel
+    if carried is not None:
+        return carried
+    inner = unwrap(model)
+    try:
+        if inner in _CACHE:
+            return _CACHE[inner]
+    except TypeError:  # not weak-referenceable: nothing cached for it
+        pass
+    source = _source(inner)
+    if source:
+        try:
+            found = _load_from(source)
+        except TokenizerNotFound:
+            if required:
+                raise
+            return None
+        try:
+            _CACHE[inner] = found
+        except TypeError:
+            pass
+        return found
+    if not required:
+        return None
+    raise TokenizerNotFound(
+        f"no tokenizer for this {type(model).__name__}: it was not loaded by headscope.load_model and names no "
+        "folder it came from (config._name_or_path is empty). Pass tokenizer=<its tokenizer>, e.g. "
+        "`model, tok = headscope.load_model(path)` then tokenizer=tok, or "
+        "tokenizer=AutoTokenizer.from_pretrained(<model folder>)")
