@@ -22,11 +22,10 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from hybrid.ops import attention, gated_delta_rule  # noqa: E402
-from hybrid.ops.gdn import fla_available, hopper_backward_guarded  # noqa: E402
-from hybrid.ops.gdn_chunk import chunk_gated_delta_rule as torch_chunk  # noqa: E402
-from hybrid.ops.gdn_recurrent import recurrent_gated_delta_rule as torch_recurrent  # noqa: E402
+from hybrid.ops import attention, gated_delta_rule
+from hybrid.ops.gdn import fla_available, hopper_backward_guarded
+from hybrid.ops.gdn_chunk import chunk_gated_delta_rule as torch_chunk
+from hybrid.ops.gdn_recurrent import recurrent_gated_delta_rule as torch_recurrent
 
 
 def bench_ms(fn, grad_to_none=None, rep_ms: int = 200) -> float:

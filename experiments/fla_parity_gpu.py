@@ -17,9 +17,8 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from hybrid.ops import parity  # noqa: E402
-from hybrid.ops.gdn import fla_available, hopper_backward_guarded  # noqa: E402
+from hybrid.ops import parity
+from hybrid.ops.gdn import fla_available, hopper_backward_guarded
 
 TOL = 1e-2
 

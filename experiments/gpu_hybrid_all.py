@@ -32,13 +32,12 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from hybrid.cache import cache_nbytes  # noqa: E402
-from hybrid.config import HybridConfig  # noqa: E402
-from hybrid.layers.common import RotaryEmbedding  # noqa: E402
-from hybrid.layers.hybrid_attention import HybridAttention  # noqa: E402
-from hybrid.ops import parity  # noqa: E402
-from hybrid.ops.gdn import HOPPER_BWD_ENV, fla_available, hopper_backward_guarded  # noqa: E402
+from hybrid.cache import cache_nbytes
+from hybrid.config import HybridConfig
+from hybrid.layers.common import RotaryEmbedding
+from hybrid.layers.hybrid_attention import HybridAttention
+from hybrid.ops import parity
+from hybrid.ops.gdn import HOPPER_BWD_ENV, fla_available, hopper_backward_guarded
 
 TOL = 1e-2
 FA_HEADS = [3, 12]  # 2 FA heads on 2 different KV heads; the other 14 heads are GDN (7:1)

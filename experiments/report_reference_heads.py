@@ -219,7 +219,7 @@ def main() -> None:
     # ---- 5. knockout ----------------------------------------------------------------------------------
     section(f"NIAH knockout (mean ablation, {a.n_knockout} fresh pairs, seed {a.knockout_seed}, 5 random seeds)")
     t = time.time()
-    ko = knockout_curve(model, tok, "niah", niah, kind="mean", max_fraction=0.1, n_random=5,
+    ko = knockout_curve(model, "niah", niah, tokenizer=tok, kind="mean", max_fraction=0.1, n_random=5,
                         n_samples=a.n_knockout, seed=a.knockout_seed, progress=a.progress,
                         context_length=a.context, depth="uniform")
     timings["knockout_s"] = time.time() - t
