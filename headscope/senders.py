@@ -203,11 +203,7 @@ def iterated_path_patching(model: Any, task: Any = "niah", *, tokenizer: Any = N
     if (receiver_scores.n_layers, receiver_scores.n_heads) != (arch.n_layers, arch.n_heads):
         raise ValueError(f"receiver_scores are {receiver_scores.n_layers}x{receiver_scores.n_heads} but the model has "
                          f"{arch.n_layers}x{arch.n_heads} heads: score the same model")
-    settings = {"n_samples": len(pairs), "seed": seed, "batch_size": batch_size,
-                "model": getattr(hf.config, "_name_or_path", "") or type(hf).__name__,
-                "n_layers": arch.n_layers, "n_heads": arch.n_heads,
-                "task_config": {**(task_config or {}), **task_kwargs},
-                "dtype": str(next(hf.parameters()).dtype)}
+    settings = scoring_settings(hf, arch, pairs, seed, batch_size, task_config, task_kwargs)
 
     rounds: list[tuple[tuple[Head, ...], HeadScores]] = []
     seen: set[Head] = set()

@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from headscope.hooks import Hook, hooks, post, pre
+from headscope.hooks import Hook, hooks, post, pre, record_inputs
 from headscope.io import OutputExistsError, atomic_write, check_output_path, write_text
 
 
@@ -44,6 +44,19 @@ def test_pre_hook_with_kwargs_can_replace_input():
     lin = nn.Linear(2, 2, bias=False)
     with hooks(pre(lin, lambda m, args, kw: ((torch.zeros_like(args[0]),), kw), with_kwargs=True)):
         assert lin(torch.ones(1, 2)).abs().sum() == 0
+
+
+def test_record_inputs_copies_first_inputs_and_cleans_up():
+    mods = [nn.Linear(2, 2) for _ in range(2)]
+    x = torch.arange(12.).view(1, 6, 2)  # [B, T, C]
+    with record_inputs(mods, start=2) as by_index, record_inputs({"b": mods[1]}) as by_key:
+        y = mods[1](mods[0](x))
+        assert all(_n_hooks(m) == 2 for m in mods[1:]) and _n_hooks(mods[0]) == 1
+    assert all(_n_hooks(m) == 0 for m in mods)
+    assert torch.equal(by_index[0], x[:, 2:]) and torch.equal(by_key["b"], mods[0](x).detach())
+    assert not by_key["b"].requires_grad and by_index[1].data_ptr() != y.data_ptr()
+    x[0, 2, 0] = -1.0  # a copy: later edits of the input do not reach the record
+    assert by_index[0][0, 0, 0] == 4.0
 
 
 def test_atomic_write_keeps_old_file_on_failure(tmp_path):
