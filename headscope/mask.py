@@ -196,7 +196,7 @@ class HeadMask:
         budget = f"strategy {st.get('strategy', '?')}"
         if unit == "kv_group":
             budget += f", budget {st.get('k')} whole KV groups"
-        lines = [f"{len(self)} of {self.n_total} query heads kept as full attention (LA:FA {self.ratio}; {budget})"]
+        lines = [f"{len(self)} of {self.n_total} heads kept as full attention (LA:FA {self.ratio}; {budget})"]
         if self.n_kv_heads is not None:
             lines.append(f"KV cache: {self.n_fa_kv} of {self.n_layers * self.n_kv_heads} KV heads kept "
                          f"({self.kv_cache_share:.1%} of the teacher's KV cache)")

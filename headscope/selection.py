@@ -105,6 +105,7 @@ class SelectionInput:
     seed: int | None = None
     options: dict[str, Any] = field(default_factory=dict)
     info: dict[str, Any] = field(default_factory=dict)
+    unit: str = "head"
 
     def _need_scores(self) -> torch.Tensor:
         if self.score is None:
@@ -164,8 +165,9 @@ def _global(inp: SelectionInput) -> list[int]:
 def _global_per_layer_min(inp: SelectionInput) -> list[int]:
     L, G, K = inp.n_layers, inp.n_units, inp.k
     if K < L:
+        what = "KV groups" if inp.unit == "kv_group" else "heads"
         raise ValueError(f"select: strategy 'global_per_layer_min' needs k >= n_layers ({L}) to put an FA unit "
-                         f"in every layer, got k={K}; raise k or use strategy='global'")
+                         f"in every layer, got k={K} {what}; raise k or use strategy='global'")
     order = inp.order()
     rank = {i: r for r, i in enumerate(order)}
     chosen = order[:K]
@@ -353,7 +355,7 @@ def _run(strategy: str, *, L: int, H: int, kv: int | None, model: Any, k: Any, f
         group = lambda m: m  # noqa: E731
     K = budget(L * G, k, fraction, ratio)
     inp = SelectionInput(n_layers=L, n_units=G, k=K, score=group(s), receiver=group(maps.get("receiver")),
-                         sender=group(maps.get("sender")), seed=seed, options=dict(options))
+                         sender=group(maps.get("sender")), seed=seed, options=dict(options), unit=unit)
     if entry.uses_scores and s is None:
         raise ValueError(f"select: strategy {strategy!r} ranks heads by score; pass scores")
     units = [int(i) for i in entry.fn(inp)]

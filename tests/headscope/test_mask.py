@@ -137,7 +137,7 @@ def test_summary_says_budget_kv_share_layers_best_heads_and_signal():
     m = _mask(scores=[[0.0, 0.0, 0.0, 0.4], [0.0] * 4, [0.0, 0.2, 0.0, 0.0]],
               settings={"strategy": "global", "k": 2, "n_no_signal": 0, "no_signal_heads": []})
     text = m.summary()
-    assert "2 of 12 query heads kept as full attention (LA:FA 5:1; strategy global)" in text
+    assert "2 of 12 heads kept as full attention (LA:FA 5:1; strategy global)" in text
     assert "KV cache: 2 of 6 KV heads kept (33.3% of the teacher's KV cache)" in text
     assert "FA heads per layer: 1 0 1" in text and "best: L0H3 (0.400), L2H1 (0.200)" in text
     assert "no causal signal: 0 of 2 FA heads" in text and "WARNING" not in text

@@ -166,6 +166,9 @@ def test_reference_niah_scores_give_a_mask_without_placeholders():
     old_way = fuse({"niah": niah}, stability="hard_frac")  # the old default weighting zeroes 7 of 8 layers
     assert int((old_way.scores.amax(1) == 0).sum()) == 7
     assert select(old_way, ratio="7:1", strategy="global_per_layer_min").fa_heads == mask.fa_heads
+    # the CLI path (fuse one task, then select) and the README's path (select the receiver scores) agree
+    assert select(niah, ratio="7:1", strategy="global_per_layer_min").fa_heads == mask.fa_heads
+    assert [str(h) for h in mask.fa_heads] == ["L0H6", "L1H6", "L2H3", "L3H0", "L4H7", "L5H5", "L6H4", "L7H0"]
 
 
 # ---- baselines and strategies by name ------------------------------------------------------------------
