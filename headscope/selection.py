@@ -360,7 +360,8 @@ def _run(strategy: str, *, L: int, H: int, kv: int | None, model: Any, k: Any, f
         raise ValueError(f"select: strategy {strategy!r} ranks heads by score; pass scores")
     units = [int(i) for i in entry.fn(inp)]
     if len(set(units)) != len(units) or any(not 0 <= i < L * G for i in units):
-        raise RuntimeError(f"strategy {strategy!r} returned invalid units {units} (must be distinct, in 0..{L * G - 1})")
+        raise RuntimeError(f"strategy {strategy!r} returned invalid units {units}: they must be distinct flat "
+                           f"indices in 0..{L * G - 1}")
     per = H // G
     heads = sorted(Head(i // G, (i % G) * per + j) for i in units for j in range(per))
     settings: dict[str, Any] = {"strategy": strategy, "unit": unit, "k": len(units), "n_fa_heads": len(heads),

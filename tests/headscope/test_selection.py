@@ -199,6 +199,12 @@ def test_a_new_strategy_is_one_registry_entry():
         STRATEGIES.unregister("worst")
     with pytest.raises(ValueError, match="is not one of"):
         select(_map(), k=2, strategy="worst")
+    register_strategy("broken", lambda inp: [0, 0])
+    try:
+        with pytest.raises(RuntimeError, match="must be distinct"):
+            select(_map(), k=2, strategy="broken")
+    finally:
+        STRATEGIES.unregister("broken")
 
 
 # ---- GQA: KV groups ---------------------------------------------------------------------------------
