@@ -134,14 +134,7 @@ def _select(fused, args: argparse.Namespace, model_or_config: Any):
 
 
 def _summary(mask) -> str:
-    counts = mask.per_layer_counts()
-    lines = [f"{len(mask)} of {mask.n_total} heads kept as full attention (LA:FA {mask.ratio}, "
-             f"strategy {mask.settings.get('strategy')})",
-             "FA heads per layer: " + " ".join(str(c) for c in counts)]
-    if mask.scores is not None:
-        best = sorted(mask.fa_heads, key=lambda h: -mask.scores[h.layer][h.head])[:10]
-        lines.append("best: " + ", ".join(f"{h} ({mask.scores[h.layer][h.head]:.3f})" for h in best))
-    return "\n".join(lines)
+    return mask.summary()
 
 
 def _score_tasks(model, tokenizer, args: argparse.Namespace) -> list:

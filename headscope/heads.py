@@ -1,6 +1,7 @@
 """Heads addressed as values: ``Head(layer=3, head=5)``."""
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 
 __all__ = ["Head"]
@@ -35,11 +36,33 @@ class Head:
 
     @classmethod
     def from_any(cls, value: "Head | tuple[int, int] | list[int] | dict") -> "Head":
-        """Accept a Head, a (layer, head) pair or {"layer": .., "head": ..}."""
+        """Accept a Head, a (layer, head) pair or {"layer": .., "head": ..}.
+
+        Indices must be integers (int, or an integer type such as numpy.int64 or a 0-d integer tensor):
+        1.5, 2.0, "3" and True are refused, never rounded or parsed."""
         if isinstance(value, Head):
             return value
         if isinstance(value, dict):
-            return cls(layer=value["layer"], head=value["head"])
-        if isinstance(value, (tuple, list)) and len(value) == 2:
-            return cls(layer=int(value[0]), head=int(value[1]))
-        raise TypeError(f"cannot read a Head from {value!r}; use Head(layer=.., head=..) or (layer, head)")
+            missing = [k for k in ("layer", "head") if k not in value]
+            if missing:
+                raise TypeError(f"cannot read a Head from {value!r}: missing {missing}; use "
+                                '{"layer": .., "head": ..}')
+            layer, head = value["layer"], value["head"]
+        elif isinstance(value, (tuple, list)) and len(value) == 2:
+            layer, head = value
+        else:
+            raise TypeError(f"cannot read a Head from {value!r}; use Head(layer=.., head=..) or (layer, head)")
+        return cls(layer=_index(layer, "layer", value), head=_index(head, "head", value))
+
+
+def _index(x: object, name: str, whole: object) -> int:
+    """``x`` as an int when it is an integer (int, numpy integer, 0-d integer tensor), else TypeError."""
+    if isinstance(x, bool) or isinstance(x, (str, bytes, float)):
+        bad = True
+    else:
+        try:
+            return operator.index(x)  # type: ignore[arg-type]
+        except TypeError:
+            bad = True
+    raise TypeError(f"Head {name} index must be an integer, got {x!r} ({type(x).__name__}) in {whole!r}; "
+                    f"write whole numbers, e.g. (3, 5)")

@@ -2,21 +2,30 @@
 
 The JSON file is the hand-off between ``headscope`` (which selects heads) and ``hybrid``
 (which builds the model). It carries a schema version, the model's shape and a fingerprint
-of its config, the heads kept, and the scores and settings that produced them.
+of its config, the heads kept, the key/value heads they keep and the resulting share of the
+teacher's KV cache, and the scores and settings that produced them.
+
+Schema versions: 2 (written now) adds ``fa_kv_heads`` (per layer, the KV heads the FA query heads
+read), ``n_fa_kv`` and ``kv_cache_share``; 1 (no KV fields) is still read. The derived fields
+(``n_fa``, ``ratio_la_fa`` and the KV fields) must agree with ``fa_heads``: a file whose fields
+contradict it is refused rather than guessed at.
 """
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
 from headscope.heads import Head
+from headscope.io import write_text
 
-__all__ = ["HeadMask", "MaskError", "SCHEMA_VERSION", "config_fingerprint", "model_shape"]
+__all__ = ["HeadMask", "MaskError", "SCHEMA_VERSION", "READABLE_VERSIONS", "config_fingerprint", "model_shape"]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+READABLE_VERSIONS = (1, 2)
 
 
 class MaskError(ValueError):
@@ -83,11 +92,19 @@ class HeadMask:
     def __post_init__(self) -> None:
         for name in ("n_layers", "n_heads"):
             value = getattr(self, name)
-            if not isinstance(value, int) or value <= 0:
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise MaskError(f"HeadMask.{name} must be a positive int, got {value!r}")
-        if self.n_kv_heads is not None and (self.n_kv_heads <= 0 or self.n_heads % self.n_kv_heads):
+        kv = self.n_kv_heads
+        if kv is not None and (isinstance(kv, bool) or not isinstance(kv, int) or kv <= 0 or self.n_heads % kv):
             raise MaskError(f"HeadMask.n_kv_heads={self.n_kv_heads} must divide n_heads={self.n_heads}")
-        heads = tuple(Head.from_any(h) for h in self.fa_heads)
+        if isinstance(self.fa_heads, (str, bytes)) or not hasattr(self.fa_heads, "__iter__"):
+            raise MaskError(f"HeadMask.fa_heads must be a list of heads, got {self.fa_heads!r}")
+        heads = []
+        for i, h in enumerate(self.fa_heads):
+            try:
+                heads.append(Head.from_any(h))
+            except (TypeError, ValueError) as err:
+                raise MaskError(f"HeadMask.fa_heads[{i}]: {err}") from None
         seen: set[Head] = set()
         for h in heads:
             if h in seen:
@@ -98,9 +115,15 @@ class HeadMask:
                     f"HeadMask.fa_heads has {h}, outside a model of {self.n_layers} layers x {self.n_heads} heads")
         object.__setattr__(self, "fa_heads", tuple(sorted(heads)))
         if self.scores is not None:
-            rows = tuple(tuple(float(x) for x in row) for row in self.scores)
+            try:
+                rows = tuple(tuple(float(x) for x in row) for row in self.scores)
+            except (TypeError, ValueError):
+                raise MaskError(f"HeadMask.scores must be {self.n_layers} x {self.n_heads} numbers") from None
             if len(rows) != self.n_layers or any(len(r) != self.n_heads for r in rows):
                 raise MaskError(f"HeadMask.scores must be {self.n_layers} x {self.n_heads}")
+            bad = [f"L{l}H{h}" for l, r in enumerate(rows) for h, x in enumerate(r) if not math.isfinite(x)]
+            if bad:
+                raise MaskError(f"HeadMask.scores holds non-finite values at {bad[:5]}; select from finite scores")
             object.__setattr__(self, "scores", rows)
 
     # ---- queries -------------------------------------------------------------------------
@@ -136,6 +159,64 @@ class HeadMask:
             return "inf:0"
         r = (self.n_total - fa) / fa
         return f"{r:g}:1" if r == int(r) else f"{r:.1f}:1"
+
+    # ---- GQA: the key/value heads the FA heads keep -----------------------------------------
+    def fa_kv_in_layer(self, layer: int) -> tuple[int, ...] | None:
+        """Sorted KV-head indices read by ``layer``'s FA heads (kept in the hybrid's KV cache);
+        None when the mask does not know the model's KV heads."""
+        if self.n_kv_heads is None:
+            return None
+        rep = self.n_heads // self.n_kv_heads
+        return tuple(sorted({h // rep for h in self.fa_in_layer(layer)}))
+
+    @property
+    def fa_kv_heads(self) -> tuple[tuple[int, ...], ...] | None:
+        """Per layer, the KV heads the FA heads keep (``fa_kv_in_layer`` for every layer)."""
+        if self.n_kv_heads is None:
+            return None
+        return tuple(self.fa_kv_in_layer(l) for l in range(self.n_layers))  # type: ignore[misc]
+
+    @property
+    def n_fa_kv(self) -> int | None:
+        """How many (layer, KV head) pairs the FA heads keep."""
+        kv = self.fa_kv_heads
+        return None if kv is None else sum(len(x) for x in kv)
+
+    @property
+    def kv_cache_share(self) -> float | None:
+        """The FA branch's KV cache as a share of the teacher's: n_fa_kv / (n_layers * n_kv_heads)."""
+        n = self.n_fa_kv
+        return None if n is None else n / (self.n_layers * self.n_kv_heads)  # type: ignore[operator]
+
+    def summary(self, n_best: int = 10) -> str:
+        """A few lines for people: the budget, the KV cache kept, FA heads per layer, the best heads and
+        how many selected heads carry no causal signal."""
+        st = self.settings or {}
+        unit = st.get("unit", "head")
+        budget = f"strategy {st.get('strategy', '?')}"
+        if unit == "kv_group":
+            budget += f", budget {st.get('k')} whole KV groups"
+        lines = [f"{len(self)} of {self.n_total} heads kept as full attention (LA:FA {self.ratio}; {budget})"]
+        if self.n_kv_heads is not None:
+            lines.append(f"KV cache: {self.n_fa_kv} of {self.n_layers * self.n_kv_heads} KV heads kept "
+                         f"({self.kv_cache_share:.1%} of the teacher's KV cache)")
+        lines.append("FA heads per layer: " + " ".join(str(c) for c in self.per_layer_counts()))
+        if self.scores is not None and len(self):
+            best = sorted(self.fa_heads, key=lambda h: (-self.scores[h.layer][h.head], h))[:n_best]
+            lines.append("best: " + ", ".join(f"{h} ({self.scores[h.layer][h.head]:.3f})" for h in best))
+        if "n_no_signal" in st:
+            n = st["n_no_signal"]
+            heads = ", ".join(str(Head.from_any(h)) for h in st.get("no_signal_heads", [])[:12])
+            lines.append(f"no causal signal: {n} of {len(self)} FA heads" + (
+                f" (score 0 in every map: {heads}{' ...' if n > 12 else ''}) -- WARNING: they only fill the budget "
+                "or a layer's minimum" if n else ""))
+        elif self.scores is not None:
+            n = sum(1 for h in self.fa_heads if self.scores[h.layer][h.head] <= 0)
+            lines.append(f"no causal signal: {n} of {len(self)} FA heads score <= 0 in the mask's scores "
+                         "(other maps not recorded)")
+        else:
+            lines.append("no causal signal: not known (the mask records no scores)")
+        return "\n".join(lines)
 
     def to_tensor(self):
         """Boolean [L, H] tensor, True where the head keeps full attention."""
@@ -189,6 +270,9 @@ class HeadMask:
             "fa_heads": [h.to_list() for h in self.fa_heads],
             "n_fa": len(self),
             "ratio_la_fa": self.ratio,
+            "fa_kv_heads": None if self.fa_kv_heads is None else [list(x) for x in self.fa_kv_heads],
+            "n_fa_kv": self.n_fa_kv,
+            "kv_cache_share": self.kv_cache_share,
             "scores": [list(r) for r in self.scores] if self.scores is not None else None,
             "settings": self.settings,
         }
@@ -196,7 +280,7 @@ class HeadMask:
     def to_json(self, path: str | Path | None = None) -> str:
         text = json.dumps(self.to_dict(), indent=2, default=str)
         if path is not None:
-            Path(path).write_text(text)
+            write_text(path, text)
         return text
 
     @classmethod
@@ -204,17 +288,51 @@ class HeadMask:
         if not isinstance(data, dict) or data.get("schema") != "headscope.head_mask":
             raise MaskError("not a headscope head-mask: the 'schema' field must be 'headscope.head_mask'")
         version = data.get("schema_version")
-        if version != SCHEMA_VERSION:
+        if isinstance(version, bool) or version not in READABLE_VERSIONS:
             raise MaskError(f"head-mask schema_version {version!r} is not supported (this headscope reads "
-                            f"{SCHEMA_VERSION}); re-export the mask with this version")
+                            f"{', '.join(map(str, READABLE_VERSIONS))}); re-export the mask with this version")
         try:
             model = data["model"]
-            return cls(n_layers=model["n_layers"], n_heads=model["n_heads"], n_kv_heads=model.get("n_kv_heads"),
+            fa = data["fa_heads"]
+            if not isinstance(model, dict):
+                raise MaskError(f"head-mask field 'model' must be an object, got {model!r}")
+            if not isinstance(fa, list):
+                raise MaskError(f"head-mask field 'fa_heads' must be a list of [layer, head], got {fa!r}")
+            mask = cls(n_layers=model["n_layers"], n_heads=model["n_heads"], n_kv_heads=model.get("n_kv_heads"),
                        model_type=model.get("model_type"), fingerprint=model.get("config_fingerprint"),
-                       fa_heads=tuple(Head.from_any(h) for h in data["fa_heads"]),
-                       scores=data.get("scores"), settings=data.get("settings") or {})
+                       fa_heads=tuple(fa), scores=data.get("scores"), settings=data.get("settings") or {})
         except KeyError as exc:
             raise MaskError(f"head-mask JSON is missing the field {exc.args[0]!r}") from None
+        mask._check_derived(data)
+        return mask
+
+    def _check_derived(self, data: dict[str, Any]) -> None:
+        """Refuse a file whose derived fields (n_fa, ratio_la_fa, fa_kv_heads, n_fa_kv, kv_cache_share)
+        contradict its fa_heads: someone edited one without the other."""
+        def bad(name: str, got: Any, want: Any) -> MaskError:
+            return MaskError(f"head-mask field {name!r} is {got!r} but fa_heads (the source of truth) gives "
+                             f"{want!r}; fix or delete {name!r} (it is derived from fa_heads)")
+
+        if data.get("n_fa") is not None and data["n_fa"] != len(self):
+            raise bad("n_fa", data["n_fa"], len(self))
+        if data.get("ratio_la_fa") is not None and data["ratio_la_fa"] != self.ratio:
+            raise bad("ratio_la_fa", data["ratio_la_fa"], self.ratio)
+        kv_fields = {k: data.get(k) for k in ("fa_kv_heads", "n_fa_kv", "kv_cache_share") if data.get(k) is not None}
+        if kv_fields and self.n_kv_heads is None:
+            raise MaskError(f"head-mask has {sorted(kv_fields)} but no model.n_kv_heads; add n_kv_heads or delete "
+                            "the KV fields")
+        if "fa_kv_heads" in kv_fields:
+            got = kv_fields["fa_kv_heads"]
+            want = [list(x) for x in self.fa_kv_heads]  # type: ignore[union-attr]
+            if not isinstance(got, list) or [list(x) if isinstance(x, (list, tuple)) else x for x in got] != want:
+                raise bad("fa_kv_heads", got, want)
+        if "n_fa_kv" in kv_fields and kv_fields["n_fa_kv"] != self.n_fa_kv:
+            raise bad("n_fa_kv", kv_fields["n_fa_kv"], self.n_fa_kv)
+        if "kv_cache_share" in kv_fields:
+            got = kv_fields["kv_cache_share"]
+            if isinstance(got, bool) or not isinstance(got, (int, float)) or not math.isclose(
+                    got, self.kv_cache_share, rel_tol=1e-9, abs_tol=1e-12):  # type: ignore[arg-type]
+                raise bad("kv_cache_share", got, self.kv_cache_share)
 
     @classmethod
     def from_json(cls, path_or_text: str | Path) -> "HeadMask":

@@ -9,8 +9,27 @@ from typing import Any
 import torch
 
 from headscope.heads import Head
+from headscope.io import write_text
 
-__all__ = ["HeadScores"]
+__all__ = ["HeadScores", "require_finite"]
+
+
+def require_finite(t: torch.Tensor, who: str, what: str = "scores", allow_nan: bool = False) -> None:
+    """Raise ValueError when ``t`` (``[..., L, H]``) holds NaN (unless ``allow_nan``) or +-inf, naming
+    how many and the first head."""
+    t = torch.as_tensor(t)
+    bad = torch.isinf(t) if allow_nan else ~torch.isfinite(t)
+    if not bad.any():
+        return
+    idx = [int(i) for i in bad.nonzero()[0]]
+    where = f"L{idx[-2]}H{idx[-1]}" if len(idx) >= 2 else str(idx)
+    if len(idx) == 3:
+        where += f" on sample {idx[0]}"
+    n_nan, n_inf = int(torch.isnan(t).sum()) if not allow_nan else 0, int(torch.isinf(t).sum())
+    kinds = " and ".join(x for x in (f"{n_nan} NaN" if n_nan else "", f"{n_inf} infinite" if n_inf else "") if x)
+    raise ValueError(f"{who}: {what} contain {kinds} value(s) (first at {where}); a non-finite score has no "
+                     "ranking: re-score (check the model's dtype and the clean/corrupt metric gap) or drop "
+                     "those samples")
 
 
 @dataclass
@@ -18,9 +37,10 @@ class HeadScores:
     """Normalized causal scores of every head for one task.
 
     ``per_sample_raw[n, l, h]`` is the unclipped score of head (l, h) on sample n:
-    (M_clean - M_patched) / (M_clean - M_corrupt). The paper clips each to [0, 1]
-    (``per_sample``); ``scores`` is the mean of the clipped per-sample scores and
-    ``raw`` the mean of the unclipped ones.
+    (M_clean - M_patched) / (M_clean - M_corrupt). The paper's summaries state that the
+    normalized score lies in [0, 1]; clipping each per-sample score to [0, 1] before averaging
+    (``per_sample``) is this project's reading: ``scores`` is the mean of the clipped per-sample
+    scores and ``raw`` the mean of the unclipped ones.
     """
 
     task: str
@@ -105,6 +125,17 @@ class HeadScores:
                 })
         return pd.DataFrame(rows)
 
+    def __repr__(self) -> str:
+        """A short summary: kind, task, shape, samples and the top 5 heads (not the tensors)."""
+        finite = bool(torch.isfinite(self.per_sample_raw).all())
+        top = ", ".join(f"{h}={self[h]:.3f}" for h in self.top(min(5, self.n_layers * self.n_heads))) \
+            if finite else "n/a (non-finite scores)"
+        kv = f", n_kv_heads={self.n_kv_heads}" if self.n_kv_heads is not None else ""
+        return (f"HeadScores(kind={self.kind!r}, task={self.task!r}, {self.n_layers} layers x {self.n_heads} heads"
+                f"{kv}, n_samples={self.n_samples}, top 5: {top})")
+
+    __str__ = __repr__
+
     # ---- persistence ---------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         def lst(t):
@@ -118,7 +149,7 @@ class HeadScores:
     def to_json(self, path: str | Path | None = None) -> str:
         text = json.dumps(self.to_dict(), default=str)
         if path is not None:
-            Path(path).write_text(text)
+            write_text(path, text)
         return text
 
     @classmethod
