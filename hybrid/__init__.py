@@ -20,10 +20,10 @@ _EXPORTS = {
     "HybridCache": "hybrid.cache",
     "cache_nbytes": "hybrid.cache",
     "teacher_cache_nbytes": "hybrid.cache",
-    "layerwise_mask": "hybrid.layers.baselines",
-    "from_layers": "hybrid.layers.baselines",
-    "from_token_level": "hybrid.layers.baselines",
-    "from_teacher": "hybrid.layers.baselines",
+    "layerwise_mask": "hybrid.builders",
+    "from_layers": "hybrid.builders",
+    "from_token_level": "hybrid.builders",
+    "from_teacher": "hybrid.builders",
     "calibrate_fusion": "hybrid.layers.fusion",
 }
 

@@ -21,7 +21,7 @@ from transformers.utils import ModelOutput
 
 from hybrid.cache import HybridCache
 from hybrid.config import HybridConfig
-from hybrid.layers.baselines import TokenHybridAttention
+from hybrid.layers.token_attention import TokenHybridAttention
 from hybrid.layers.common import MLP, RMSNorm, RotaryEmbedding, ShortConv
 from hybrid.layers.fusion import HeadFusion
 from hybrid.layers.hybrid_attention import NEW_PARAMETER_NAMES, GatedDeltaNetBranch, HybridAttention
