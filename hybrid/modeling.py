@@ -62,22 +62,23 @@ class HybridDecoderLayer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))  # [B, T, C]
 
 
-def refuse_padded_rows(input_ids: torch.Tensor, pad_token_id: int | None) -> None:
+def refuse_padded_rows(input_ids: torch.Tensor, pad_token_id: int | None, eos_token_id: Any = None) -> None:
     """Raise when the rows of ``input_ids`` [B, T] look padded: they start (left padding) or end (right padding)
     with runs of ``pad_token_id`` of different lengths. Rows that all start or end alike (e.g. one BOS that is
-    also the pad token) pass."""
+    also the pad token) pass. When the pad token is also an EOS token, a single trailing or leading one is
+    ordinary text (a document's end in packed training data), so only runs of 2 or more count as padding."""
     if pad_token_id is None or input_ids.dim() != 2 or input_ids.shape[0] < 2:
         return
+    eos = eos_token_id if isinstance(eos_token_id, (list, tuple)) else [eos_token_id]
+    shortest = 2 if pad_token_id in eos else 1  # shortest run that counts as padding
     pad = (input_ids == pad_token_id).int()  # [B, T]
-    left = pad.cumprod(1).sum(1)  # [B] leading pad tokens
-    right = pad.flip(1).cumprod(1).sum(1)  # [B] trailing pad tokens
-    if bool((left != left[0]).any()) or bool((right != right[0]).any()):
-        side = "start" if bool((left != left[0]).any()) else "end"
-        raise ValueError(
-            f"input_ids look padded: the rows {side} with different numbers of the pad token (id {pad_token_id}) "
-            "and no attention_mask says they are real tokens. A hybrid cannot skip padding (a GDN state would "
-            "absorb the pad tokens): run the rows unpadded (one at a time, or cut to equal lengths), or pass "
-            "attention_mask=torch.ones_like(input_ids) if these pad-id tokens are real text")
+    for side, run in (("start", pad.cumprod(1).sum(1)), ("end", pad.flip(1).cumprod(1).sum(1))):  # [B] each
+        if bool((run != run[0]).any()) and int(run.max()) >= shortest:
+            raise ValueError(
+                f"input_ids look padded: the rows {side} with different numbers of the pad token (id "
+                f"{pad_token_id}) and no attention_mask says they are real tokens. A hybrid cannot skip padding (a "
+                "GDN state would absorb the pad tokens): run the rows unpadded (one at a time, or cut to equal "
+                "lengths), or pass attention_mask=torch.ones_like(input_ids) if these pad-id tokens are real text")
 
 
 class HybridPreTrainedModel(PreTrainedModel):
@@ -160,7 +161,8 @@ class HybridModel(HybridPreTrainedModel):
                              "would absorb pad tokens; run equal-length sequences or one sequence at a time")
         past = hybrid_cache.seen_tokens if hybrid_cache is not None else 0
         if attention_mask is None and input_ids is not None and past == 0:
-            refuse_padded_rows(input_ids, self.config.pad_token_id)
+            refuse_padded_rows(input_ids, getattr(self.config, "pad_token_id", None),
+                               getattr(self.config, "eos_token_id", None))
         x = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds  # [B, T, C]
         B, T, _ = x.shape
         use_cache = self.config.use_cache if use_cache is None else use_cache
@@ -224,8 +226,10 @@ class HybridForCausalLM(HybridPreTrainedModel, GenerationMixin):
                                   "attention_mask": attention_mask}
         if past == 0 and (attention_mask is None or bool(attention_mask.all())):
             # generate() makes an all-ones mask itself when the pad token is also EOS: check the prompt rows
-            refuse_padded_rows(input_ids, self.config.pad_token_id if self.config.pad_token_id is not None
-                               else self.generation_config.pad_token_id)
+            gen, cfg = self.generation_config, self.config
+            pad, eos = getattr(cfg, "pad_token_id", None), getattr(cfg, "eos_token_id", None)
+            refuse_padded_rows(input_ids, gen.pad_token_id if pad is None else pad,
+                               gen.eos_token_id if eos is None else eos)
         if inputs_embeds is not None and past == 0:
             inputs["inputs_embeds"] = inputs_embeds
         elif past == 0:

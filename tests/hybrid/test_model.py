@@ -113,6 +113,16 @@ def test_unpadded_rows_with_pad_ids_pass(padded_model):
     assert torch.isfinite(padded_model(ids, attention_mask=torch.ones_like(ids)).logits).all()
 
 
+def test_a_single_eos_that_is_also_pad_is_text_two_are_padding():
+    """pad == eos (the reference model's choice): one trailing EOS ends a document in packed data and passes;
+    runs of two or more that differ between rows are padding."""
+    teacher = tiny_model("qwen3", pad_token_id=PAD, eos_token_id=PAD)
+    model = from_mask(teacher, HeadMask.for_model(teacher, FA))
+    assert torch.isfinite(model(torch.tensor([[5, 6, 7, PAD], [5, 6, 7, 8]])).logits).all()
+    with pytest.raises(ValueError, match="look padded"):
+        model(torch.tensor([[5, 6, PAD, PAD], [5, 6, 7, 8]]))
+
+
 def test_import_hybrid_registers_the_auto_classes():
     code = ("from transformers.models.auto.configuration_auto import CONFIG_MAPPING\n"
             "assert 'headscope_hybrid' not in CONFIG_MAPPING\n"
