@@ -39,6 +39,12 @@ def has_default_weights() -> bool:
     return _has_weights(default_path())
 
 
+def _is_hybrid_folder(name_or_path: str | Path) -> bool:
+    """A local folder whose config.json names the hybrid's model_type (read as text: a truncated file counts)."""
+    cfg = Path(name_or_path).expanduser() / "config.json"
+    return str(name_or_path) != DEFAULT_NAME and cfg.is_file() and '"headscope_hybrid"' in cfg.read_text(errors="replace")
+
+
 def _resolve(name_or_path: str | Path) -> str:
     if str(name_or_path) == DEFAULT_NAME:
         path = default_path()
@@ -58,6 +64,10 @@ def load_model(name_or_path: str | Path = DEFAULT_NAME, *, dtype: torch.dtype = 
     """Load ``(model, tokenizer)`` offline, in eval mode, on ``device``."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    if _is_hybrid_folder(name_or_path):  # a saved hybrid: register its classes, name a broken file up front
+        from hybrid.saving import check_folder
+
+        check_folder(name_or_path, need_tokenizer=True)
     src = _resolve(name_or_path)
     try:
         tokenizer = AutoTokenizer.from_pretrained(src, local_files_only=True)

@@ -1,8 +1,10 @@
 """hybrid: head-level full-attention / Gated DeltaNet hybrids built from a head mask.
 
-Names load lazily, so ``import hybrid`` imports neither ``transformers`` nor any kernel library and
-registers nothing (``hybrid.register()`` adds the model to the ``transformers`` Auto classes;
-``from_mask`` and ``HybridForCausalLM.from_pretrained`` call it for you).
+``import hybrid`` registers ``HybridConfig`` / ``HybridModel`` / ``HybridForCausalLM`` (model_type
+``headscope_hybrid``) with the ``transformers`` Auto classes, the ecosystem's convention for custom
+architectures (flash-linear-attention does the same), so ``AutoModelForCausalLM.from_pretrained(path)`` loads a
+saved hybrid. Importing changes nothing else: it imports ``transformers`` and the model classes, never a kernel
+library (fla, flash-attn load on first use); the other names load lazily.
 """
 from __future__ import annotations
 
@@ -11,6 +13,8 @@ from typing import Any
 
 _EXPORTS = {
     "from_mask": "hybrid.convert",
+    "load": "hybrid.saving",
+    "save": "hybrid.saving",
     "HybridConfig": "hybrid.config",
     "HybridOptions": "hybrid.config",
     "HybridConfigError": "hybrid.config",
@@ -20,14 +24,18 @@ _EXPORTS = {
     "HybridCache": "hybrid.cache",
     "cache_nbytes": "hybrid.cache",
     "teacher_cache_nbytes": "hybrid.cache",
-    "layerwise_mask": "hybrid.layers.baselines",
-    "from_layers": "hybrid.layers.baselines",
-    "from_token_level": "hybrid.layers.baselines",
-    "from_teacher": "hybrid.layers.baselines",
+    "layerwise_mask": "hybrid.builders",
+    "from_layers": "hybrid.builders",
+    "from_token_level": "hybrid.builders",
+    "from_teacher": "hybrid.builders",
     "calibrate_fusion": "hybrid.layers.fusion",
 }
 
 __all__ = sorted(_EXPORTS)
+
+from hybrid.modeling import register as _register  # noqa: E402
+
+_register()
 
 
 def __getattr__(name: str) -> Any:

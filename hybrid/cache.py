@@ -9,6 +9,12 @@ Per layer (``LayerCache``):
 ``HybridCache`` is not a ``transformers.Cache``: ``HybridForCausalLM`` threads it through ``generate``
 itself under the keyword ``hybrid_cache`` (see modeling.py), which keeps it independent of the cache API
 changes between transformers 5.17 and 5.24.
+
+Beam search: ``HybridCache.history`` [B, n] records what each row consumed (token ids; an ``inputs_embeds``
+chunk as one negative key per distinct row), and ``align(input_ids)`` reorders every row's KV, GDN state and
+conv state to the row of the cache whose consumed ids are the prefix of that input row. generate() hands the
+model each beam's whole sequence, so the cache follows the beams on any transformers version (5.x's beam search
+only reorders caches kept under its own cache names, which this one is not).
 """
 from __future__ import annotations
 
@@ -16,7 +22,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-__all__ = ["LayerCache", "HybridCache", "cache_nbytes", "teacher_cache_nbytes"]
+__all__ = ["LayerCache", "HybridCache", "CacheMismatchError", "cache_nbytes", "teacher_cache_nbytes"]
 
 
 @dataclass
@@ -57,12 +63,18 @@ class LayerCache:
             self.conv = tuple(t.index_select(0, index.to(t.device)) for t in self.conv)
 
 
+class CacheMismatchError(ValueError):
+    """The input rows do not continue the rows of the hybrid cache they are run with."""
+
+
 @dataclass
 class HybridCache:
-    """Per-layer caches plus the number of positions already processed."""
+    """Per-layer caches plus the number of positions already processed and what each row consumed."""
 
     layers: list[LayerCache] = field(default_factory=list)
     seen_tokens: int = 0
+    history: torch.Tensor | None = None  # [B, n] long: ids consumed (>= 0), or < 0: key of an inputs_embeds chunk
+    history_is_id: torch.Tensor | None = None  # [n] bool: which history columns are token ids
 
     @classmethod
     def empty(cls, n_layers: int) -> "HybridCache":
@@ -81,8 +93,74 @@ class HybridCache:
         return total
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        """Row b of every tensor (KV, GDN state, conv state, history) becomes old row beam_idx[b]."""
         for layer in self.layers:
             layer.reorder(beam_idx)
+        if self.history is not None:
+            self.history = self.history.index_select(0, beam_idx.to(self.history.device))
+
+    # ---- which input each row consumed (for beam search) ---------------------------------------------
+    def record(self, input_ids: torch.Tensor | None, inputs_embeds: torch.Tensor | None) -> None:
+        """Append what the rows consumed: ids [B, T], or for embeds [B, T, C] one column with a negative key
+        per distinct row (equal rows, e.g. the beams of one prompt, share a key)."""
+        if input_ids is not None:
+            cols, is_id = input_ids.long(), True  # [B, T]
+        else:
+            flat = inputs_embeds.detach().reshape(inputs_embeds.shape[0], -1)  # [B, T*C]
+            inverse = torch.unique(flat, dim=0, return_inverse=True)[1]  # [B]
+            cols, is_id = -(1 + self._next_key() + inverse[:, None]), False  # [B, 1]
+        flags = torch.full((cols.shape[1],), is_id, dtype=torch.bool, device=cols.device)  # [T]
+        if self.history is None:
+            self.history, self.history_is_id = cols, flags
+        else:
+            self.history = torch.cat([self.history, cols.to(self.history.device)], 1)
+            self.history_is_id = torch.cat([self.history_is_id, flags.to(self.history_is_id.device)])
+
+    def _next_key(self) -> int:
+        if self.history is None or bool(self.history_is_id.all()):
+            return 0
+        return int(-self.history[:, ~self.history_is_id].min())  # keys of a new chunk never repeat older ones
+
+    @property
+    def n_ids(self) -> int:
+        """How many of the consumed positions were given as token ids."""
+        return 0 if self.history_is_id is None else int(self.history_is_id.sum())
+
+    def align(self, input_ids: torch.Tensor) -> None:
+        """Reorder the rows so that row r holds the state of ``input_ids[r, :n_ids]`` (beam search).
+
+        Nothing moves when every row already matches (greedy, sampling). A row prefers itself; otherwise it
+        takes a row with the same consumed ids. Raises CacheMismatchError when a row continues no cached row,
+        or when the matching rows differ in an inputs_embeds prompt (beams cannot be told apart: pass
+        input_ids instead of inputs_embeds for beam search)."""
+        if self.history is None:
+            return
+        n, hist = self.n_ids, self.history
+        ids_hist = hist[:, self.history_is_id]  # [B_old, n]
+        B_old, B = hist.shape[0], input_ids.shape[0]
+        if input_ids.shape[1] < n:
+            raise CacheMismatchError(f"input_ids have {input_ids.shape[1]} positions but the hybrid cache already "
+                                     f"consumed {n} token ids: pass the whole sequences, or a fresh cache")
+        prefix = input_ids[:, :n].to(hist.device)  # [B, n]
+        if B == B_old and torch.equal(prefix, ids_hist):
+            return
+        match = (prefix[:, None, :] == ids_hist[None, :, :]).all(-1)  # [B, B_old]
+        lost = (~match.any(1)).nonzero().flatten().tolist()
+        if lost:
+            raise CacheMismatchError(
+                f"rows {lost[:5]} of input_ids do not continue any row of the hybrid cache (their first {n} ids "
+                "differ from every cached row): pass the cache made for these sequences, or none")
+        src = match.float().argmax(1)  # [B] first matching old row
+        own = match.diagonal() if B == B_old else torch.zeros(B, dtype=torch.bool, device=src.device)  # [B]
+        src = torch.where(own, torch.arange(B, device=src.device), src)  # a row that still matches keeps itself
+        other = hist[:, ~self.history_is_id]  # [B_old, m] embeds keys
+        if other.shape[1]:
+            differ = (other[None, :, :] != other[src][:, None, :]).any(-1)  # [B, B_old]
+            if (match & differ & ~own[:, None]).any():
+                raise CacheMismatchError(
+                    "cannot tell which cached row a beam continues: rows with the same generated ids come from "
+                    "different inputs_embeds prompts; use input_ids for beam search with a hybrid")
+        self.reorder_cache(src)
 
 
 def cache_nbytes(model_or_config, seq_len: int, batch: int = 1, dtype: torch.dtype = torch.bfloat16) -> dict[str, int]:

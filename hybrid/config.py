@@ -17,10 +17,11 @@ from typing import Any, Sequence
 
 from transformers import PretrainedConfig
 
+from hybrid.layers.fusion import FUSIONS
+
 __all__ = ["HybridOptions", "HybridConfig", "HybridConfigError", "GRANULARITIES", "FUSIONS"]
 
 GRANULARITIES = ("head", "layer", "token")
-FUSIONS = ("norm", "none", "gated")
 FA_GATES = ("sigmoid2", "none")
 DECAYS = ("gdn", "simple")
 
@@ -48,7 +49,7 @@ class HybridOptions:
     # token-level baseline
     window: int = 512  # sliding window of the token-level baseline (keys per query, incl. itself)
     # fusion of head outputs before o_proj
-    fusion: str = "norm"  # "norm": per-head RMSNorm * gamma_h; "none": plain concat; "gated": norm + branch competition
+    fusion: str = "norm"  # a name in hybrid.layers.fusion.FUSIONS: "norm", "none", "gated_head", "gated_branch"
     gamma_init: float = 1.0  # before calibrate_fusion(); see docs/hybrid.md
     norm_eps: float = 1e-6
     # validation policy
@@ -62,8 +63,15 @@ class HybridOptions:
 
         if self.granularity not in GRANULARITIES:
             bad("granularity", f"must be one of {GRANULARITIES}")
+        if self.fusion == "gated":
+            bad("fusion", "'gated' was split in two: 'gated_head' (the paper's per-head competition between the "
+                          "branches' heads) or 'gated_branch' (the former 'gated': one gate per branch)")
         if self.fusion not in FUSIONS:
-            bad("fusion", f"must be one of {FUSIONS}")
+            bad("fusion", f"must be one of {sorted(FUSIONS)} (hybrid.layers.fusion.FUSIONS)")
+        if self.granularity == "token" and not FUSIONS[self.fusion].token_level:
+            bad("fusion", f"the token-level baseline supports "
+                          f"{sorted(n for n, m in FUSIONS.items() if m.token_level)} (its heads have no branch "
+                          "competition); use one of those with granularity='token'")
         if self.fa_gate not in FA_GATES:
             bad("fa_gate", f"must be one of {FA_GATES}")
         if self.decay not in DECAYS:

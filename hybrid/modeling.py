@@ -5,12 +5,20 @@ is ``HybridAttention`` (granularity "head" or "layer") or ``TokenHybridAttention
 
 Generation: the model keeps its own ``HybridCache`` under the keyword ``hybrid_cache`` (input and output),
 and overrides ``prepare_inputs_for_generation`` / ``_update_model_kwargs_for_generation`` so ``generate``
-never builds a ``DynamicCache`` (works the same on transformers 5.17 and 5.24). Padding is not supported:
-``attention_mask`` must be all ones (a GDN state would absorb pad tokens).
+never builds a ``DynamicCache`` (works the same on transformers 5.17 and 5.24). Greedy, sampling and beam
+search are supported: before each step the cache's rows are aligned to the beams' sequences
+(``HybridCache.align``), which reorders the FA keys/values, the GDN states and the conv states together.
+Padding is not supported: ``attention_mask`` must be all ones (a GDN state would absorb pad tokens), and a
+batch whose rows start or end with different numbers of pad tokens is refused when no mask says otherwise.
+
+Saving: ``save_pretrained(path, tokenizer=tok)`` also writes the tokenizer; ``from_pretrained`` checks the
+folder first (``hybrid.saving.check_folder``: names a missing or truncated file and the fix).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from os import PathLike
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -20,13 +28,14 @@ from transformers import GenerationMixin, PreTrainedModel
 from transformers.utils import ModelOutput
 
 from hybrid.cache import HybridCache
+from hybrid.saving import check_folder
 from hybrid.config import HybridConfig
-from hybrid.layers.baselines import TokenHybridAttention
+from hybrid.layers.token_attention import TokenHybridAttention
 from hybrid.layers.common import MLP, RMSNorm, RotaryEmbedding, ShortConv
 from hybrid.layers.fusion import HeadFusion
 from hybrid.layers.hybrid_attention import NEW_PARAMETER_NAMES, GatedDeltaNetBranch, HybridAttention
 
-__all__ = ["HybridDecoderLayer", "HybridModel", "HybridForCausalLM", "HybridOutput", "register"]
+__all__ = ["HybridDecoderLayer", "HybridModel", "HybridForCausalLM", "HybridOutput", "register", "refuse_padded_rows"]
 
 
 @dataclass
@@ -51,6 +60,25 @@ class HybridDecoderLayer(nn.Module):
                 cache=None) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), positions, cos, sin, cache)  # [B, T, C]
         return x + self.mlp(self.post_attention_layernorm(x))  # [B, T, C]
+
+
+def refuse_padded_rows(input_ids: torch.Tensor, pad_token_id: int | None, eos_token_id: Any = None) -> None:
+    """Raise when the rows of ``input_ids`` [B, T] look padded: they start (left padding) or end (right padding)
+    with runs of ``pad_token_id`` of different lengths. Rows that all start or end alike (e.g. one BOS that is
+    also the pad token) pass. When the pad token is also an EOS token, a single trailing or leading one is
+    ordinary text (a document's end in packed training data), so only runs of 2 or more count as padding."""
+    if pad_token_id is None or input_ids.dim() != 2 or input_ids.shape[0] < 2:
+        return
+    eos = eos_token_id if isinstance(eos_token_id, (list, tuple)) else [eos_token_id]
+    shortest = 2 if pad_token_id in eos else 1  # shortest run that counts as padding
+    pad = (input_ids == pad_token_id).int()  # [B, T]
+    for side, run in (("start", pad.cumprod(1).sum(1)), ("end", pad.flip(1).cumprod(1).sum(1))):  # [B] each
+        if bool((run != run[0]).any()) and int(run.max()) >= shortest:
+            raise ValueError(
+                f"input_ids look padded: the rows {side} with different numbers of the pad token (id "
+                f"{pad_token_id}) and no attention_mask says they are real tokens. A hybrid cannot skip padding (a "
+                "GDN state would absorb the pad tokens): run the rows unpadded (one at a time, or cut to equal "
+                "lengths), or pass attention_mask=torch.ones_like(input_ids) if these pad-id tokens are real text")
 
 
 class HybridPreTrainedModel(PreTrainedModel):
@@ -90,9 +118,18 @@ class HybridPreTrainedModel(PreTrainedModel):
         return False
 
     @classmethod
-    def from_pretrained(cls, *args: Any, **kwargs: Any):
+    def from_pretrained(cls, pretrained_model_name_or_path: Any, *args: Any, **kwargs: Any):
         register()
-        return super().from_pretrained(*args, **kwargs)
+        if isinstance(pretrained_model_name_or_path, (str, PathLike)) and Path(pretrained_model_name_or_path).is_dir():
+            check_folder(pretrained_model_name_or_path)
+        return super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
+
+    def save_pretrained(self, save_directory: Any, *args: Any, tokenizer: Any = None, **kwargs: Any) -> None:
+        """``PreTrainedModel.save_pretrained``; with ``tokenizer`` the tokenizer is saved in the same folder, so
+        ``hybrid.load(path, with_tokenizer=True)`` and ``headscope.load_model(path)`` find it."""
+        super().save_pretrained(save_directory, *args, **kwargs)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(save_directory)
 
     def new_parameters(self) -> dict[str, nn.Parameter]:
         """Parameters that were not copied from the teacher (gates, beta/decay, convs, fusion), by name."""
@@ -122,12 +159,15 @@ class HybridModel(HybridPreTrainedModel):
         if attention_mask is not None and attention_mask.dim() == 2 and not bool(attention_mask.all()):
             raise ValueError("HybridModel does not support padding (attention_mask has zeros): the GDN state "
                              "would absorb pad tokens; run equal-length sequences or one sequence at a time")
+        past = hybrid_cache.seen_tokens if hybrid_cache is not None else 0
+        if attention_mask is None and input_ids is not None and past == 0:
+            refuse_padded_rows(input_ids, getattr(self.config, "pad_token_id", None),
+                               getattr(self.config, "eos_token_id", None))
         x = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds  # [B, T, C]
         B, T, _ = x.shape
         use_cache = self.config.use_cache if use_cache is None else use_cache
         if use_cache and hybrid_cache is None:
             hybrid_cache = HybridCache.empty(self.config.num_hidden_layers)
-        past = hybrid_cache.seen_tokens if hybrid_cache is not None else 0
         if position_ids is not None:
             positions = position_ids.reshape(-1, position_ids.shape[-1])[0].to(x.device)  # [T]
             if positions.numel() != T or (hybrid_cache is not None and int(positions[0]) != past):
@@ -144,6 +184,7 @@ class HybridModel(HybridPreTrainedModel):
         x = self.norm(x)
         if hybrid_cache is not None:
             hybrid_cache.seen_tokens = past + T
+            hybrid_cache.record(input_ids, inputs_embeds)  # what each row consumed (beam search aligns on it)
         if hidden is not None:
             hidden[-1] = x
         return HybridOutput(last_hidden_state=x, hybrid_cache=hybrid_cache if use_cache else None,
@@ -183,10 +224,19 @@ class HybridForCausalLM(HybridPreTrainedModel, GenerationMixin):
         past = hybrid_cache.seen_tokens if hybrid_cache is not None else 0
         inputs: dict[str, Any] = {"hybrid_cache": hybrid_cache, "use_cache": use_cache,
                                   "attention_mask": attention_mask}
+        if past == 0 and (attention_mask is None or bool(attention_mask.all())):
+            # generate() makes an all-ones mask itself when the pad token is also EOS: check the prompt rows
+            gen, cfg = self.generation_config, self.config
+            pad, eos = getattr(cfg, "pad_token_id", None), getattr(cfg, "eos_token_id", None)
+            refuse_padded_rows(input_ids, gen.pad_token_id if pad is None else pad,
+                               gen.eos_token_id if eos is None else eos)
         if inputs_embeds is not None and past == 0:
             inputs["inputs_embeds"] = inputs_embeds
+        elif past == 0:
+            inputs["input_ids"] = input_ids
         else:
-            inputs["input_ids"] = input_ids[:, past:].contiguous()  # only the positions not in the cache
+            hybrid_cache.align(input_ids)  # beam search: row r of the cache becomes the state of beam r's prefix
+            inputs["input_ids"] = input_ids[:, hybrid_cache.n_ids:].contiguous()  # positions not in the cache
         return inputs
 
     def _update_model_kwargs_for_generation(self, outputs: ModelOutput, model_kwargs: dict[str, Any],
@@ -200,6 +250,7 @@ class HybridForCausalLM(HybridPreTrainedModel, GenerationMixin):
         return model_kwargs
 
     def _reorder_cache(self, cache: HybridCache, beam_idx: torch.LongTensor) -> HybridCache:
+        """Kept for generate versions that reorder under ``hybrid_cache``; ``align`` then finds nothing to do."""
         cache.reorder_cache(beam_idx)
         return cache
 
@@ -208,9 +259,10 @@ _REGISTERED = False
 
 
 def register() -> None:
-    """Register HybridConfig / HybridForCausalLM with AutoConfig / AutoModelForCausalLM (idempotent).
+    """Register HybridConfig / HybridForCausalLM with AutoConfig / AutoModel(ForCausalLM) (idempotent).
 
-    Not done on import (importing hybrid changes nothing); from_mask and from_pretrained call it."""
+    ``import hybrid`` calls it (the ecosystem's convention for custom architectures, as flash-linear-attention
+    does), so ``AutoModelForCausalLM.from_pretrained(path)`` loads a saved hybrid after a plain ``import hybrid``."""
     global _REGISTERED
     if _REGISTERED:
         return

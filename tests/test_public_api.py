@@ -17,7 +17,7 @@ HEADSCOPE_ALL = [
 HYBRID_ALL = [
     "HybridCache", "HybridConfig", "HybridConfigError", "HybridForCausalLM", "HybridModel", "HybridOptions",
     "cache_nbytes", "calibrate_fusion", "from_layers", "from_mask", "from_teacher", "from_token_level",
-    "layerwise_mask", "register", "teacher_cache_nbytes",
+    "layerwise_mask", "load", "register", "save", "teacher_cache_nbytes",
 ]
 
 
@@ -34,7 +34,11 @@ def test_every_name_resolves():
 
 
 def test_import_is_light_and_registers_nothing():
-    code = ("import sys, headscope, hybrid; heavy = [m for m in ('transformers', 'plotly', 'transformer_lens', "
-            "'nnsight', 'fla') if m in sys.modules]; print(heavy)")
+    """headscope imports nothing heavy; hybrid imports transformers to register its classes with the Auto classes
+    (tests/hybrid/test_saving.py checks that this is all it changes) and no kernel or plotting library."""
+    code = ("import sys, headscope; heavy = [m for m in ('transformers', 'plotly', 'transformer_lens', "
+            "'nnsight', 'fla') if m in sys.modules]; import hybrid; "
+            "heavy += [m for m in ('plotly', 'transformer_lens', 'nnsight', 'fla', 'flash_attn') if m in sys.modules]; "
+            "print(heavy)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == "[]"

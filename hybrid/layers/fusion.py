@@ -1,11 +1,17 @@
 """Fusion of the two branches' head outputs before the (reused) output projection.
 
-Modes (``HybridOptions.fusion``):
+Modes (``HybridOptions.fusion``), registered by name in ``FUSIONS`` (a new mode is one ``FusionMode`` entry,
+``register_fusion(...)``, plus a test):
 - ``"norm"`` (default, the method's): each head's output is RMS-normalised over its D channels on its
   own, then multiplied by a learnable per-head scale gamma_h (``gamma`` [H], original head order).
 - ``"none"``: plain concatenation (the ablation where GDN outputs dwarf FA outputs).
-- ``"gated"``: ``"norm"`` plus a per-position competition between the branches: a = softmax(W x + b) over
-  {FA, GDN} (W = 0, b = 0 at init), FA heads scaled by 2 a_FA, GDN heads by 2 a_GDN (so 1 at init).
+- ``"gated_head"`` (the paper's gated ablation): ``"norm"`` plus a per-position, per-HEAD competition between
+  the branches' heads: a = H * softmax(W x + b) over all H heads (``head_gate``, W = 0, b = 0 at init, so
+  every a_h = 1); head h is scaled by a_h, so FA and GDN heads compete head by head.
+- ``"gated_branch"``: ``"norm"`` plus a per-position competition between the two branches as wholes:
+  a = 2 softmax(W x + b) over {FA, GDN} (``branch_gate``, W = 0, b = 0), every FA head scaled by a_FA and
+  every GDN head by a_GDN (1 at init). (This was called ``"gated"`` before; ``"gated"`` is now refused with
+  a message naming both.)
 
 Heads are put back in their original order, so ``o_proj``'s input columns (ordered by head) are reused
 unchanged. ``calibrate_fusion`` sets gamma from the teacher's per-head output RMS.
@@ -20,7 +26,8 @@ so shorter calls (and decoding) keep the buffer path.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from dataclasses import dataclass
+from typing import Callable, Sequence
 
 import torch
 import torch.nn as nn
@@ -28,9 +35,72 @@ import torch.nn.functional as F
 
 from hybrid.layers.common import acc, index_on
 
-__all__ = ["HeadFusion", "head_rms", "calibrate_fusion", "PROJECT_MIN_TOKENS"]
+__all__ = ["HeadFusion", "FusionMode", "FUSIONS", "register_fusion", "head_rms", "calibrate_fusion",
+           "PROJECT_MIN_TOKENS"]
 
 PROJECT_MIN_TOKENS = 8192  # B*T from which HeadFusion.project skips the z buffer (measured crossover 4K..16K)
+
+
+@dataclass(frozen=True)
+class FusionMode:
+    """One fusion mode: whether heads are RMS-normalised and scaled by gamma, and an optional gate.
+
+    ``gate(fusion, hidden)`` builds the gate's new module (a zero-initialised Linear, so the gate starts at
+    identity), stored on the HeadFusion as ``gate_name``; ``scales(fusion, x)`` maps x [B, T, C] to per-head
+    scales [B, T, H] in original head order (1 everywhere at init)."""
+
+    name: str
+    description: str
+    norm: bool = True
+    gate_name: str | None = None
+    gate: Callable[["HeadFusion", int], nn.Module] | None = None
+    scales: Callable[["HeadFusion", torch.Tensor], torch.Tensor] | None = None
+    token_level: bool = False  # usable by the token-level baseline (which has no gate)
+
+    def __post_init__(self) -> None:
+        if not self.name or not isinstance(self.name, str):
+            raise ValueError(f"FusionMode.name={self.name!r}: give a non-empty string")
+        if (self.gate is None) != (self.scales is None) or (self.gate is None) != (self.gate_name is None):
+            raise ValueError(f"FusionMode {self.name!r}: gate, gate_name and scales go together (all or none)")
+
+
+def _branch_gate(fusion: "HeadFusion", hidden: int) -> nn.Module:
+    return nn.Linear(hidden, 2)  # [FA, GDN] logits
+
+
+def _branch_scales(fusion: "HeadFusion", x: torch.Tensor) -> torch.Tensor:
+    """x [B, T, C] -> [B, T, H]: 2 a_FA on FA heads, 2 a_GDN on GDN heads, a = softmax over the 2 branches."""
+    a = 2 * torch.softmax(acc(fusion.branch_gate(x)), dim=-1).to(x.dtype)  # [B, T, 2]
+    return a.index_select(-1, index_on(fusion.branch_of_head, x.device))  # [B, T, H]
+
+
+def _head_gate(fusion: "HeadFusion", hidden: int) -> nn.Module:
+    return nn.Linear(hidden, fusion.n_heads)  # one logit per head, original head order
+
+
+def _head_scales(fusion: "HeadFusion", x: torch.Tensor) -> torch.Tensor:
+    """x [B, T, C] -> [B, T, H]: H softmax over all heads of both branches (1 each at init)."""
+    return (fusion.n_heads * torch.softmax(acc(fusion.head_gate(x)), dim=-1)).to(x.dtype)  # [B, T, H]
+
+
+FUSIONS: dict[str, FusionMode] = {}
+
+
+def register_fusion(mode: FusionMode) -> FusionMode:
+    """Add ``mode`` to ``FUSIONS`` (its name becomes a valid ``HybridOptions.fusion``)."""
+    if mode.name in FUSIONS:
+        raise ValueError(f"fusion mode {mode.name!r} is already registered")
+    FUSIONS[mode.name] = mode
+    return mode
+
+
+register_fusion(FusionMode("norm", "per-head RMSNorm times a learnable per-head gamma (the method's)",
+                           token_level=True))
+register_fusion(FusionMode("none", "plain concatenation (ablation)", norm=False, token_level=True))
+register_fusion(FusionMode("gated_head", "norm + per-head gated competition: H softmax over all heads (the paper's "
+                           "gated ablation)", gate_name="head_gate", gate=_head_gate, scales=_head_scales))
+register_fusion(FusionMode("gated_branch", "norm + per-branch gate: 2 softmax over {FA, GDN}, shared by a branch's "
+                           "heads", gate_name="branch_gate", gate=_branch_gate, scales=_branch_scales))
 
 
 def head_rms(o: torch.Tensor, eps: float) -> torch.Tensor:
@@ -47,12 +117,18 @@ class HeadFusion(nn.Module):
     def __init__(self, hidden: int, n_heads: int, head_dim: int, fa_heads: Sequence[int], mode: str,
                  gamma_init: float = 1.0, eps: float = 1e-6) -> None:
         super().__init__()
+        if mode not in FUSIONS:
+            raise ValueError(f"HeadFusion: unknown fusion mode {mode!r}; registered: {sorted(FUSIONS)}")
+        self.spec = FUSIONS[mode]
         self.n_heads, self.head_dim, self.mode, self.eps = n_heads, head_dim, mode, eps
         fa = sorted(fa_heads)
         la = [h for h in range(n_heads) if h not in set(fa)]
         self.fa_heads, self.la_heads = tuple(fa), tuple(la)
-        self.gamma = nn.Parameter(torch.full((n_heads,), float(gamma_init))) if mode != "none" else None  # [H]
-        self.branch_gate = nn.Linear(hidden, 2) if mode == "gated" else None  # new
+        self.branch_of_head = tuple(0 if h in set(fa) else 1 for h in range(n_heads))  # [H]: 0 FA, 1 GDN
+        self.gamma = nn.Parameter(torch.full((n_heads,), float(gamma_init))) if self.spec.norm else None  # [H]
+        self.gate_name = self.spec.gate_name
+        if self.spec.gate is not None:
+            setattr(self, self.spec.gate_name, self.spec.gate(self, hidden))  # new parameters
         self.gamma_init = float(gamma_init)
         self.project_min_tokens = PROJECT_MIN_TOKENS  # below: project() builds z (fewer kernel launches)
         self.reset_parameters()
@@ -61,9 +137,10 @@ class HeadFusion(nn.Module):
         with torch.no_grad():
             if self.gamma is not None:
                 self.gamma.fill_(self.gamma_init)
-            if self.branch_gate is not None:
-                self.branch_gate.weight.zero_()
-                self.branch_gate.bias.zero_()
+            if self.gate_name is not None:  # zero logits: every scale starts at 1
+                gate = getattr(self, self.gate_name)
+                gate.weight.zero_()
+                gate.bias.zero_()
 
     def _assemble(self, o_fa: torch.Tensor | None, o_la: torch.Tensor | None) -> torch.Tensor:
         """Both branches' heads in original head order, z [B, T, H, D] (no copy when one branch is absent)."""
@@ -83,17 +160,11 @@ class HeadFusion(nn.Module):
         Heads are first put in order (one preallocated buffer), then normalised and scaled by gamma [H] in one
         pass over all heads (gamma is already in head order: no gather)."""
         z = self._assemble(o_fa, o_la)  # [B, T, H, D]
-        if self.mode != "none":
+        if self.spec.norm:
             z = head_rms(z, self.eps) * self.gamma.to(z.dtype)[:, None]  # [B, T, H, D]
-        if self.mode == "gated" and o_fa is not None and o_la is not None:
-            a = self._branch_scales(x)  # [B, T, 2]
-            branch = index_on(tuple(0 if h in self.fa_heads else 1 for h in range(self.n_heads)), z.device)  # [H]
-            z = z * a[..., branch, None]  # [B, T, H, D]: FA heads * 2 a_FA, GDN heads * 2 a_GDN
+        if self.spec.scales is not None and o_fa is not None and o_la is not None:
+            z = z * self.spec.scales(self, x).to(z.dtype)[..., None]  # [B, T, H, D]: head h times its scale
         return z.reshape(*z.shape[:2], self.n_heads * self.head_dim)
-
-    def _branch_scales(self, x: torch.Tensor) -> torch.Tensor:
-        """x [B, T, C] -> [B, T, 2]: 2 a_FA, 2 a_GDN of the "gated" mode (1 each at init)."""
-        return 2 * torch.softmax(acc(self.branch_gate(x)), dim=-1).to(x.dtype)
 
     def project(self, x: torch.Tensor, o_fa: torch.Tensor | None, o_la: torch.Tensor | None,
                 o_proj: nn.Linear) -> torch.Tensor:
@@ -107,11 +178,12 @@ class HeadFusion(nn.Module):
             return o_proj(self(x, o_fa, o_la))
         B, T = o_fa.shape[:2]
         o_la = o_la.to(o_fa.dtype)
-        if self.mode != "none":
+        if self.spec.norm:
             o_fa, o_la = head_rms(o_fa, self.eps), head_rms(o_la, self.eps)  # [B, T, H_F, D], [B, T, H_L, D]
-        if self.mode == "gated":
-            a = self._branch_scales(x)  # [B, T, 2]
-            o_fa, o_la = o_fa * a[..., 0, None, None], o_la * a[..., 1, None, None]
+        if self.spec.scales is not None:
+            a = self.spec.scales(self, x).to(o_fa.dtype)  # [B, T, H]
+            o_fa = o_fa * a.index_select(-1, index_on(self.fa_heads, a.device))[..., None]  # [B, T, H_F, D]
+            o_la = o_la * a.index_select(-1, index_on(self.la_heads, a.device))[..., None]  # [B, T, H_L, D]
         W = o_proj.weight.view(o_proj.out_features, self.n_heads, self.head_dim)  # [C, H, D] (columns by head)
         out = None
         for o, heads, bias in ((o_fa, self.fa_heads, o_proj.bias), (o_la, self.la_heads, None)):
@@ -141,7 +213,8 @@ def calibrate_fusion(model: nn.Module, teacher: nn.Module, input_ids: torch.Tens
         rms = zl.pow(2).mean(dim=(0, 1, 3)).sqrt()  # [H]
         fusion = model.model.layers[l].self_attn.fusion
         if fusion.gamma is None:
-            raise ValueError("calibrate_fusion needs fusion='norm' or 'gated' (fusion='none' has no gamma)")
+            raise ValueError(f"calibrate_fusion needs a fusion mode with gamma (one of "
+                             f"{sorted(n for n, m in FUSIONS.items() if m.norm)}); fusion='none' has none")
         fusion.gamma.copy_(rms.to(fusion.gamma))
         gammas.append(rms)
     return torch.stack(gammas)  # [L, H]

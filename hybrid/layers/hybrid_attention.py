@@ -27,7 +27,7 @@ __all__ = ["FullAttentionBranch", "GatedDeltaNetBranch", "HybridAttention", "NEW
 
 # parameter names (last components) that are new, i.e. not copied from the teacher
 NEW_PARAMETER_NAMES = ("gate_proj", "b_proj", "a_proj", "A_log", "dt_bias", "a_bias", "q_conv", "k_conv", "v_conv",
-                       "gamma", "branch_gate", "swa_gamma", "gdn_gamma")
+                       "gamma", "branch_gate", "head_gate", "swa_gamma", "gdn_gamma")
 
 
 def qk_norm(norm: RMSNorm, x: torch.Tensor) -> torch.Tensor:

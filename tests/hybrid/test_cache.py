@@ -21,7 +21,7 @@ def incremental(model, ids, prefill):
     return torch.cat(logits, 1), cache  # [B, T, V]
 
 
-@pytest.mark.parametrize("kw", [{}, {"gdn_conv": True, "fusion": "gated"}, {"decay": "simple", "fa_rope": True},
+@pytest.mark.parametrize("kw", [{}, {"gdn_conv": True, "fusion": "gated_branch"}, {"fusion": "gated_head"}, {"decay": "simple", "fa_rope": True},
                                 {"fa_gate": "none", "fusion": "none"}])
 def test_incremental_decoding_equals_full_forward(kw):
     teacher = tiny_model("qwen3", dtype=torch.float64)

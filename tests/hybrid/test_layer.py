@@ -6,7 +6,7 @@ import torch.nn.functional as F
 from headscope.mask import HeadMask
 from hybrid.convert import from_mask
 from hybrid.layers.common import apply_rope, log_length_scale
-from hybrid.layers.fusion import calibrate_fusion
+from hybrid.layers.fusion import FUSIONS, calibrate_fusion
 from hybrid.ops import recurrent_gated_delta_rule
 
 from model_factories import tiny_model
@@ -79,7 +79,6 @@ def test_short_conv_starts_as_identity():
 def test_fusion_variants():
     _, norm = build()
     _, none = build(fusion="none")
-    _, gated = build(fusion="gated")
     x = torch.randn(2, 5, 64, dtype=torch.float64)
     o_fa, o_la = torch.randn(2, 5, 2, D, dtype=torch.float64) * 3, torch.randn(2, 5, 2, D, dtype=torch.float64) * 20
     fn = norm.model.layers[1].self_attn.fusion  # FA heads 0, 3; GDN heads 1, 2
@@ -89,14 +88,82 @@ def test_fusion_variants():
     assert torch.allclose(z.pow(2).mean(-1).sqrt(), torch.tensor([1.0, 2.0, 3.0, 4.0], dtype=z.dtype).expand(2, 5, 4), atol=1e-5)
     z = none.model.layers[1].self_attn.fusion(x, o_fa, o_la).view(2, 5, 4, D)
     assert torch.equal(z[:, :, [0, 3]], o_fa) and torch.equal(z[:, :, [1, 2]], o_la)  # original head order
-    fg = gated.model.layers[1].self_attn.fusion
+    zn = fn(x, o_fa, o_la).view(2, 5, 4, D)
+    for mode in ("gated_head", "gated_branch"):
+        fg = build(fusion=mode)[1].model.layers[1].self_attn.fusion
+        with torch.no_grad():
+            fg.gamma.copy_(fn.gamma)
+        assert_close(f"{mode} at init == norm", fg(x, o_fa, o_la), fn(x, o_fa, o_la), "fp64_exact")
+    # gated_branch: one scale per branch, shared by its heads: FA heads up, GDN heads down together
+    fb = build(fusion="gated_branch")[1].model.layers[1].self_attn.fusion
     with torch.no_grad():
-        fg.gamma.copy_(fn.gamma)
-    assert_close("gated at init == norm", fg(x, o_fa, o_la), fn(x, o_fa, o_la), "fp64_exact")
+        fb.gamma.copy_(fn.gamma)
+        fb.branch_gate.bias.copy_(torch.tensor([2.0, -2.0]))
+    ratio = fb(x, o_fa, o_la).view(2, 5, 4, D).norm(dim=-1) / zn.norm(dim=-1)  # [B, T, H] scale per head
+    a_fa = 2 * torch.sigmoid(torch.tensor(4.0, dtype=torch.float64))  # 2 softmax([2, -2])[0]
+    assert_close("FA heads", ratio[..., [0, 3]], a_fa.expand(2, 5, 2), "fp64_exact")
+    assert_close("GDN heads", ratio[..., [1, 2]], (2 - a_fa).expand(2, 5, 2), "fp64_exact")
+
+
+def test_gated_head_fusion_is_a_per_head_competition():
+    """gated_head: a = H softmax(W x + b) over all heads of both branches, head h scaled by a_h (float64)."""
+    _, norm = build()
+    _, gh = build(fusion="gated_head")
+    fn, fg = norm.model.layers[1].self_attn.fusion, gh.model.layers[1].self_attn.fusion
+    assert fg.head_gate.out_features == 4 and not hasattr(fg, "branch_gate")
+    x = torch.randn(2, 5, 64, dtype=torch.float64)
+    o_fa, o_la = torch.randn(2, 5, 2, D, dtype=torch.float64) * 3, torch.randn(2, 5, 2, D, dtype=torch.float64) * 20
     with torch.no_grad():
-        fg.branch_gate.bias.copy_(torch.tensor([2.0, -2.0]))
-    zg = fg(x, o_fa, o_la).view(2, 5, 4, D)
-    assert (zg[:, :, [0, 3]].norm() / z[:, :, [0, 3]].norm()) > (zg[:, :, [1, 2]].norm() / z[:, :, [1, 2]].norm())
+        fg.head_gate.weight.normal_()
+        fg.head_gate.bias.copy_(torch.tensor([0.5, -1.0, 2.0, 0.0]))
+    a = 4 * torch.softmax(x @ fg.head_gate.weight.T + fg.head_gate.bias, dim=-1)  # [B, T, H] by hand
+    expected = fn(x, o_fa, o_la).view(2, 5, 4, D) * a[..., None]
+    assert_close("gated_head", fg(x, o_fa, o_la).view(2, 5, 4, D), expected, "fp64_exact")
+    # two heads of the SAME branch (FA heads 0 and 3) get different scales: the competition is per head
+    assert not torch.allclose(a[..., 0], a[..., 3])
+
+
+def test_fusion_registry_one_entry_is_a_new_mode():
+    """A new fusion mode is one FusionMode entry: the model builds with it and the fast path equals the reference."""
+    from hybrid.layers.fusion import FusionMode, register_fusion
+
+    def gate(fusion, hidden):
+        return torch.nn.Linear(hidden, fusion.n_heads)
+
+    def scales(fusion, x):  # [B, T, H]: an independent sigmoid per head (no competition), 1 at init
+        return 2 * torch.sigmoid(fusion.sigmoid_gate(x))
+
+    mode = FusionMode("sigmoid_head_test", "per-head sigmoid gate (test entry)", gate_name="sigmoid_gate", gate=gate,
+                      scales=scales)
+    register_fusion(mode)
+    try:
+        _, model = build(fusion="sigmoid_head_test")
+        fu, o_proj = model.model.layers[1].self_attn.fusion, model.model.layers[1].self_attn.o_proj
+        with torch.no_grad():
+            fu.sigmoid_gate.weight.normal_()
+        assert "model.layers.1.self_attn.fusion.sigmoid_gate.weight" in dict(model.named_parameters())
+        x, o_fa, o_la = (torch.randn(1, 4, *s, dtype=torch.float64) for s in ((64,), (2, D), (2, D)))
+        fu.project_min_tokens = 0
+        assert_close("new mode: project", fu.project(x, o_fa, o_la, o_proj), o_proj(fu(x, o_fa, o_la)), "fp64_exact")
+        with pytest.raises(ValueError, match="already registered"):
+            register_fusion(mode)
+    finally:
+        FUSIONS.pop("sigmoid_head_test")
+
+
+@pytest.mark.parametrize("bad, match", [("gated", "gated_head.*gated_branch"), ("softmax", "must be one of")])
+def test_unknown_or_renamed_fusion_is_refused(bad, match):
+    from hybrid.config import HybridConfigError, HybridOptions
+
+    with pytest.raises(HybridConfigError, match=match):
+        HybridOptions(fusion=bad)
+
+
+def test_token_level_refuses_a_gated_fusion():
+    from hybrid.config import HybridConfigError, HybridOptions
+
+    with pytest.raises(HybridConfigError, match="token-level baseline supports"):
+        HybridOptions(granularity="token", fusion="gated_head")
 
 
 def test_calibrate_fusion_sets_gamma_to_teacher_head_rms():
@@ -114,7 +181,7 @@ def test_calibrate_fusion_sets_gamma_to_teacher_head_rms():
     assert_close("gamma", model.model.layers[2].self_attn.fusion.gamma, expected, "fp64_exact")
 
 
-@pytest.mark.parametrize("fusion", ["norm", "none", "gated"])
+@pytest.mark.parametrize("fusion", sorted(FUSIONS))
 def test_fusion_project_equals_o_proj_of_the_fused_heads(fusion):
     """The layer's fast path (no [B, T, H*D] buffer, gamma folded into o_proj's columns) computes
     o_proj(fusion(...)) exactly (float64), values and gradients, for every fusion mode."""
@@ -125,8 +192,8 @@ def test_fusion_project_equals_o_proj_of_the_fused_heads(fusion):
     with torch.no_grad():
         if fu.gamma is not None:
             fu.gamma.copy_(torch.tensor([1.0, 2.0, 3.0, 4.0]))
-        if fu.branch_gate is not None:
-            fu.branch_gate.weight.normal_()
+        if fu.gate_name is not None:  # off init, so the gate's scales differ per head and position
+            getattr(fu, fu.gate_name).weight.normal_()
         attn.o_proj.weight.normal_()
     x = torch.randn(2, 5, 64, dtype=torch.float64)
     o_fa = (torch.randn(2, 5, 2, D, dtype=torch.float64) * 3).requires_grad_()
@@ -166,7 +233,7 @@ def test_whole_model_is_the_same_on_both_fusion_paths():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("fusion", ["norm", "gated"])
+@pytest.mark.parametrize("fusion", ["norm", "gated_head", "gated_branch"])
 def test_fusion_project_bf16_on_gpu_matches_float32(fusion):
     """Both fusion paths in bf16 on the GPU (16 x 128 heads, 16K tokens, 2 FA heads) against float32 on the
     same inputs: output and the gradients of the branch outputs, gamma and o_proj's weight."""
@@ -181,8 +248,8 @@ def test_fusion_project_bf16_on_gpu_matches_float32(fusion):
     fu32 = HeadFusion(C, H, Dh, [3, 12], fusion).cuda()
     with torch.no_grad():
         fu32.gamma.uniform_(0.5, 2.0)
-        if fu32.branch_gate is not None:
-            fu32.branch_gate.weight.normal_(std=0.02)
+        if fu32.gate_name is not None:
+            getattr(fu32, fu32.gate_name).weight.normal_(std=0.02)
     o32 = torch.nn.Linear(H * Dh, C, bias=False).cuda()
     x = torch.randn(1, T, C, device="cuda")  # [B, T, C]
     o_fa = torch.randn(1, T, 2, Dh, device="cuda") * 3  # [B, T, H_F, D]

@@ -7,7 +7,7 @@ import torch
 
 from headscope.mask import HeadMask
 from hybrid.convert import from_mask
-from hybrid.layers.baselines import from_teacher
+from hybrid.builders import from_teacher
 from hybrid.modeling import HybridForCausalLM
 
 from model_factories import tiny_model
@@ -39,7 +39,7 @@ def test_forward_shapes_loss_and_hidden_states():
 
 def test_save_load_round_trip(tmp_path):
     teacher = tiny_model("qwen3")
-    model = from_mask(teacher, HeadMask.for_model(teacher, FA), fusion="gated", gdn_conv=True)
+    model = from_mask(teacher, HeadMask.for_model(teacher, FA), fusion="gated_head", gdn_conv=True)
     with torch.no_grad():  # move new parameters off their init so the round trip is meaningful
         for p in model.new_parameters().values():
             p.add_(torch.randn_like(p) * 0.1)
@@ -75,11 +75,58 @@ def test_padding_is_rejected():
         model(torch.randint(0, 128, (2, 4)), attention_mask=torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1]]))
 
 
-def test_import_registers_nothing():
-    code = ("import hybrid, hybrid.modeling, hybrid.convert\n"
-            "from transformers import AutoConfig\n"
-            "from transformers.models.auto.configuration_auto import CONFIG_MAPPING\n"
+PAD = 0
+PADDED = {  # rows of one batch, no attention_mask
+    "right": [[5, 6, 7, 8], [5, 6, PAD, PAD]],
+    "left": [[PAD, PAD, 7, 8], [5, 6, 7, 8]],
+    "left_uneven": [[PAD, 6, 7, 8], [PAD, PAD, PAD, 8]],
+}
+
+
+@pytest.fixture(scope="module")
+def padded_model():
+    teacher = tiny_model("qwen3", pad_token_id=PAD)
+    return from_mask(teacher, HeadMask.for_model(teacher, FA))
+
+
+@pytest.mark.parametrize("case", sorted(PADDED))
+def test_padded_batch_without_attention_mask_is_refused(padded_model, case):
+    with pytest.raises(ValueError, match=r"look padded.*pass attention_mask=torch.ones_like\(input_ids\)"):
+        padded_model(torch.tensor(PADDED[case]))
+
+
+def test_padded_prompt_is_refused_by_generate_too(padded_model):
+    """generate() with pad == eos builds an all-ones mask itself; the prompt rows are still checked."""
+    with pytest.raises(ValueError, match="look padded|padding"):
+        padded_model.generate(torch.tensor(PADDED["left"]), max_new_tokens=2, do_sample=False, pad_token_id=PAD,
+                              eos_token_id=PAD)
+    with pytest.raises(ValueError, match="look padded|padding"):  # pad != eos: generate's mask has zeros
+        padded_model.generate(torch.tensor(PADDED["left"]), max_new_tokens=2, do_sample=False, pad_token_id=PAD,
+                              eos_token_id=1)
+
+
+def test_unpadded_rows_with_pad_ids_pass(padded_model):
+    """Not padding: one row, rows that start/end alike, pad ids in the middle, or an explicit all-ones mask."""
+    for ids in ([[PAD, 6, PAD, PAD]], [[PAD, 6, 7, PAD], [PAD, 9, 9, PAD]], [[5, PAD, 7, 8], [5, 6, 7, 8]]):
+        assert torch.isfinite(padded_model(torch.tensor(ids)).logits).all()
+    ids = torch.tensor(PADDED["right"])
+    assert torch.isfinite(padded_model(ids, attention_mask=torch.ones_like(ids)).logits).all()
+
+
+def test_a_single_eos_that_is_also_pad_is_text_two_are_padding():
+    """pad == eos (the reference model's choice): one trailing EOS ends a document in packed data and passes;
+    runs of two or more that differ between rows are padding."""
+    teacher = tiny_model("qwen3", pad_token_id=PAD, eos_token_id=PAD)
+    model = from_mask(teacher, HeadMask.for_model(teacher, FA))
+    assert torch.isfinite(model(torch.tensor([[5, 6, 7, PAD], [5, 6, 7, 8]])).logits).all()
+    with pytest.raises(ValueError, match="look padded"):
+        model(torch.tensor([[5, 6, PAD, PAD], [5, 6, 7, 8]]))
+
+
+def test_import_hybrid_registers_the_auto_classes():
+    code = ("from transformers.models.auto.configuration_auto import CONFIG_MAPPING\n"
             "assert 'headscope_hybrid' not in CONFIG_MAPPING\n"
-            "hybrid.modeling.register()\n"
-            "assert 'headscope_hybrid' in CONFIG_MAPPING\n")
+            "import hybrid\n"
+            "assert 'headscope_hybrid' in CONFIG_MAPPING\n"
+            "hybrid.register()  # idempotent\n")
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -4,7 +4,8 @@ import torch
 
 from hybrid.cache import cache_nbytes
 from hybrid.config import HybridConfigError
-from hybrid.layers.baselines import TokenHybridAttention, from_layers, from_token_level, layerwise_mask
+from hybrid.builders import from_layers, from_token_level, layerwise_mask
+from hybrid.layers.token_attention import TokenHybridAttention
 
 from model_factories import tiny_model
 from testing_utils import assert_close
@@ -15,8 +16,30 @@ def test_layerwise_mask_spacing():
     mask = layerwise_mask(teacher, "3:1")
     assert mask.per_layer_counts() == [0, 0, 0, 4, 0, 0, 0, 4]
     assert layerwise_mask(teacher, "1:1").per_layer_counts() == [0, 4] * 4
-    with pytest.raises(HybridConfigError, match="a:b"):
+    with pytest.raises(ValueError, match="LA:FA"):
         layerwise_mask(teacher, "three to one")
+
+
+def test_layerwise_mask_is_selection_layerwise_and_keeps_the_documented_placement():
+    from headscope.selection import layerwise
+
+    teacher = tiny_model("llama", num_hidden_layers=28)
+    mask = layerwise_mask(teacher, "3:1")
+    assert sorted({h.layer for h in mask.fa_heads}) == list(range(3, 28, 4))  # 3, 7, ..., 27
+    assert mask.fa_heads == layerwise(teacher, "3:1").fa_heads
+
+
+def test_no_import_cycle_and_layer_modules_do_not_import_the_builders():
+    """Each module imports on its own in a fresh process; the layers never pull in convert or the builders."""
+    import subprocess
+    import sys
+
+    for first in ("hybrid.layers.token_attention", "hybrid.modeling", "hybrid.convert", "hybrid.builders"):
+        code = (f"import sys, importlib; importlib.import_module({first!r}); "
+                "print(sorted(m for m in ('hybrid.convert', 'hybrid.builders') if m in sys.modules))")
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+        if first in ("hybrid.layers.token_attention", "hybrid.modeling"):
+            assert out.strip() == "[]", (first, out)
 
 
 def test_from_layers_builds_whole_layer_hybrid():
