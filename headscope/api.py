@@ -22,7 +22,7 @@ from headscope.metrics import resolve_metric
 from headscope.pairs import check_n_samples, task_name, task_pairs
 from headscope.patching.backends import BACKENDS, make_backend, resolve_backend
 from headscope.patching.engine import receiver_scores
-from headscope.patching.inputs import as_patch_pair
+from headscope.patching.inputs import PatchInputError, as_patch_pair
 from headscope.patching.nn_sight import is_nnsight_model, unwrap_nnsight
 from headscope.results import HeadScores
 from headscope.tokenizers import unwrap
@@ -62,12 +62,22 @@ def prepare_scoring(model: Any, task: Any, tokenizer: Any, n_samples: int, seed:
     hf = _hf_model(model)
     arch = describe(hf)  # raises UnsupportedModelError for unknown layouts
     if device is not None and not is_nnsight_model(model):
-        model.to(device)
+        from headscope.reference import check_device
+
+        model.to(check_device(device))
     raw = task_pairs(model, task, tokenizer=tokenizer, n_samples=n_samples, seed=seed, task_config=task_config,
                      **task_kwargs)
     vocab_size = hf.get_input_embeddings().weight.shape[0]
-    pairs = [as_patch_pair(p, vocab_size=vocab_size, max_positions=_max_positions(hf)) for p in raw]
-    return model, hf, arch, raw, pairs, task_name(task, raw)
+    name = task_name(task, raw)
+    pairs = []
+    for i, p in enumerate(raw):
+        try:
+            pairs.append(as_patch_pair(p, vocab_size=vocab_size, max_positions=_max_positions(hf)))
+        except PatchInputError as err:
+            prompt = getattr(getattr(p, "pair", None), "short", None)
+            what = f"pair {i} of {name!r}" + (f" ({prompt(40)})" if callable(prompt) else "")
+            raise PatchInputError(f"{what}: {err}") from None
+    return model, hf, arch, raw, pairs, name
 
 
 def scoring_settings(hf: nn.Module, arch: Any, pairs: list, seed: int, batch_size: int | None,

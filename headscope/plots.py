@@ -15,7 +15,8 @@ import torch
 
 from headscope.results import HeadScores
 
-__all__ = ["heatmap", "knockout_plot", "stability_plot", "similarity_plot", "save", "PNG_HINT", "PngExportError"]
+__all__ = ["heatmap", "knockout_plot", "stability_plot", "similarity_plot", "save", "check_figure_path",
+           "FIGURE_SUFFIXES", "PNG_HINT", "PngExportError"]
 
 PNG_HINT = "pip install kaleido  (and a Chrome/Chromium for it, e.g. apt-get install chromium)"
 
@@ -150,28 +151,45 @@ def similarity_plot(matrix, title: str = "residual-stream cosine similarity betw
     return fig
 
 
+FIGURE_SUFFIXES = (".html", ".htm", ".png")
+
+
+def check_figure_path(path: str | Path, *, overwrite: bool = True, flag: str = "--plot") -> Path:
+    """Refuse a figure path that ``save`` cannot write (a folder, a suffix other than .html/.png), before
+    long work starts; with ``overwrite=False`` also an existing file (figures are not JSON artifacts)."""
+    from headscope.io import check_output_path
+
+    p = Path(path)
+    if p.suffix.lower() not in FIGURE_SUFFIXES:
+        raise ValueError(f"{flag} {p}: a figure must end in .html or .png (got {p.suffix or 'no suffix'!r})")
+    return check_output_path(p, kind=None, overwrite=overwrite, flag=flag)
+
+
 def save(fig, path: str | Path, *, include_plotlyjs: "bool | str" = True) -> Path:
     """Write ``fig`` as HTML; for a ``.png`` path write ``.html`` beside it, then the PNG (needs kaleido).
 
     ``include_plotlyjs=True`` embeds plotly.js (~4.6 MB, opens offline); ``"cdn"`` links it (~10 KB files).
+    Both files are written atomically (headscope.io): a kill or a full disk leaves an old figure intact.
 
     Returns the path written last. Raises PngExportError naming the install when kaleido is missing.
     """
+    from headscope.io import write_bytes, write_text
+
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     suffix = path.suffix.lower()
+    if suffix not in FIGURE_SUFFIXES:
+        raise ValueError(f"save: {path.name} must end in .html or .png (nothing written)")
     html = path if suffix in (".html", ".htm") else path.with_suffix(".html")
-    fig.write_html(str(html), include_plotlyjs=include_plotlyjs)
+    write_text(html, fig.to_html(include_plotlyjs=include_plotlyjs))
     if suffix in (".html", ".htm"):
         return html
-    if suffix != ".png":
-        raise ValueError(f"save: {path.name} must end in .html or .png (HTML written to {html})")
     try:
         import kaleido  # noqa: F401
     except ImportError:
         raise PngExportError(f"PNG export needs kaleido: {PNG_HINT}. The HTML figure was written to {html}") from None
     try:
-        fig.write_image(str(path))
+        data = fig.to_image(format="png")
     except Exception as err:  # kaleido without a browser, etc.
         raise PngExportError(f"PNG export failed ({err}); {PNG_HINT}. The HTML figure was written to {html}") from None
+    write_bytes(path, data)
     return path

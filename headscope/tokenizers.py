@@ -21,8 +21,11 @@ from typing import Any
 __all__ = ["find_tokenizer", "remember_tokenizer", "unwrap", "prepare_tokenizer", "TokenizerNotFound",
            "TOKENIZER_FILES"]
 
-# Files one of which a folder holds when it holds a tokenizer (fast, sentencepiece, BPE vocab).
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "spiece.model")
+# Files one of which a folder holds when it holds a tokenizer (fast, sentencepiece, BPE / WordPiece vocab).
+# tokenizer_config.json alone is not one: from it (or from config.json alone) transformers silently builds a
+# tokenizer with one token.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model",
+                   "sentencepiece.bpe.model")
 
 _CACHE: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
 
@@ -77,18 +80,24 @@ def _load_from(source: str) -> Any:
                                 "folder that holds it>), or save it next to the model: tokenizer.save_pretrained"
                                 f"({str(path)!r})")
     try:
-        return prepare_tokenizer(AutoTokenizer.from_pretrained(str(path) if path.is_dir() else source,
-                                                               local_files_only=True))
+        tok = AutoTokenizer.from_pretrained(str(path) if path.is_dir() else source, local_files_only=True)
     except (OSError, ValueError) as err:
         raise TokenizerNotFound(f"cannot load the tokenizer of {source!r} offline ({err}); pass tokenizer=... "
                                 "(headscope never downloads)") from err
+    if len(tok) <= 1:  # built from a config alone
+        raise TokenizerNotFound(f"the tokenizer loaded from {source} has {len(tok)} token(s): its files are missing "
+                                f"(looked for {', '.join(TOKENIZER_FILES)}); pass tokenizer=...")
+    return prepare_tokenizer(tok)
 
 
 def find_tokenizer(model: Any, tokenizer: Any = None, *, required: bool = True) -> Any:
     """The tokenizer to use with ``model`` (see the module docstring); None only when not ``required``."""
     if tokenizer is not None:
         return tokenizer
-    carried = getattr(model, "tokenizer", None)  # TransformerBridge, nnsight LanguageModel
+    from headscope.patching.tl import bridge_tokenizer, is_transformer_bridge
+
+    # a bridge from bridge_from_hf: the HF tokenizer it was built with, not TransformerLens's BOS-prepending copy
+    carried = bridge_tokenizer(model) if is_transformer_bridge(model) else getattr(model, "tokenizer", None)
     if carried is not None:
         return carried
     inner = unwrap(model)

@@ -78,10 +78,12 @@ def as_patch_pair(obj: Any, vocab_size: int | None = None, max_positions: int | 
     if vocab_size is not None:
         for name, t in (("clean_ids", clean), ("corrupt_ids", corrupt), ("clean_answer_ids", clean_ans),
                         ("corrupt_answer_ids", corrupt_ans)):
-            if t.numel() and (int(t.max()) >= vocab_size or int(t.min()) < 0):
-                raise PatchInputError(f"{name} holds token id {int(t.max())} but the model's embedding has "
-                                      f"{vocab_size} rows: the tokenizer does not match the model; pass the "
-                                      "model's own tokenizer")
+            bad = ((t >= vocab_size) | (t < 0)).nonzero().flatten()  # [B]
+            if bad.numel():
+                pos = int(bad[0])
+                raise PatchInputError(f"{name}[{pos}] is token id {int(t[pos])}, outside the model's vocabulary "
+                                      f"(ids 0..{vocab_size - 1}; {bad.numel()} such id(s)): the tokenizer does "
+                                      "not match the model; pass the model's own tokenizer")
     diff = (clean != corrupt).nonzero().flatten()  # [P]
     if diff.numel() == 0:
         raise PatchInputError("clean_ids and corrupt_ids are identical: the corruption changes no token, so "

@@ -13,14 +13,33 @@ from headscope.metrics import Metric
 from headscope.patching.engine import head_batches, model_device
 from headscope.patching.inputs import PatchPair
 
-__all__ = ["TLBackend", "bridge_from_hf", "is_transformer_bridge"]
+__all__ = ["TLBackend", "bridge_from_hf", "bridge_tokenizer", "is_transformer_bridge"]
+
+
+_TOKENIZER_ATTR = "_headscope_hf_tokenizer"
+
+
+def _detached_copy(model: torch.nn.Module) -> torch.nn.Module:
+    """A copy of ``model``'s module tree (config, buffers, forwards) that shares its parameters.
+
+    ``TransformerBridge`` rebuilds the tree it is given in place (bridge components replace the submodules, the
+    attention implementation is switched to eager); on the copy, the caller's model stays a plain HF model that
+    the fast backend can still score, at no cost in parameter memory."""
+    import copy
+
+    memo = {id(p): p for p in model.parameters()}
+    return copy.deepcopy(model, memo)
 
 
 def bridge_from_hf(model: Any, tokenizer: Any) -> Any:
     """A TransformerLens 4.x ``TransformerBridge`` around an in-memory HF model.
 
-    ``boot_transformers`` wants a tokenizer it can load from a folder, so the tokenizer is saved to a temporary
-    folder and reloaded with ``AutoTokenizer`` first.
+    The model itself is left as it was: the bridge wraps a copy of its module tree that shares its
+    parameters (an edit of the weights shows in both). ``boot_transformers`` wants a tokenizer it can load
+    from a folder, so a copy of the tokenizer is saved to a temporary folder and reloaded; TransformerLens turns
+    that copy into one that prepends BOS (``bridge.tokenizer``). ``headscope.score(bridge, task)`` tokenizes with
+    the original ``tokenizer`` (kept on the bridge, see ``bridge_tokenizer``), so a bridge gets the same pairs,
+    and the same scores, as the plain model.
     """
     import tempfile
 
@@ -29,8 +48,17 @@ def bridge_from_hf(model: Any, tokenizer: Any) -> Any:
 
     folder = tempfile.mkdtemp(prefix="headscope_tok_")
     tokenizer.save_pretrained(folder)
-    return TransformerBridge.boot_transformers(folder, hf_model=model,
-                                               tokenizer=AutoTokenizer.from_pretrained(folder))
+    bridge = TransformerBridge.boot_transformers(folder, hf_model=_detached_copy(model),
+                                                 tokenizer=AutoTokenizer.from_pretrained(folder))
+    setattr(bridge, _TOKENIZER_ATTR, tokenizer)
+    return bridge
+
+
+def bridge_tokenizer(bridge: Any) -> Any:
+    """The tokenizer to build scoring pairs with for a bridge: the HF tokenizer given to ``bridge_from_hf``;
+    for a bridge built elsewhere, ``bridge.tokenizer`` (TransformerLens's, which may prepend a BOS token the
+    plain model's tokenizer does not: pass ``tokenizer=`` the model's own tokenizer to score as the plain model)."""
+    return getattr(bridge, _TOKENIZER_ATTR, None) or getattr(bridge, "tokenizer", None)
 
 
 def is_transformer_bridge(obj: Any) -> bool:

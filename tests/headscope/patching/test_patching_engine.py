@@ -65,7 +65,7 @@ def test_degenerate_pairs(model):
 
 def test_input_validation():
     p = make_pair(16, 4, 2, seed=0)
-    with pytest.raises(PatchInputError, match="embedding has 100 rows"):
+    with pytest.raises(PatchInputError, match=r"clean_ids\[\d+\] is token id \d+, outside the model.s vocabulary \(ids 0..99"):
         as_patch_pair(p, vocab_size=100) if int(p.clean_ids.max()) >= 100 else as_patch_pair(
             make_pair(16, 4, 2, seed=0, vocab=128).__class__(**{**vars(p), "clean_ids": p.clean_ids + 100}),
             vocab_size=100)
