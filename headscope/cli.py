@@ -1,6 +1,7 @@
 """The ``headscope`` command line: score heads, fuse and select them into a mask, knock them out, plot.
 
-    headscope run --model default --task niah --task reasoning --ratio 7:1 --out mask.json
+    headscope run --model default --out mask.json              # the whole method (NIAH + reasoning, senders)
+    headscope run --model default --quick --out mask.json      # receiver scores on NIAH only
     headscope score --model default --task niah --n-samples 8 --context-length 1024 --out niah.json
     headscope select --scores niah.json reasoning.json --ratio 7:1 --model default --out mask.json
     headscope knockout --model default --scores niah.json --out curve.csv --plot curve.html
@@ -8,6 +9,8 @@
 
 User errors (bad arguments, missing files, unknown tasks, a model the data do not fit) print one
 line ``headscope: error: ...`` and exit with status 2; ``--debug`` shows the traceback instead.
+Every output is checked before any scoring starts (a folder, a wrong suffix, an existing file that is not
+an artifact of the same kind: pass ``--overwrite``) and written atomically (headscope.io).
 """
 from __future__ import annotations
 
@@ -63,8 +66,11 @@ def _load_model(spec: str, args: argparse.Namespace):
 
     from headscope.reference import load_model
 
+    from headscope.reference import check_device
+
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[args.dtype]
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    check_device(device)
     _log(f"loading model {spec!r} on {device} ({args.dtype})")
     return load_model(spec, dtype=dtype, device=device)
 
@@ -84,6 +90,8 @@ def _model_config(spec: str | None):
 
 
 def _load_scores(paths: Sequence[str]):
+    import torch
+
     from headscope.results import HeadScores
 
     out = []
@@ -91,9 +99,14 @@ def _load_scores(paths: Sequence[str]):
         if not Path(p).exists():
             raise FileNotFoundError(f"scores file {p} does not exist")
         try:
-            out.append(HeadScores.from_json(p))
-        except (json.JSONDecodeError, KeyError) as err:
+            s = HeadScores.from_json(p)
+        except (json.JSONDecodeError, KeyError, TypeError) as err:
             raise UsageError(f"{p} is not a headscope scores file ({err})") from None
+        bad = ~torch.isfinite(s.per_sample_raw)  # [N, L, H]
+        if bad.any():
+            raise UsageError(f"{p} holds {int(bad.sum())} NaN/infinite score(s) (first at sample, layer, head "
+                             f"{tuple(int(i) for i in bad.nonzero()[0])}): rescore that task; scores must be finite")
+        out.append(s)
     return out
 
 
@@ -137,21 +150,61 @@ def _summary(mask) -> str:
     return mask.summary()
 
 
-def _score_tasks(model, tokenizer, args: argparse.Namespace) -> list:
-    from headscope.api import score
+# ----------------------------------------------------------------------------- checks before long work
 
-    out = []
-    for task in args.task:
-        t0 = time.time()
-        s = score(model, task, tokenizer=tokenizer, n_samples=args.n_samples, seed=args.seed, metric=args.metric,
-                  backend=args.backend, batch_size=args.batch_size, progress=not args.quiet,
-                  on_clean_failure=args.on_clean_failure, **_task_kwargs(task, args))
-        acc = s.clean_accuracy
-        _log(f"scored {task}: {s.n_samples} samples in {time.time() - t0:.1f}s"
-             + (f", clean accuracy {acc:.0%}" if acc is not None else "")
-             + f"; top heads {', '.join(str(h) for h in s.top(5))}")
-        out.append(s)
-    return out
+MASK_KIND, SCORES_KIND = "headscope.head_mask", "headscope.head_scores"
+DEFAULT_SENDER_ROUNDS = 3
+
+
+def _check_out(path: str | Path, kind: str | None, args: argparse.Namespace, flag: str = "--out") -> Path:
+    from headscope.io import check_output_path
+
+    return check_output_path(path, kind=kind, overwrite=getattr(args, "overwrite", False), flag=flag)
+
+
+def _check_figure(path: str | None, args: argparse.Namespace, flag: str = "--plot") -> None:
+    if path is None:
+        return
+    from headscope.plots import check_figure_path
+
+    check_figure_path(path, overwrite=getattr(args, "overwrite", False), flag=flag)
+
+
+def _is_knockout_csv(path: Path) -> bool:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.readline().startswith("k,fraction,selection")
+    except (OSError, UnicodeDecodeError):
+        return False
+
+
+def _check_csv(path: str, args: argparse.Namespace, flag: str = "--out") -> None:
+    p = Path(path)
+    if p.is_dir():
+        raise IsADirectoryError(f"{flag} {p} is a folder; give a file path (e.g. {p / 'curve.csv'})")
+    if p.suffix.lower() != ".csv":
+        raise ValueError(f"{flag} {p}: the knockout table is a CSV file; give a path ending in .csv")
+    if p.exists() and not _is_knockout_csv(p) and not args.overwrite:
+        raise FileExistsError(f"{flag} {p} is not a knockout CSV; refusing to overwrite it (pass --overwrite, or "
+                              "choose another path)")
+
+
+def _check_budget(args: argparse.Namespace, model_or_config: Any, n_layers: int, n_heads: int) -> None:
+    """Run the selection once on all-zero scores: every budget/strategy error surfaces before any scoring."""
+    import warnings
+
+    import torch
+
+    from headscope.results import HeadScores
+
+    if args.ratio is not None:
+        from headscope.selection import parse_ratio
+
+        parse_ratio(args.ratio)
+    probe = HeadScores("budget-check", torch.zeros(1, n_layers, n_heads))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        _select(probe, args, model_or_config)
 
 
 def _scores_paths(out: str, tasks: list[str]) -> list[Path]:
@@ -161,55 +214,190 @@ def _scores_paths(out: str, tasks: list[str]) -> list[Path]:
     return [p.with_name(f"{p.stem}.{t}{p.suffix or '.json'}") for t in tasks]
 
 
+def _save_scores_paths(folder: str, tasks: list[str], senders: bool) -> list[Path]:
+    d = Path(folder)
+    names = [f"{t}.json" for t in tasks] + ([f"{t}.sender.json" for t in tasks] if senders else []) + ["fused.json"]
+    return [d / n for n in names]
+
+
+def _check_save_scores(folder: str | None, tasks: list[str], senders: bool, args: argparse.Namespace) -> None:
+    if folder is None:
+        return
+    d = Path(folder)
+    if d.exists() and not d.is_dir():
+        raise FileExistsError(f"--save-scores {d} is an existing file; give a folder (it gets one JSON per task "
+                              "and fused.json)")
+    for p in _save_scores_paths(folder, tasks, senders):
+        _check_out(p, SCORES_KIND, args, flag="--save-scores")
+
+
+# ----------------------------------------------------------------------------- time estimate
+
+# Seconds of scoring work per pair, in units of one timed forward of a head-batch (n_heads copies of the prompt),
+# per layer: the fast receiver path (prefix reuse, layer skip) and one path-patching round. Measured on the
+# reference model on 2 CPU cores (the estimate is printed as "about").
+RECEIVER_FORWARDS_PER_LAYER = 0.6
+SENDER_FORWARDS_PER_LAYER = 0.6
+
+
+def _forward_seconds(model, ids, batch: int) -> float:
+    import torch
+
+    x = ids[None].expand(batch, -1).to(next(model.parameters()).device)  # [B, T]
+    with torch.inference_mode():
+        model(input_ids=x[:1, :8])  # warm-up
+        t0 = time.perf_counter()
+        model(input_ids=x)
+        return time.perf_counter() - t0
+
+
+def _estimate(model, tokenizer, tasks: list[str], args: argparse.Namespace, sender_rounds: int) -> float:
+    """About how long scoring takes: one timed head-batch forward per task, times the forwards the work needs."""
+    from headscope.arch import describe
+    from headscope.tasks import get_task
+
+    arch = describe(model)
+    total = 0.0
+    for task in tasks:
+        pair = get_task(task, **_task_kwargs(task, args)).tokenized(tokenizer, 1, args.seed)[0]
+        ids = pair.clean_ids if hasattr(pair.clean_ids, "shape") else __import__("torch").tensor(pair.clean_ids)
+        t_batch = _forward_seconds(model, ids, arch.n_heads)
+        per_pair = arch.n_layers * t_batch * (RECEIVER_FORWARDS_PER_LAYER + sender_rounds * SENDER_FORWARDS_PER_LAYER)
+        total += args.n_samples * per_pair
+    return total
+
+
+def _fmt_seconds(sec: float) -> str:
+    if sec < 90:
+        return f"{sec:.0f} s"
+    if sec < 5400:
+        return f"{sec / 60:.1f} min"
+    return f"{sec / 3600:.1f} h"
+
+
+def _print_estimate(model, tokenizer, tasks: list[str], args: argparse.Namespace, sender_rounds: int) -> None:
+    t0 = time.time()
+    est = _estimate(model, tokenizer, tasks, args, sender_rounds)
+    what = "receiver" + (f" + sender ({sender_rounds} rounds max)" if sender_rounds else "") + " scores"
+    _log(f"estimated time: about {_fmt_seconds(est)} for {what} on {', '.join(tasks)} with {args.n_samples} "
+         f"samples each (timed in {time.time() - t0:.1f}s; Ctrl-C stops)")
+
+
+# ----------------------------------------------------------------------------- scoring
+
+def _score_kwargs(task: str, args: argparse.Namespace) -> dict[str, Any]:
+    return dict(n_samples=args.n_samples, seed=args.seed, metric=args.metric, batch_size=args.batch_size,
+                progress=not args.quiet, on_clean_failure=args.on_clean_failure, **_task_kwargs(task, args))
+
+
+def _receiver(model, tokenizer, task: str, args: argparse.Namespace):
+    from headscope.api import score
+
+    t0 = time.time()
+    s = score(model, task, tokenizer=tokenizer, backend=args.backend, **_score_kwargs(task, args))
+    acc = s.clean_accuracy
+    _log(f"scored {task}: {s.n_samples} samples in {time.time() - t0:.1f}s"
+         + (f", clean accuracy {acc:.0%}" if acc is not None else "")
+         + f"; top heads {', '.join(str(h) for h in s.top(5))}")
+    return s
+
+
+def _senders(model, tokenizer, task: str, receiver, args: argparse.Namespace, rounds: int):
+    """Iterated path patching from ``receiver``'s top heads; returns (sender scores, combined scores)."""
+    from headscope.senders import iterated_path_patching
+
+    t0 = time.time()
+    backend = "naive" if args.backend == "naive" else "hf"
+    res = iterated_path_patching(model, task, tokenizer=tokenizer, receiver_scores=receiver, k=args.sender_k,
+                                 max_rounds=rounds, rule=args.combine, backend=backend, **_score_kwargs(task, args))
+    _log(f"sender scores on {task}: {len(res.rounds)} round(s) in {time.time() - t0:.1f}s"
+         f"{' (converged)' if res.converged else ''}; receivers {', '.join(str(h) for h in res.found())}")
+    return res.sender, res.combined
+
+
+def _run_tasks(args: argparse.Namespace) -> tuple[list[str], int]:
+    tasks = args.task or (["niah"] if args.quick else ["niah", "reasoning"])
+    rounds = 0 if args.quick else args.sender_rounds
+    return tasks, rounds
+
+
 # ----------------------------------------------------------------------------- commands
 
 def cmd_score(args: argparse.Namespace) -> None:
+    paths = _scores_paths(args.out, args.task)
+    for path in paths:
+        _check_out(path, SCORES_KIND, args)
     model, tokenizer = _load_model(args.model, args)
-    scores = _score_tasks(model, tokenizer, args)
-    for s, path in zip(scores, _scores_paths(args.out, args.task)):
-        path.parent.mkdir(parents=True, exist_ok=True)
+    _print_estimate(model, tokenizer, args.task, args, 0)
+    for task, path in zip(args.task, paths):
+        s = _receiver(model, tokenizer, task, args)
         s.to_json(path)
         _log(f"wrote {path}")
 
 
 def cmd_select(args: argparse.Namespace) -> None:
+    _check_out(args.out, MASK_KIND, args)
     fused = _fused(_load_scores(args.scores), args.combine, args.stability, args.weights, args.threshold)
     mask = _select(fused, args, _model_config(args.model))
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     mask.to_json(args.out)
     print(_summary(mask))
     _log(f"wrote {args.out}")
 
 
 def cmd_run(args: argparse.Namespace) -> None:
+    from headscope.arch import describe
+    from headscope.fusion import fuse
+
     t0 = time.time()
+    tasks, rounds = _run_tasks(args)
+    if args.ratio is not None:
+        from headscope.selection import parse_ratio
+
+        parse_ratio(args.ratio)
+    out = _check_out(args.out, MASK_KIND, args)
+    _check_save_scores(args.save_scores, tasks, rounds > 0, args)
+    _check_figure(args.plot, args)
+    if args.weights is not None and len(args.weights) != len(tasks):
+        raise UsageError(f"--weights has {len(args.weights)} values for {len(tasks)} tasks {tasks}")
     model, tokenizer = _load_model(args.model, args)
-    scores = _score_tasks(model, tokenizer, args)
-    fused = _fused(scores, args.combine, args.stability, args.weights, args.threshold)
+    arch = describe(model)
+    _check_budget(args, model, arch.n_layers, arch.n_heads)
+    _print_estimate(model, tokenizer, tasks, args, rounds)
+
+    receivers, senders, per_task = {}, {}, {}
+    for task in tasks:
+        receivers[task] = _receiver(model, tokenizer, task, args)
+        if rounds:
+            senders[task], per_task[task] = _senders(model, tokenizer, task, receivers[task], args, rounds)
+        else:
+            per_task[task] = receivers[task]
+    weights = None if args.weights is None else dict(zip(tasks, args.weights))
+    fused = fuse(per_task, weights=weights, stability=args.stability, threshold=args.threshold)
     mask = _select(fused, args, model)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    mask.settings.update({"model": args.model, "tasks": args.task, "n_samples": args.n_samples,
-                          "context_length": args.context_length})
-    mask.to_json(out)
+    mask.settings.update({"model": args.model, "tasks": tasks, "n_samples": args.n_samples,
+                          "context_length": args.context_length, "sender_rounds": rounds,
+                          "method": "receiver scores" if not rounds else
+                          "receiver + sender scores (iterated path patching), combined per task"})
     if args.save_scores:
-        d = Path(args.save_scores)
-        d.mkdir(parents=True, exist_ok=True)
-        for s in scores:
-            s.to_json(d / f"{s.task}.json")
-        fused.to_json(d / "fused.json")
-        _log(f"wrote scores to {d}/")
+        paths = iter(_save_scores_paths(args.save_scores, tasks, rounds > 0))
+        for s in [*receivers.values(), *senders.values(), fused]:
+            s.to_json(next(paths))
+        _log(f"wrote scores to {args.save_scores}/")
     if args.plot:
         from headscope.plots import heatmap, save
 
         _log(f"wrote {save(heatmap(fused, mask=mask, title='fused head scores, FA heads marked'), args.plot)}")
+    mask.to_json(out)
     print(_summary(mask))
     _log(f"wrote {out} in {time.time() - t0:.1f}s")
 
 
 def cmd_knockout(args: argparse.Namespace) -> None:
+    from headscope.io import atomic_write
     from headscope.knockout import auc, knockout_curve
 
+    _check_csv(args.out, args)
+    _check_figure(args.plot, args)
     scores = _load_scores(args.scores)
     fused = scores[0] if len(scores) == 1 else _fused(scores, "max", "none", None, 0.1)
     real = [s.task for s in scores if s.kind != "fused"]
@@ -220,8 +408,8 @@ def cmd_knockout(args: argparse.Namespace) -> None:
     df = knockout_curve(model, task, fused, tokenizer=tokenizer, max_fraction=args.max_fraction, kind=args.kind,
                         n_random=args.n_random, n_samples=args.n_samples, seed=args.seed, metric=args.metric,
                         batch_size=args.batch_size or 8, progress=not args.quiet, **_task_kwargs(task, args))
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    df.to_csv(args.out, index=False)
+    with atomic_write(args.out) as f:
+        df.to_csv(f, index=False)
     a = auc(df)
     print(f"knockout on {task} ({args.kind}): mean accuracy top-k {a['top']:.3f}, random {a['random']:.3f}, "
           f"gap {a['gap']:.3f}")
@@ -238,6 +426,7 @@ def cmd_plot(args: argparse.Namespace) -> None:
 
     from headscope import plots
 
+    _check_figure(args.out, args, flag="--out")
     src = Path(args.inp)
     if not src.exists():
         raise FileNotFoundError(f"input file {src} does not exist")
@@ -282,11 +471,16 @@ def _add_model(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
 
 
-def _add_tasks(p: argparse.ArgumentParser, multiple: bool = True) -> None:
+def _add_overwrite(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace existing output files that are not headscope outputs of the same kind")
+
+
+def _add_tasks(p: argparse.ArgumentParser, multiple: bool = True, default_help: str = "niah") -> None:
     if multiple:
         p.add_argument("--task", action="append", default=None,
                        help="task to score (repeatable): niah, niah_multikey, arithmetic, binding, comparison, "
-                            "two_hop, reasoning (default: niah)")
+                            f"two_hop, reasoning (default: {default_help})")
     p.add_argument("--n-samples", type=int, default=8, help="prompt pairs per task (default 8)")
     p.add_argument("--context-length", type=int, default=None,
                    help="prompt length in tokens, for tasks that have one (NIAH; default: the task's, 1024)")
@@ -331,14 +525,25 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     p = sub.add_parser("run", help="score -> fuse -> select -> mask.json in one go",
-                       description="Score heads on each task, fuse the tasks, select FA heads, write the mask.")
+                       description="The whole method: receiver scores and sender scores (iterated path patching) "
+                                   "on NIAH and the reasoning tasks, stability-weighted fusion, selection; writes "
+                                   "the mask. --quick: receiver scores on NIAH only.")
     _add_model(p)
-    _add_tasks(p)
+    _add_tasks(p, default_help="niah and reasoning; with --quick: niah")
     _add_score_opts(p)
+    p.add_argument("--quick", action="store_true",
+                   help="receiver scores only, on NIAH only (unless --task is given): about 4x faster")
+    p.add_argument("--sender-rounds", type=int, default=DEFAULT_SENDER_ROUNDS,
+                   help=f"iterated path patching rounds per task (default {DEFAULT_SENDER_ROUNDS}; 0: receiver "
+                        "scores only)")
+    p.add_argument("--sender-k", type=int, default=None,
+                   help="receivers per path-patching round (default 2%% of all heads, at least 1)")
     _add_selection(p)
     p.add_argument("--out", default="mask.json", help="head-mask JSON to write (default mask.json)")
-    p.add_argument("--save-scores", metavar="DIR", help="also write each task's and the fused scores here")
+    p.add_argument("--save-scores", metavar="DIR", help="also write each task's receiver (and sender) scores and "
+                                                        "the fused scores into this folder")
     p.add_argument("--plot", metavar="FILE", help="also write a heatmap of the fused scores (.html or .png)")
+    _add_overwrite(p)
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("score", help="causal receiver scores of every head on one or more tasks",
@@ -348,6 +553,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_score_opts(p)
     p.add_argument("--out", required=True,
                    help="scores JSON; with several tasks, OUT's stem gets the task name (scores.niah.json, ...)")
+    _add_overwrite(p)
     p.set_defaults(func=cmd_score)
 
     p = sub.add_parser("select", help="fuse score files and select FA heads into a mask",
@@ -358,6 +564,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", dest="tie_seed", type=int, default=None, help="random tie-breaking among equal scores")
     p.add_argument("--model", default=None, help="'default' or a local folder: record its shape and fingerprint")
     p.add_argument("--out", required=True, help="head-mask JSON to write")
+    _add_overwrite(p)
     p.set_defaults(func=cmd_select)
 
     p = sub.add_parser("knockout", help="accuracy as the top-k heads (vs random heads) are knocked out",
@@ -367,13 +574,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--task", default=None, help="task to evaluate on (default: the scores' task)")
     _add_tasks(p, multiple=False)
     p.add_argument("--kind", default="patch", choices=["patch", "mean", "zero"],
-                   help="ablation: patch = the head's activation on the corrupted prompt (default, the paper's), "
-                        "mean, zero")
+                   help="knockout: patch (default, the paper's: a head takes its activation from the corrupted "
+                        "prompt), mean (its mean activation over the prompts) or zero")
     p.add_argument("--n-random", type=int, default=5, help="random head sets per k (default 5)")
     p.add_argument("--max-fraction", type=float, default=0.1, help="largest fraction of heads knocked out")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.add_argument("--out", required=True, help="CSV to write")
     p.add_argument("--plot", metavar="FILE", help="also write the knockout figure (.html or .png)")
+    _add_overwrite(p)
     p.set_defaults(func=cmd_knockout)
 
     p = sub.add_parser("plot", help="figures: heatmap, knockout, stability, similarity",
@@ -387,6 +595,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--band", default="minmax", choices=["minmax", "std"], help="knockout: random-curve band")
     p.add_argument("--k", type=int, default=None, help="stability: top-K for the overlap (default 5%% of heads)")
     p.add_argument("--seed", type=int, default=0)
+    _add_overwrite(p)
     p.set_defaults(func=cmd_plot)
     return parser
 
@@ -413,12 +622,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
-    if getattr(args, "task", None) is None and args.command in ("run", "score"):
+    if getattr(args, "task", None) is None and args.command == "score":
         args.task = ["niah"]
-    for name in ("n_samples", "batch_size", "context_length"):
+    for name in ("n_samples", "batch_size", "context_length", "sender_k"):
         value = getattr(args, name, None)
         if value is not None and value < 1:
             return _fail(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+    if getattr(args, "sender_rounds", 0) < 0:
+        return _fail(f"--sender-rounds must be >= 0, got {args.sender_rounds}")
     try:
         args.func(args)
     except KeyboardInterrupt:

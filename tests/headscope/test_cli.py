@@ -113,7 +113,7 @@ def test_score_run_knockout_on_a_tiny_model(tmp_path, model_dir, capsys):
     assert (s.n_samples, s.n_layers, s.n_heads) == (2, 3, 4) and s.task == "niah"
 
     out = tmp_path / "mask.json"
-    assert main(["run", *common, "--k", "3", "--out", str(out), "--save-scores", str(tmp_path / "scores"),
+    assert main(["run", *common, "--quick", "--k", "3", "--out", str(out), "--save-scores", str(tmp_path / "scores"),
                  "--plot", str(tmp_path / "fused.html")]) == 0
     mask = HeadMask.from_json(out)
     assert len(mask) == 3 and mask.per_layer_counts() == [1, 1, 1] and mask.settings["tasks"] == ["niah"]
@@ -126,3 +126,159 @@ def test_score_run_knockout_on_a_tiny_model(tmp_path, model_dir, capsys):
     df = pd.read_csv(curve)
     assert set(df.selection) == {"top", "random"} and df.k.max() == 3
     assert "mean accuracy top-k" in capsys.readouterr().out
+
+
+# ----------------------------------------------------------------------------- the whole method, checks first
+
+@pytest.mark.filterwarnings("ignore:the model answers only:UserWarning")
+def test_run_default_is_the_whole_method_and_quick_is_receiver_only(tmp_path, model_dir):
+    common = ["--model", str(model_dir), "--n-samples", "2", "--context-length", "64", "--quiet", "--device", "cpu",
+              "--k", "3"]
+    out = tmp_path / "mask.json"
+    assert main(["run", *common, "--sender-rounds", "1", "--out", str(out), "--save-scores", str(tmp_path / "s")]) == 0
+    mask = HeadMask.from_json(out)
+    assert mask.settings["tasks"] == ["niah", "reasoning"] and mask.settings["sender_rounds"] == 1
+    assert mask.settings["fusion"]["tasks"] == ["niah", "reasoning"]
+    for name in ("niah", "reasoning"):
+        assert HeadScores.from_json(tmp_path / "s" / f"{name}.json").kind == "receiver"
+        assert HeadScores.from_json(tmp_path / "s" / f"{name}.sender.json").kind == "sender"
+    assert set(HeadScores.from_json(tmp_path / "s" / "fused.json").settings["kinds"].values()) == {"combined"}
+
+    quick = tmp_path / "quick.json"
+    assert main(["run", *common, "--quick", "--out", str(quick)]) == 0
+    q = HeadMask.from_json(quick)
+    assert q.settings["tasks"] == ["niah"] and q.settings["sender_rounds"] == 0
+    assert q.settings["fusion"]["tasks"] == ["niah"] and q.settings["method"] == "receiver scores"
+
+
+@pytest.fixture
+def no_scoring(monkeypatch):
+    """Fail the test if any scoring starts."""
+    import headscope.api
+    import headscope.senders
+
+    def boom(*args, **kwargs):
+        raise AssertionError("scoring ran although the command line could not succeed")
+
+    monkeypatch.setattr(headscope.api, "score", boom)
+    monkeypatch.setattr(headscope.senders, "iterated_path_patching", boom)
+
+
+def _err(capsys) -> str:
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "Traceback" not in "\n".join(err) and err[-1].startswith("headscope: error: ")
+    return err[-1]
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--ratio", "seven"], "LA:FA"),
+    (["--ratio", "7:0"], "FA part must be > 0"),
+    (["--k", "2"], "k >= n_layers"),              # 3 layers need >= 3 FA heads with a per-layer minimum
+    (["--fraction", "1.5"], "fraction"),
+    (["--out", "{folder}"], "is a folder"),
+    (["--out", "{other}"], "refusing to overwrite"),
+    (["--save-scores", "{other}"], "is an existing file"),
+    (["--save-scores", "{scoresdir}"], "refusing to overwrite"),
+    (["--plot", "fig.svg"], ".html or .png"),
+    (["--plot", "{other}"], ".html or .png"),
+    (["--weights", "1", "2", "3"], "--weights has 3 values for 2 tasks"),
+    (["--sender-rounds", "-1"], "--sender-rounds must be >= 0"),
+    (["--sender-k", "0"], "--sender-k must be >= 1"),
+])
+def test_run_refuses_before_scoring(tmp_path, model_dir, capsys, no_scoring, extra, message):
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "other.txt").write_text("my notes\n")
+    (tmp_path / "scoresdir").mkdir()
+    (tmp_path / "scoresdir" / "niah.json").write_text('{"not": "scores"}')
+    files = {"folder": str(tmp_path / "folder"), "other": str(tmp_path / "other.txt"),
+             "scoresdir": str(tmp_path / "scoresdir")}
+    args = ["run", "--model", str(model_dir), "--device", "cpu", "--quiet", "--out", str(tmp_path / "m.json")]
+    assert main(args + [a.format(**files) for a in extra]) == 2
+    assert message in _err(capsys)
+    assert (tmp_path / "other.txt").read_text() == "my notes\n"  # untouched
+
+
+def test_overwrite_flag_and_same_kind_artifacts(tmp_path, model_dir, capsys, no_scoring):
+    """An existing file of another kind needs --overwrite; a mask over a mask does not (scoring then starts)."""
+    other = tmp_path / "notes.json"
+    other.write_text('{"mine": 1}')
+    args = ["run", "--model", str(model_dir), "--device", "cpu", "--quiet", "--k", "3"]
+    assert main(args + ["--out", str(other)]) == 2 and "--overwrite" in _err(capsys)
+    with pytest.raises(AssertionError, match="scoring ran"):  # the checks pass: scoring starts
+        main(["--debug"] + args + ["--out", str(other), "--overwrite"])
+    HeadMask(fa_heads=[(0, 0)], n_layers=3, n_heads=4).to_json(tmp_path / "old_mask.json")
+    with pytest.raises(AssertionError, match="scoring ran"):
+        main(["--debug"] + args + ["--out", str(tmp_path / "old_mask.json")])
+    assert other.read_text() == '{"mine": 1}'
+
+
+@pytest.mark.parametrize("args, message", [
+    (["score", "--out", "{other}"], "is not a headscope.head_scores file"),
+    (["score", "--out", "{folder}"], "is a folder"),
+    (["knockout", "--scores", "{scores}", "--out", "curve.txt"], "ending in .csv"),
+    (["knockout", "--scores", "{scores}", "--out", "{othercsv}"], "not a knockout CSV"),
+    (["knockout", "--scores", "{scores}", "--out", "c.csv", "--plot", "c.pdf"], ".html or .png"),
+    (["plot", "heatmap", "--in", "{scores}", "--out", "h.svg"], ".html or .png"),
+    (["plot", "heatmap", "--in", "{scores}", "--out", "{other}"], ".html or .png"),
+    (["select", "--scores", "{scores}", "--k", "3", "--out", "{other}"], "is not a headscope.head_mask file"),
+    (["select", "--scores", "{nan}", "--k", "3", "--out", "m.json"], "NaN/infinite"),
+    (["select", "--scores", "{inf}", "--k", "3", "--out", "m.json"], "NaN/infinite"),
+])
+def test_other_commands_refuse_bad_outputs(tmp_path, monkeypatch, capsys, model_dir, no_scoring, args, message):
+    monkeypatch.chdir(tmp_path)
+    import headscope.cli as cli
+
+    monkeypatch.setattr(cli, "_load_model", lambda *a: pytest.fail("the model was loaded before the checks"))
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "other.json").write_text('{"mine": 1}')
+    (tmp_path / "other.csv").write_text("a,b\n1,2\n")
+    for name, value in (("nan", float("nan")), ("inf", float("inf"))):
+        t = torch.rand(2, 3, 4)
+        t[1, 2, 3] = value
+        HeadScores("niah", t).to_json(tmp_path / f"{name}.json")
+    files = {"folder": "folder", "other": "other.json", "othercsv": "other.csv", "nan": "nan.json",
+             "inf": "inf.json", "scores": _write_scores(tmp_path / "s.json", "niah", 0, shape=(2, 3, 4))}
+    assert main([a.format(**files) for a in args]) == 2
+    assert message in _err(capsys)
+    assert (tmp_path / "other.json").read_text() == '{"mine": 1}'
+
+
+def test_a_large_n_samples_prints_the_estimate_before_starting(tmp_path, model_dir, capsys, monkeypatch):
+    import headscope.api
+
+    def stop(*args, **kwargs):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(headscope.api, "score", stop)
+    common = ["--model", str(model_dir), "--device", "cpu", "--n-samples", "100000", "--context-length", "64"]
+    for cmd in (["score", *common, "--out", str(tmp_path / "s.json")],
+                ["run", *common, "--k", "3", "--out", str(tmp_path / "m.json")]):
+        assert main(cmd) == 130
+        err = capsys.readouterr().err
+        assert "estimated time: about" in err and "100000 samples" in err
+        assert err.index("estimated time") < err.index("interrupted")
+    assert not (tmp_path / "s.json").exists() and not (tmp_path / "m.json").exists()
+
+
+def test_refusals_device_model_path_tokenizer(tmp_path, model_dir, capsys, no_scoring):
+    import shutil
+
+    if not torch.cuda.is_available():
+        assert main(["score", "--model", str(model_dir), "--device", "cuda", "--out", str(tmp_path / "s.json")]) == 2
+        assert "CUDA is not available" in _err(capsys)
+    assert main(["score", "--model", str(tmp_path / "nope"), "--out", str(tmp_path / "s.json")]) == 2
+    err = _err(capsys)
+    assert "does not exist" in err and "train" not in err
+    bare = tmp_path / "bare"
+    shutil.copytree(model_dir, bare)
+    for f in bare.iterdir():
+        if "token" in f.name or f.name == "special_tokens_map.json":
+            f.unlink()
+    assert main(["score", "--model", str(bare), "--device", "cpu", "--out", str(tmp_path / "s.json")]) == 2
+    assert "holds no tokenizer" in (err := _err(capsys)) and "tokenizer.json" in err
+
+
+def test_knockout_default_kind_is_patch():
+    from headscope.cli import build_parser
+
+    args = build_parser().parse_args(["knockout", "--scores", "s.json", "--out", "c.csv"])
+    assert args.kind == "patch"
