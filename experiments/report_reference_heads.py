@@ -3,7 +3,8 @@
     python experiments/report_reference_heads.py                   # ~8-15 min on 2 busy cores
     python experiments/report_reference_heads.py --n-niah 8 --n-knockout 8 --quick-path   # faster
 
-Prints, and writes docs/results/reference_heads.json (+ the 7:1 mask and up to 3 small HTML figures):
+Prints, and writes docs/results/reference_heads_cpu/reference_heads.json (+ the 7:1 mask and up to 3 small HTML
+figures):
 NIAH receiver scores (retrieval-critical fraction at thresholds 0.05 / 0.1 / 0.2, per-layer counts,
 top 10 with KV groups), iterated path patching (per round, convergence, combined score), reasoning
 family scores (the families the model solves), fusion ("frac") and the 7:1 global_per_layer_min mask,
@@ -39,8 +40,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--path-k", type=int, default=3, help="receivers per round of iterated path patching")
     p.add_argument("--path-rounds", type=int, default=3)
     p.add_argument("--n-path", type=int, default=None, help="pairs for path patching (default: all NIAH pairs)")
-    p.add_argument("--out", default=str(ROOT / "docs/results/reference_heads.json"))
-    p.add_argument("--mask-out", default=str(ROOT / "docs/results/reference_mask_7to1.json"))
+    p.add_argument("--out", default=str(ROOT / "docs/results/reference_heads_cpu/reference_heads.json"))
+    p.add_argument("--mask-out", default=str(ROOT / "docs/results/reference_heads_cpu/reference_mask_7to1.json"))
     p.add_argument("--figures", default=str(ROOT / "docs/figures"), help="folder for the HTML figures ('' = none)")
     p.add_argument("--progress", action="store_true", help="show tqdm bars")
     a = p.parse_args()

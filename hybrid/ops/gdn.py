@@ -35,7 +35,8 @@ HOPPER_BWD_ENV = "HYBRID_ALLOW_UNVERIFIED_HOPPER_BWD"
 # (Dk, Dv) head dims at which experiments/fla_parity_gpu.py measured fla's guarded Hopper backward to match the
 # reference (relative error <= 1e-2 for every gradient); there the guard is bypassed by default. Measured on one
 # H200 (torch 2.11, Triton 3.6, fla-core 0.6.0, 2026-11-29): at T = 512 and 1024, D = 64 and 128, the bypassed
-# backward's worst relative error was 5.0e-3 (docs/results/gpu_hybrid_h200.log, gpu_tests_h200.log).
+# backward's worst relative error was 5.0e-3 (docs/results/hybrid_gpu_h200/gpu_hybrid_h200.log,
+# docs/results/gpu_tests_h200/gpu_tests_h200.log).
 HOPPER_BWD_VERIFIED_DIMS: frozenset[tuple[int, int]] = frozenset({(64, 64), (128, 128)})
 
 
