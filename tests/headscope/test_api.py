@@ -66,3 +66,26 @@ class _NoHeads(torch.nn.Module):
 
         self.config = tf.PretrainedConfig(model_type="mystery")
         self.body = torch.nn.Linear(4, 4)
+
+
+def test_out_of_vocabulary_ids_name_the_pair_and_the_id():
+    import dataclasses
+
+    from headscope.tasks import get_task
+
+    model, tok = tiny_model("qwen3"), char_tokenizer()
+    pairs = get_task("niah", context_length=160).tokenized(tok, 2, 0)
+    ids = list(pairs[1].corrupt_ids)
+    ids[5] = 500
+    bad = dataclasses.replace(pairs[1], corrupt_ids=type(pairs[1].corrupt_ids)(ids) if isinstance(
+        pairs[1].corrupt_ids, list) else torch.as_tensor(ids))
+    with pytest.raises(PatchInputError, match=r"pair 1 of 'niah'.*corrupt_ids\[5\] is token id 500, outside the "
+                                              r"model's vocabulary \(ids 0..127"):
+        score(model, [pairs[0], bad], progress=False)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
+def test_cuda_without_cuda_is_refused():
+    with pytest.raises(ValueError, match="CUDA is not available"):
+        score(tiny_model("qwen3"), "niah", tokenizer=char_tokenizer(), device="cuda", progress=False,
+              context_length=160)

@@ -63,6 +63,41 @@ def test_default_missing_names_the_training_script(monkeypatch, tmp_path):
         load_model()
 
 
+def test_refusals_name_the_problem(tiny_folder, tmp_path):
+    """A folder that does not exist (no training hint), a file, a folder without tokenizer files (transformers
+    would silently build a one-token tokenizer), a CUDA device without CUDA."""
+    from headscope.reference import MissingTokenizerError, load_tokenizer
+
+    for missing in (tmp_path / "nope", str(tmp_path / "nope"), "./nope", "no/such/folder"):
+        with pytest.raises(ReferenceModelMissing, match="does not exist") as err:
+            load_model(missing)
+        assert "train" not in str(err.value)
+    (tmp_path / "file.bin").write_bytes(b"x")
+    with pytest.raises(ReferenceModelMissing, match="is a file"):
+        load_model(tmp_path / "file.bin")
+    path, _ = tiny_folder
+    for f in path.iterdir():
+        if "token" in f.name:
+            f.unlink()
+    for load in (load_model, load_tokenizer):
+        with pytest.raises(MissingTokenizerError, match="holds no tokenizer: none of tokenizer.json"):
+            load(path)
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="CUDA is not available"):
+            load_model(path, device="cuda")
+
+
+def test_check_device():
+    from headscope.reference import check_device
+
+    assert check_device("cpu") == torch.device("cpu")
+    with pytest.raises(ValueError, match="not a torch device"):
+        check_device("gpu0")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="CUDA is not available"):
+            check_device(torch.device("cuda", 0))
+
+
 # ----------------------------------------------------------------------------- the shipped model
 
 @pytest.fixture(scope="module")
