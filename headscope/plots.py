@@ -154,15 +154,28 @@ def similarity_plot(matrix, title: str = "residual-stream cosine similarity betw
 FIGURE_SUFFIXES = (".html", ".htm", ".png")
 
 
-def check_figure_path(path: str | Path, *, overwrite: bool = True, flag: str = "--plot") -> Path:
-    """Refuse a figure path that ``save`` cannot write (a folder, a suffix other than .html/.png), before
-    long work starts; with ``overwrite=False`` also an existing file (figures are not JSON artifacts)."""
-    from headscope.io import check_output_path
+def _is_figure(path: Path) -> bool:
+    """An existing file that a figure may replace: a plotly HTML page or a PNG image."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(1 << 16)
+    except OSError:
+        return False
+    return head.startswith(b"\x89PNG") or (b"<html" in head.lower() and b"plotly" in head.lower())
+
+
+def check_figure_path(path: str | Path, *, overwrite: bool = False, flag: str = "--plot") -> Path:
+    """Refuse a figure path that ``save`` cannot or should not write, before long work starts: a folder, a
+    suffix other than .html/.png, an existing file that is not a figure (unless ``overwrite``)."""
+    from headscope.io import OutputExistsError, check_output_path
 
     p = Path(path)
     if p.suffix.lower() not in FIGURE_SUFFIXES:
         raise ValueError(f"{flag} {p}: a figure must end in .html or .png (got {p.suffix or 'no suffix'!r})")
-    return check_output_path(p, kind=None, overwrite=overwrite, flag=flag)
+    if p.exists() and not p.is_dir() and not overwrite and not _is_figure(p):
+        raise OutputExistsError(f"{flag} {p} exists and is not a figure; refusing to overwrite it (pass "
+                                "--overwrite / overwrite=True, or choose another path)")
+    return check_output_path(p, kind=None, overwrite=True, flag=flag)
 
 
 def save(fig, path: str | Path, *, include_plotlyjs: "bool | str" = True) -> Path:

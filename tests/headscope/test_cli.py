@@ -181,6 +181,7 @@ def _err(capsys) -> str:
     (["--save-scores", "{scoresdir}"], "refusing to overwrite"),
     (["--plot", "fig.svg"], ".html or .png"),
     (["--plot", "{other}"], ".html or .png"),
+    (["--plot", "{noteshtml}"], "is not a figure"),
     (["--weights", "1", "2", "3"], "--weights has 3 values for 2 tasks"),
     (["--sender-rounds", "-1"], "--sender-rounds must be >= 0"),
     (["--sender-k", "0"], "--sender-k must be >= 1"),
@@ -188,10 +189,11 @@ def _err(capsys) -> str:
 def test_run_refuses_before_scoring(tmp_path, model_dir, capsys, no_scoring, extra, message):
     (tmp_path / "folder").mkdir()
     (tmp_path / "other.txt").write_text("my notes\n")
+    (tmp_path / "notes.html").write_text("<p>my notes</p>")
     (tmp_path / "scoresdir").mkdir()
     (tmp_path / "scoresdir" / "niah.json").write_text('{"not": "scores"}')
     files = {"folder": str(tmp_path / "folder"), "other": str(tmp_path / "other.txt"),
-             "scoresdir": str(tmp_path / "scoresdir")}
+             "scoresdir": str(tmp_path / "scoresdir"), "noteshtml": str(tmp_path / "notes.html")}
     args = ["run", "--model", str(model_dir), "--device", "cpu", "--quiet", "--out", str(tmp_path / "m.json")]
     assert main(args + [a.format(**files) for a in extra]) == 2
     assert message in _err(capsys)

@@ -89,3 +89,21 @@ def test_save_can_link_plotlyjs_instead_of_embedding_it(tmp_path):
     big = plots.save(fig, tmp_path / "full.html")
     assert small.stat().st_size < 100_000 < big.stat().st_size
     assert "cdn.plot.ly" in small.read_text()
+
+
+def test_check_figure_path(tmp_path):
+    from headscope.io import OutputExistsError
+
+    fig = plots.heatmap(_scores())
+    plots.check_figure_path(tmp_path / "new.html")
+    plots.save(fig, tmp_path / "old.html")
+    plots.check_figure_path(tmp_path / "old.html")  # a figure may replace a figure
+    (tmp_path / "notes.html").write_text("<p>my notes</p>")
+    with pytest.raises(OutputExistsError, match="not a figure"):
+        plots.check_figure_path(tmp_path / "notes.html")
+    plots.check_figure_path(tmp_path / "notes.html", overwrite=True)
+    with pytest.raises(ValueError, match=".html or .png"):
+        plots.check_figure_path(tmp_path / "x.pdf")
+    (tmp_path / "dir.html").mkdir()
+    with pytest.raises(IsADirectoryError, match="is a folder"):
+        plots.check_figure_path(tmp_path / "dir.html")
