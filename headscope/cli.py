@@ -254,6 +254,8 @@ def _forward_seconds(model, ids, batch: int) -> float:
 
 def _estimate(model, tokenizer, tasks: list[str], args: argparse.Namespace, sender_rounds: int) -> float:
     """About how long scoring takes: one timed head-batch forward per task, times the forwards the work needs."""
+    import torch
+
     from headscope.arch import describe
     from headscope.tasks import get_task
 
@@ -261,7 +263,7 @@ def _estimate(model, tokenizer, tasks: list[str], args: argparse.Namespace, send
     total = 0.0
     for task in tasks:
         pair = get_task(task, **_task_kwargs(task, args)).tokenized(tokenizer, 1, args.seed)[0]
-        ids = pair.clean_ids if hasattr(pair.clean_ids, "shape") else __import__("torch").tensor(pair.clean_ids)
+        ids = torch.as_tensor(pair.clean_ids)  # [T]
         t_batch = _forward_seconds(model, ids, arch.n_heads)
         per_pair = arch.n_layers * t_batch * (RECEIVER_FORWARDS_PER_LAYER + sender_rounds * SENDER_FORWARDS_PER_LAYER)
         total += args.n_samples * per_pair
