@@ -6,7 +6,8 @@ ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "docs" / "results"
 CITING = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "experiments").rglob("*.md")),
           *sorted((ROOT / "experiments").rglob("*.py")), *sorted((ROOT / "experiments").rglob("*.sh")),
-          *sorted((ROOT / "hybrid").rglob("*.py")), *sorted((ROOT / "headscope").rglob("*.py"))]
+          *sorted((ROOT / "hybrid").rglob("*.py")), *sorted((ROOT / "headscope").rglob("*.py")),
+          *sorted((ROOT / "tests").rglob("*.py"))]
 
 
 def test_every_run_folder_has_a_readme_and_is_indexed():
@@ -26,7 +27,8 @@ def test_every_run_folder_has_a_readme_and_is_indexed():
 def test_cited_result_paths_exist():
     cited = set()
     for path in CITING:
-        cited |= set(re.findall(r"docs/results/([\w.\-/]+\w)", path.read_text(errors="ignore")))
+        text = path.read_text(errors="ignore").replace('" / "', "/")  # paths written as REPO / "docs" / ...
+        cited |= set(re.findall(r"docs/results/([\w.\-/]+\w)", text))
     assert cited, "no doc cites docs/results (the pattern is wrong)"
     missing = sorted(c for c in cited if not (RESULTS / c).exists())
     assert not missing, f"cited but not in docs/results: {missing}"
