@@ -18,6 +18,8 @@ from typing import Any, Callable
 
 import torch.nn as nn
 
+from headscope.registry import Registry
+
 __all__ = ["BACKENDS", "PATH_BACKENDS", "register_backend", "register_path_backend", "make_backend",
            "make_path_backend", "resolve_backend", "check_path_backend", "AUTO", "DEFAULT_BACKEND"]
 
@@ -31,43 +33,41 @@ class BackendEntry:
     detect: Callable[[Any], bool] | None = None
 
 
-BACKENDS: dict[str, BackendEntry] = {}
-PATH_BACKENDS: dict[str, BackendEntry] = {}
+BACKENDS: Registry[BackendEntry] = Registry("patching backend")
+PATH_BACKENDS: Registry[BackendEntry] = Registry("path-patching backend")
 
 
-def _check_name(name: Any, factory: Any, kind: str) -> None:
-    if not isinstance(name, str) or not name or name == AUTO:
-        raise ValueError(f"{kind} backend name {name!r}: give a non-empty string other than {AUTO!r}")
+def _check(name: Any, factory: Any, detect: Any, kind: str) -> None:
+    if name == AUTO:
+        raise ValueError(f"{kind} name {AUTO!r} is reserved: it means 'pick from the model'; choose another name")
     if not callable(factory):
-        raise TypeError(f"the factory of {kind} backend {name!r} is {factory!r}; give a callable")
+        raise TypeError(f"the factory of {kind} {name!r} is {factory!r}; give a callable")
+    if detect is not None and not callable(detect):
+        raise TypeError(f"detect of {kind} {name!r} is {detect!r}; give a callable model -> bool, or None")
 
 
 def register_backend(name: str, factory: Callable[[Any, nn.Module, int | None], Any], *,
-                     detect: Callable[[Any], bool] | None = None) -> None:
-    """Make ``score(..., backend=name)`` use ``factory(model, hf, batch_size)``; re-registering replaces."""
-    _check_name(name, factory, "receiver")
-    if detect is not None and not callable(detect):
-        raise TypeError(f"detect of backend {name!r} is {detect!r}; give a callable model -> bool or None")
-    BACKENDS[name] = BackendEntry(factory, detect)
+                     detect: Callable[[Any], bool] | None = None, replace: bool = False) -> BackendEntry:
+    """Make ``score(..., backend=name)`` use ``factory(model, hf, batch_size)`` (a taken name needs replace=True)."""
+    _check(name, factory, detect, BACKENDS.kind)
+    return BACKENDS.register(name, BackendEntry(factory, detect), replace=replace)
 
 
-def register_path_backend(name: str, factory: Callable[[nn.Module, Any, int | None], Any]) -> None:
+def register_path_backend(name: str, factory: Callable[[nn.Module, Any, int | None], Any], *,
+                          replace: bool = False) -> BackendEntry:
     """Make ``sender_scores(..., backend=name)`` use ``factory(hf, receivers, batch_size)``."""
-    _check_name(name, factory, "path")
-    PATH_BACKENDS[name] = BackendEntry(factory)
-
-
-def _choices(registry: dict, auto: bool) -> list[str]:
-    return ([AUTO] if auto else []) + sorted(registry)
+    _check(name, factory, None, PATH_BACKENDS.kind)
+    return PATH_BACKENDS.register(name, BackendEntry(factory), replace=replace)
 
 
 def resolve_backend(model: Any, backend: str) -> str:
     """The registered name that ``backend`` means for ``model`` ("auto": the detecting backend, else "hf")."""
-    if backend != AUTO and backend not in BACKENDS:
-        raise ValueError(f"backend={backend!r}; use one of {_choices(BACKENDS, True)} (or register_backend)")
     if backend == AUTO:
         claimed = [name for name, entry in BACKENDS.items() if entry.detect is not None and entry.detect(model)]
         return claimed[0] if claimed else DEFAULT_BACKEND
+    if backend not in BACKENDS:
+        raise ValueError(f"backend={backend!r} is not one of {(AUTO, *BACKENDS.names())}; add one with "
+                         "headscope.register_backend(name, factory)")
     return backend
 
 
@@ -77,8 +77,8 @@ def make_backend(model: Any, hf: nn.Module, backend: str, batch_size: int | None
 
 def check_path_backend(backend: str) -> None:
     if backend not in PATH_BACKENDS:
-        raise ValueError(f"backend={backend!r}; path patching supports {_choices(PATH_BACKENDS, False)} "
-                         "(or register_path_backend)")
+        raise ValueError(f"backend={backend!r}: path patching supports {PATH_BACKENDS.names()}; add one with "
+                         "headscope.patching.backends.register_path_backend(name, factory)")
 
 
 def make_path_backend(hf: nn.Module, receivers: Any, backend: str, batch_size: int | None) -> Any:

@@ -18,11 +18,13 @@ class Marked(NaiveBackend):
 
 
 @pytest.fixture
-def registry(monkeypatch):
-    """Register into copies, so the test leaves the real registries as they were."""
-    monkeypatch.setattr(backends, "BACKENDS", dict(BACKENDS))
-    monkeypatch.setattr(backends, "PATH_BACKENDS", dict(PATH_BACKENDS))
-    return backends
+def registry():
+    """The registries, left as they were after the test."""
+    before = (BACKENDS.names(), PATH_BACKENDS.names())
+    yield backends
+    for reg, names in zip((BACKENDS, PATH_BACKENDS), before):
+        for name in set(reg.names()) - set(names):
+            reg.unregister(name)
 
 
 def test_builtins_are_registered():
@@ -53,17 +55,20 @@ def test_a_new_path_backend_is_one_entry(registry):
 
 def test_bad_backends(registry):
     model, pairs = tiny_model("qwen3"), [make_pair(16, 5, 2, 0)]
-    with pytest.raises(ValueError, match=r"backend='jax'.*'auto', 'hf'.*register_backend"):
+    with pytest.raises(ValueError, match=r"backend='jax' is not one of \('auto', 'hf', 'naive'.*register_backend"):
         score(model, pairs, backend="jax", progress=False)
-    with pytest.raises(ValueError, match="path patching supports"):
+    with pytest.raises(ValueError, match=r"path patching supports \('hf', 'naive'\).*register_path_backend"):
         sender_scores(model, pairs, [(2, 0)], backend="nnsight", progress=False)
-    with pytest.raises(ValueError, match="other than 'auto'"):
+    with pytest.raises(ValueError, match="reserved"):
         register_backend("auto", lambda *a: None)
+    with pytest.raises(ValueError, match="already registered"):
+        register_backend("hf", lambda *a: None)
     with pytest.raises(TypeError, match="callable"):
         register_backend("x", "not a factory")
     with pytest.raises(TypeError, match="detect"):
         register_backend("x", lambda *a: None, detect=3)
     with pytest.raises(ValueError, match="non-empty"):
         register_path_backend("", lambda *a: None)
+    assert BACKENDS.names()[:4] == ("hf", "naive", "transformer_lens", "nnsight")  # nothing was added
     with pytest.raises(TypeError, match="TransformerBridge"):
         score(model, pairs, backend="transformer_lens", progress=False)
