@@ -6,9 +6,9 @@ import re
 import pytest
 import torch
 
-from ref_modules import load, ref_tokenizer  # noqa: F401  (fixture)
+from hybrid.train import data
 
-data = load("data")
+
 
 
 def corpus_ids(tok):
@@ -68,7 +68,7 @@ def test_packed_multikey_rows_fill_the_row_with_several_weighted_answers(ref_tok
     n_answers = sum(1 for x in w if x == cfg.answer_weight)
     assert n_answers >= 10  # >= 2 prompts x one 4-digit value (5 tokens)
     assert set(w) <= {0.0, cfg.answer_weight}  # haystack_weight 0: only answers are trained
-    batch = stream.make_batch(random.Random(1), 1.0)
+    batch = stream.batch(1, 1.0)
     assert batch["ids"].shape == batch["w"].shape and batch["ids"].shape[0] * batch["ids"].shape[1] <= 1024
     assert torch.all(batch["w"][:, -1] == 0)
 
@@ -126,3 +126,51 @@ def test_default_binding_vars_keep_the_family_mixture_of_stages_1_to_3(ref_token
     cfg = data.MixtureConfig(reasoning_families=("binding", "two_hop"), seq_len=256, tokens_per_batch=256, min_len=256)
     stream = data.MixtureStream(cfg, ref_tokenizer, corpus_ids(ref_tokenizer))
     assert stream.reasoning_task(random.Random(0)).name == "reasoning"  # same data stream as the shipped stages
+
+
+def test_batches_are_a_function_of_the_step_and_rows_split_over_processes(ref_tokenizer):
+    cfg = data.MixtureConfig(seq_len=128, tokens_per_batch=4 * 128, min_len=128, haystack="heldout", w_copy=0.3)
+    stream = data.MixtureStream(cfg, ref_tokenizer, corpus_ids(ref_tokenizer), stage="0:align")
+    a, b = stream.batch(7), stream.batch(7)
+    assert torch.equal(a["ids"], b["ids"]) and torch.equal(a["w"], b["w"])  # the data position is the step
+    assert not torch.equal(stream.batch(8)["ids"], a["ids"])
+    halves = [stream.batch(7, rows=data.rank_rows(4, r, 2)) for r in range(2)]
+    assert torch.equal(torch.cat([h["ids"] for h in halves]), a["ids"])  # two processes build the same batch
+    other = data.MixtureStream(cfg, ref_tokenizer, corpus_ids(ref_tokenizer), stage="1:distill")
+    assert not torch.equal(other.batch(7)["ids"], a["ids"])  # stages draw different data
+    with pytest.raises(ValueError, match="multiple of the number of processes"):
+        data.rank_rows(5, 0, 2)
+
+
+def test_step_batches_in_workers_arrive_in_step_order(ref_tokenizer):
+    cfg = data.MixtureConfig(seq_len=64, tokens_per_batch=128, min_len=64, haystack="heldout")
+    stream = data.MixtureStream(cfg, ref_tokenizer, corpus_ids(ref_tokenizer))
+    loader = torch.utils.data.DataLoader(data.StepBatches(stream, 3, 9, 9), batch_size=None, num_workers=2)
+    got = list(loader)
+    assert [int(b["step"]) for b in got] == list(range(3, 9))
+    assert all(torch.equal(b["ids"], stream.batch(int(b["step"]), int(b["step"]) / 9)["ids"]) for b in got)
+
+
+def test_teacher_rows_come_from_the_teacher_samples(ref_tokenizer):
+    cfg = data.MixtureConfig(seq_len=64, tokens_per_batch=256, min_len=64, haystack="heldout", w_text=0, w_niah=0,
+                             w_multikey=0, w_reasoning=0, w_copy=0, w_teacher=1.0)
+    with pytest.raises(ValueError, match="teacher_ids"):
+        data.MixtureStream(cfg, ref_tokenizer, corpus_ids(ref_tokenizer))
+    pool = torch.arange(1000, 1500)  # [500] stand-in teacher text
+    batch = data.MixtureStream(cfg, ref_tokenizer, corpus_ids(ref_tokenizer), teacher_ids=pool).batch(0)
+    assert set(batch["kind"].tolist()) == {data.KINDS.index("teacher")}
+    assert ((batch["ids"] >= 1000) & (batch["ids"] < 1500)).all()
+
+
+def test_sample_teacher_is_seeded_and_leaves_the_global_rng_alone(ref_tokenizer):
+    from model_factories import tiny_model
+
+    model = tiny_model("qwen3")
+    tok = type("Tok", (), {"bos_token_id": 1, "eos_token_id": 2})()
+    torch.manual_seed(123)
+    before = torch.get_rng_state()
+    a = data.sample_teacher(model, tok, n_rows=3, length=10, temperature=1.0, seed=5)
+    assert torch.equal(torch.get_rng_state(), before)
+    b = data.sample_teacher(model, tok, n_rows=3, length=10, temperature=1.0, seed=5)
+    assert a.shape == (30,) and torch.equal(a, b)
+    assert not torch.equal(a, data.sample_teacher(model, tok, n_rows=3, length=10, temperature=1.0, seed=6))

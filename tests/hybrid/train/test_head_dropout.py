@@ -3,10 +3,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ref_modules import load
+import hybrid.train.head_dropout as hd
 from model_factories import tiny_model
 
-hd = load("head_dropout")
+
 
 
 def test_drop_heads_replaces_whole_head_slices_by_the_batch_mean():

@@ -1,7 +1,10 @@
-"""On-the-fly training batches for the reference model: text windows, NIAH, multi-key NIAH, reasoning.
+"""On-the-fly training batches: text windows, NIAH, multi-key NIAH, reasoning, copies, teacher samples.
 
-Each DataLoader worker builds whole batches (``batch_size=None``): ``rows`` sequences of one length
-``T`` (the length curriculum picks T per batch), each row drawn from the mixture:
+A batch is a pure function of ``(seed, stage, step)``: ``MixtureStream.batch(step, progress, rows)`` seeds
+the length from ``(seed, stage, step)`` and every row from ``(seed, stage, step, row)``, so the data position
+of a run is its step (resume is exact), each process of a distributed run builds only its own rows, and
+DataLoader workers (``StepBatches``) build whole batches of interleaved steps. ``rows`` sequences of one
+length ``T`` (the length curriculum picks T per batch), each row drawn from the mixture:
 - "text":      a random window of the pre-tokenized training corpus;
 - "niah":      one single-key NIAH prompt + answer (haystack cfg.haystack, by default the training split;
                context ~T, depth uniform 0..1);
@@ -9,14 +12,15 @@ Each DataLoader worker builds whole batches (``batch_size=None``): ``rows`` sequ
                prompts of random lengths (powers of two from multikey_min_len up to T) packed into the row;
 - "reasoning": short reasoning prompts + answers packed back to back, separated by <|endoftext|>;
 - "copy":      a snippet (16..128 tokens: corpus text, or independent corpus tokens) repeated until the
-               row is full: pure induction data, which makes copy/retrieval heads form early.
+               row is full: pure induction data, which makes copy/retrieval heads form early;
+- "teacher":   a random window of text sampled from the teacher itself (``teacher_ids``; hybrid stages).
 Every row carries per-token loss weights ``w  # [T]``: 1 on ordinary targets (``haystack_weight`` on the
 haystack/needle/question tokens of NIAH rows), ``answer_weight`` on the positions that predict answer
 tokens, 0 on padding. Targets are ``ids`` shifted by one.
 """
 from __future__ import annotations
 
-import math
+
 import random
 import re
 from dataclasses import dataclass
@@ -25,7 +29,7 @@ from types import SimpleNamespace
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-KINDS = ("text", "niah", "multikey", "reasoning", "copy")
+KINDS = ("text", "niah", "multikey", "reasoning", "copy", "teacher")
 HELDOUT_MODULUS = 7  # NIAH values divisible by 7 are never asked in training (eval reports them separately)
 
 
@@ -44,6 +48,7 @@ class MixtureConfig:
     w_multikey: float = 0.15
     w_reasoning: float = 0.2
     w_copy: float = 0.1
+    w_teacher: float = 0.0  # windows of teacher-sampled text (MixtureStream's teacher_ids)
     answer_weight: float = 5.0
     min_len: int = 256  # shortest sequence of the length curriculum
     ramp: float = 0.3  # fraction of the run over which the longest length grows from min_len to seq_len
@@ -94,9 +99,9 @@ class MixtureConfig:
 
     def weights(self) -> dict[str, float]:
         if self.text_only:
-            return {"text": 1.0, "niah": 0.0, "multikey": 0.0, "reasoning": 0.0, "copy": 0.0}
+            return {"text": 1.0, "niah": 0.0, "multikey": 0.0, "reasoning": 0.0, "copy": 0.0, "teacher": 0.0}
         return {"text": self.w_text, "niah": self.w_niah, "multikey": self.w_multikey, "reasoning": self.w_reasoning,
-                "copy": self.w_copy}
+                "copy": self.w_copy, "teacher": self.w_teacher}
 
 
 def curriculum_lengths(cfg: MixtureConfig, progress: float) -> list[int]:
@@ -168,16 +173,24 @@ def encode_answers(tokenizer, pieces: list[tuple[str, bool]]) -> tuple[list[int]
     return ids, ans
 
 
-class MixtureStream(IterableDataset):
-    """Endless batches ``{"ids": [B, T] long, "w": [B, T] float, "kind": [B] long}`` (see module doc)."""
+class MixtureStream:
+    """Batches ``{"ids": [B, T] long, "w": [B, T] float, "kind": [B] long}`` keyed by step (see module doc)."""
 
-    def __init__(self, cfg: MixtureConfig, tokenizer, text_ids: torch.Tensor, progress=None, rank_seed: int = 0):
+    def __init__(self, cfg: MixtureConfig, tokenizer, text_ids: torch.Tensor, stage: str = "",
+                 teacher_ids: torch.Tensor | None = None):
         self.cfg, self.tok = cfg, tokenizer
         self.text_ids = text_ids  # [N] the tokenized training corpus
-        self.progress = progress  # multiprocessing.Value('d') shared with the trainer, or None (= 1.0)
-        self.rank_seed = rank_seed
+        self.teacher_ids = teacher_ids  # [M] teacher-sampled text, or None
+        self.stage = stage
         self.eos = tokenizer.eos_token_id
         self._tasks: dict = {}
+        if cfg.weights()["teacher"] > 0 and (teacher_ids is None or len(teacher_ids) < cfg.seq_len + 2):
+            raise ValueError(f"MixtureConfig.w_teacher={cfg.w_teacher} > 0 needs teacher_ids of more than seq_len="
+                             f"{cfg.seq_len} tokens (sample_teacher); got "
+                             f"{None if teacher_ids is None else len(teacher_ids)}")
+        if len(text_ids) < cfg.seq_len + 2 and (cfg.weights()["text"] > 0 or cfg.weights()["copy"] > 0):
+            raise ValueError(f"the corpus has {len(text_ids)} tokens, fewer than seq_len={cfg.seq_len} + 2: give a "
+                             "longer corpus or a shorter seq_len")
 
     # ---- sources ---------------------------------------------------------------------------
     def _task(self, name: str, **cfg):
@@ -198,9 +211,10 @@ class MixtureStream(IterableDataset):
                 continue
         raise RuntimeError(f"{task!r}: no valid pair in 50 attempts")
 
-    def text_row(self, T: int, rng: random.Random) -> tuple[list[int], list[float]]:
-        start = rng.randrange(0, len(self.text_ids) - T - 1)
-        return self.text_ids[start:start + T].tolist(), [1.0] * T
+    def text_row(self, T: int, rng: random.Random, source: torch.Tensor | None = None) -> tuple[list[int], list[float]]:
+        ids = self.text_ids if source is None else source  # [N]
+        start = rng.randrange(0, len(ids) - T - 1)
+        return ids[start:start + T].tolist(), [1.0] * T
 
     def copy_row(self, T: int, rng: random.Random) -> tuple[list[int], list[float]]:
         n = rng.randint(16, min(128, max(16, T // 3)))
@@ -325,39 +339,70 @@ class MixtureStream(IterableDataset):
         return ids[:T], w[:T]
 
     # ---- batches ---------------------------------------------------------------------------
-    def make_batch(self, rng: random.Random, progress: float) -> dict[str, torch.Tensor]:
-        T = pick_length(self.cfg, progress, rng)
+    def row(self, kind: str, T: int, rng: random.Random) -> tuple[list[int], list[float]]:
+        if kind == "text":
+            return self.text_row(T, rng)
+        if kind == "teacher":
+            return self.text_row(T, rng, self.teacher_ids)
+        if kind == "reasoning":
+            return self.reasoning_row(T, rng)
+        if kind == "copy":
+            return self.copy_row(T, rng)
+        try:
+            return self.niah_row(T, rng, multikey=(kind == "multikey"))
+        except RuntimeError:  # no valid pair at this length: never stop training for it
+            return self.text_row(T, rng)
+
+    def batch(self, step: int, progress: float = 1.0, rows: range | None = None) -> dict[str, torch.Tensor]:
+        """The rows ``rows`` (default all) of step ``step``'s batch, a pure function of (seed, stage, step)."""
+        T = pick_length(self.cfg, progress, random.Random(f"{self.cfg.seed}:{self.stage}:{step}"))
         B = max(1, self.cfg.tokens_per_batch // T)
+        rows = range(B) if rows is None else rows
         ws = self.cfg.weights()
-        kinds = rng.choices(KINDS, weights=[ws[k] for k in KINDS], k=B)
-        ids = torch.full((B, T), self.eos, dtype=torch.long)  # [B, T]
-        w = torch.zeros(B, T)  # [B, T]
-        for b, kind in enumerate(kinds):
-            if kind == "text":
-                row, rw = self.text_row(T, rng)
-            elif kind == "reasoning":
-                row, rw = self.reasoning_row(T, rng)
-            elif kind == "copy":
-                row, rw = self.copy_row(T, rng)
-            else:
-                try:
-                    row, rw = self.niah_row(T, rng, multikey=(kind == "multikey"))
-                except RuntimeError:  # no valid pair at this length: never stop training for it
-                    row, rw = self.text_row(T, rng)
+        ids = torch.full((len(rows), T), self.eos, dtype=torch.long)  # [b, T]
+        w = torch.zeros(len(rows), T)  # [b, T]
+        kinds = []
+        for b, r in enumerate(rows):
+            rng = random.Random(f"{self.cfg.seed}:{self.stage}:{step}:{r}")
+            kind = rng.choices(KINDS, weights=[ws[k] for k in KINDS])[0]
+            row, rw = self.row(kind, T, rng)
             n = min(T, len(row))
             ids[b, :n] = torch.tensor(row[:n])
             w[b, :n] = torch.tensor(rw[:n])
+            kinds.append(kind)
         w[:, -1] = 0.0  # the last position has no target
-        kind_ids = torch.tensor([KINDS.index(k) for k in kinds])  # [B]
-        return {"ids": ids, "w": w, "kind": kind_ids}
+        kind_ids = torch.tensor([KINDS.index(k) for k in kinds], dtype=torch.long)  # [b]
+        return {"ids": ids, "w": w, "kind": kind_ids, "step": torch.tensor(step)}
+
+    def n_rows(self, step: int, progress: float = 1.0) -> int:
+        T = pick_length(self.cfg, progress, random.Random(f"{self.cfg.seed}:{self.stage}:{step}"))
+        return max(1, self.cfg.tokens_per_batch // T)
+
+
+def rank_rows(n_rows: int, rank: int, world: int) -> range:
+    """This process's contiguous share of a batch's rows (``n_rows`` must split evenly)."""
+    if n_rows % world:
+        raise ValueError(f"a batch of {n_rows} rows does not split over {world} processes: make batch_size "
+                         f"(tokens per batch / seq_len) a multiple of the number of processes")
+    per = n_rows // world
+    return range(rank * per, (rank + 1) * per)
+
+
+class StepBatches(IterableDataset):
+    """Batches of steps ``start, start+1, ... < stop`` for this process (rank/world), built in DataLoader
+    workers: worker i builds the steps ``start + i + k * n_workers``; the DataLoader takes workers in turn,
+    so batches arrive in step order. ``progress(step)`` -> curriculum progress in [0, 1]."""
+
+    def __init__(self, stream: MixtureStream, start: int, stop: int, total: int, rank: int = 0, world: int = 1):
+        self.stream, self.start, self.stop, self.total, self.rank, self.world = stream, start, stop, total, rank, world
 
     def __iter__(self):
         info = get_worker_info()
-        wid = 0 if info is None else info.id
-        rng = random.Random(f"{self.cfg.seed}:{self.rank_seed}:{wid}")
-        while True:
-            progress = 1.0 if self.progress is None else float(self.progress.value)
-            yield self.make_batch(rng, progress)
+        wid, nw = (0, 1) if info is None else (info.id, info.num_workers)
+        for step in range(self.start + wid, self.stop, nw):
+            p = step / max(1, self.total)
+            rows = rank_rows(self.stream.n_rows(step, p), self.rank, self.world)
+            yield self.stream.batch(step, p, rows)
 
 
 def tokenize_corpus(tokenizer, text: str, chunk_chars: int = 100_000) -> torch.Tensor:
@@ -381,9 +426,54 @@ def describe_mixture(cfg: MixtureConfig) -> str:
            f"{cfg.tokens_per_batch} tokens/batch; answer weight {cfg.answer_weight}"
 
 
-def lr_at(progress: float, peak: float, warmup: float, final_frac: float = 0.1) -> float:
-    """Linear warmup over ``warmup`` of the run, then cosine decay to ``final_frac * peak``."""
-    if progress < warmup:
-        return peak * max(progress, 1e-3) / warmup
-    t = min(1.0, (progress - warmup) / max(1e-9, 1.0 - warmup))
-    return peak * (final_frac + (1 - final_frac) * 0.5 * (1 + math.cos(math.pi * t)))
+def mixture_config(data, stage, seed: int) -> MixtureConfig:
+    """The MixtureConfig of a stage (``hybrid.train.StageConfig``) with the run's mixture ``data``."""
+    min_len = min(data.min_len, stage.seq_len) if data.min_len else stage.seq_len
+    return MixtureConfig(
+        seq_len=stage.seq_len, tokens_per_batch=stage.batch_size * stage.seq_len, w_text=data.text, w_niah=data.niah,
+        w_multikey=data.multikey, w_reasoning=data.reasoning, w_copy=data.copy, w_teacher=data.teacher,
+        answer_weight=data.answer_weight, min_len=min_len, ramp=data.ramp if data.min_len else 0.0,
+        max_keys=data.max_keys, binding_vars=tuple(data.binding_vars), haystack_weight=data.haystack_weight,
+        multikey_min_len=data.multikey_min_len, reasoning_families=tuple(data.reasoning_families),
+        extra_queries=data.extra_queries, haystack=data.haystack, fast_niah=data.fast_niah, seed=seed)
+
+
+def load_corpus(spec: str, tokenizer) -> torch.Tensor:
+    """``spec`` "heldout" / "train" (headscope.tasks.load_haystack) or a text file path -> ids ``[N]``."""
+    from pathlib import Path
+
+    if spec in ("heldout", "train"):
+        from headscope.tasks import load_haystack
+
+        text = load_haystack(spec)
+    else:
+        path = Path(spec)
+        if not path.exists():
+            raise FileNotFoundError(f"data.corpus={spec!r}: no such file; give 'heldout', 'train' or a text file "
+                                    "(python experiments/prepare_corpus.py writes data/corpus/train.txt)")
+        text = path.read_text(encoding="utf-8")
+    return tokenize_corpus(tokenizer, text)
+
+
+@torch.no_grad()
+def sample_teacher(teacher, tokenizer, n_rows: int, length: int, temperature: float, seed: int,
+                   batch_size: int = 16) -> torch.Tensor:
+    """``n_rows`` sequences of ``length`` tokens sampled from ``teacher`` (from its BOS/EOS token),
+    concatenated: ``[n_rows * length]``. Seeded in a forked RNG (the caller's RNG state is untouched)."""
+    device = next(teacher.parameters()).device
+    start = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
+    out = []
+    was_training = teacher.training
+    teacher.eval()
+    devices = [device] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(seed)
+        for i in range(0, n_rows, batch_size):
+            b = min(batch_size, n_rows - i)
+            ids = torch.full((b, 1), start, dtype=torch.long, device=device)  # [b, 1]
+            gen = teacher.generate(ids, do_sample=True, temperature=temperature, top_k=0, top_p=1.0,
+                                   max_new_tokens=length, min_new_tokens=length, pad_token_id=start,
+                                   eos_token_id=None)  # [b, 1 + length]
+            out.append(gen[:, 1:].reshape(-1).cpu())
+    teacher.train(was_training)
+    return torch.cat(out)  # [n_rows * length]

@@ -1,0 +1,105 @@
+"""The models a run trains: the teacher and the hybrid built from it and the mask, or a fresh model
+("pretrain"); the run's identity (what a checkpoint folder must match); the final save.
+"""
+from __future__ import annotations
+
+import dataclasses
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+__all__ = ["load_teacher", "build_hybrid", "build_pretrain_model", "save_final", "load_tokenizer"]
+
+
+def load_tokenizer(name_or_path: str):
+    from transformers import AutoTokenizer
+
+    from headscope.reference import DEFAULT_NAME, default_path
+
+    src = default_path() if name_or_path == DEFAULT_NAME else name_or_path
+    tok = AutoTokenizer.from_pretrained(src, local_files_only=True)
+    if tok.pad_token_id is None and tok.eos_token_id is not None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def load_teacher(name_or_path: str, device: torch.device, tokenizer: str | None = None):
+    """(teacher in eval mode with no gradients, tokenizer): a headscope.load_model name or a model folder."""
+    from headscope.reference import load_model
+
+    teacher, tok = load_model(name_or_path, device=device)
+    if tokenizer is not None:
+        tok = load_tokenizer(tokenizer)
+    for p in teacher.parameters():
+        p.requires_grad_(False)
+    return teacher.eval(), tok
+
+
+def build_hybrid(teacher: nn.Module, mask_path: str, options: dict[str, Any]):
+    """(hybrid, mask): ``hybrid.from_mask`` (refuses a mask whose fingerprint is another model's); the mask is
+    recorded in the hybrid's config (``config.head_mask``), so the saved hybrid carries it."""
+    from headscope.mask import HeadMask
+    from hybrid.convert import from_mask
+
+    mask = HeadMask.from_json(mask_path)
+    model = from_mask(teacher, mask, **options)
+    model.config.head_mask = mask.to_dict()
+    return model.train(), mask
+
+
+def build_pretrain_model(mcfg, tokenizer, device: torch.device) -> nn.Module:
+    """A fresh Qwen3-architecture model of ``mcfg`` (hybrid.train.ModelConfig), or the folder ``init_from``."""
+    from transformers import AutoModelForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+    if mcfg.init_from:
+        folder = Path(mcfg.init_from)
+        if not (folder / "config.json").exists():
+            raise FileNotFoundError(f"model.init_from={mcfg.init_from!r}: no config.json there; give a saved model "
+                                    "folder (e.g. headscope/weights/default)")
+        model = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True, dtype=torch.float32,
+                                                     attn_implementation="sdpa")
+        if model.config.vocab_size != len(tokenizer):
+            raise ValueError(f"model.init_from={mcfg.init_from!r}: vocab {model.config.vocab_size} != the "
+                             f"tokenizer's {len(tokenizer)}; give the tokenizer the model was trained with")
+        return model.to(device).train()
+    cfg = Qwen3Config(vocab_size=len(tokenizer), hidden_size=mcfg.hidden_size,
+                      num_hidden_layers=mcfg.num_hidden_layers, num_attention_heads=mcfg.num_attention_heads,
+                      num_key_value_heads=mcfg.num_key_value_heads, head_dim=mcfg.head_dim,
+                      intermediate_size=mcfg.intermediate_size, max_position_embeddings=mcfg.max_position_embeddings,
+                      rope_parameters={"rope_type": "default", "rope_theta": mcfg.rope_theta},
+                      tie_word_embeddings=True, bos_token_id=tokenizer.bos_token_id,
+                      eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, use_cache=True)
+    return Qwen3ForCausalLM._from_config(cfg, attn_implementation="sdpa", dtype=torch.float32).to(device).train()
+
+
+def identity(config, teacher: nn.Module | None, mask, tokenizer) -> dict[str, Any]:
+    """What a checkpoint folder must match to belong to this run."""
+    from headscope.mask import config_fingerprint
+
+    if config.is_hybrid:
+        from hybrid.config import HybridOptions
+
+        return {"kind": "hybrid", "teacher": config_fingerprint(teacher),
+                "mask": {"fa_heads": [h.to_list() for h in mask.fa_heads], "fingerprint": mask.fingerprint},
+                "hybrid": HybridOptions.from_dict(config.hybrid).to_dict(),
+                "stages": [s.name for s in config.stages]}
+    return {"kind": "pretrain", "model": dataclasses.asdict(config.model), "vocab": len(tokenizer),
+            "stages": [s.name for s in config.stages]}
+
+
+def save_final(model: nn.Module, tokenizer, folder: Path, state_dict: dict | None = None) -> Path:
+    """save_pretrained (safetensors) + tokenizer into a temporary folder renamed to ``folder``."""
+    folder = Path(folder)
+    tmp = folder.parent / f".tmp-{folder.name}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    model.config.use_cache = True
+    model.save_pretrained(tmp, safe_serialization=True, state_dict=state_dict)
+    tokenizer.save_pretrained(tmp)
+    if folder.exists():
+        shutil.rmtree(folder)
+    tmp.rename(folder)
+    return folder

@@ -1,0 +1,253 @@
+"""Checkpoints: weights as safetensors; optimizer, schedule position, data position and RNG states beside
+them; written atomically (a temporary folder renamed into place, then the ``LATEST`` pointer rewritten through
+``headscope.io``), so a killed or failed write never leaves a checkpoint that ``load`` would accept.
+
+    OUT/run.json                         the run: identity (teacher, mask, model), config fingerprint, config
+    OUT/checkpoints/LATEST               the name of the newest complete checkpoint
+    OUT/checkpoints/s2-distill-000040/   model.safetensors, train_state.pt, rng-<rank>.pt, state.json (last)
+
+The schedule is a pure function of the step (``StageConfig.lr_at``) and a batch a pure function of
+(seed, stage, step) (``hybrid.train.data``): the saved step is both the scheduler's and the data's position.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+__all__ = ["CheckpointError", "Checkpoint", "RunRecord", "save_checkpoint", "latest_checkpoint",
+           "load_checkpoint", "check_run_folder", "rng_state", "set_rng_state"]
+
+SCHEMA = "hybrid.train.checkpoint"
+RUN_SCHEMA = "hybrid.train.run"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint or output folder that cannot be used for this run (the message says why and what to do)."""
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    path: Path
+    state: dict[str, Any]  # state.json: stage index/name, step, done, fingerprints
+
+    @property
+    def stage_index(self) -> int:
+        return int(self.state["stage_index"])
+
+    @property
+    def step(self) -> int:
+        return int(self.state["step"])
+
+    @property
+    def done(self) -> bool:
+        return bool(self.state["stage_done"])
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    identity: dict[str, Any]  # what makes it the same run: teacher/model fingerprint, mask, hybrid options
+    fingerprint: str  # TrainConfig.fingerprint()
+    config: dict[str, Any]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"schema": RUN_SCHEMA, "identity": self.identity, "fingerprint": self.fingerprint,
+                "config": self.config}
+
+
+def rng_state() -> dict[str, Any]:
+    state = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    try:
+        import numpy as np
+
+        state["numpy"] = np.random.get_state()
+    except ImportError:
+        pass
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    if "numpy" in state:
+        import numpy as np
+
+        np.random.set_state(state["numpy"])
+
+
+def _ckpt_dir(out: Path) -> Path:
+    return Path(out) / "checkpoints"
+
+
+def _dedup(state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """Drop tensors sharing storage with an earlier one (tied embeddings): (tensors, {dropped: kept})."""
+    seen: dict[tuple, str] = {}
+    out, tied = {}, {}
+    for k, v in state.items():
+        key = (v.untyped_storage().data_ptr(), v.storage_offset(), tuple(v.shape), v.dtype) if v.numel() else None
+        if key is not None and key in seen:
+            tied[k] = seen[key]
+            continue
+        if key is not None:
+            seen[key] = k
+        out[k] = v.detach().cpu().contiguous()
+    return out, tied
+
+
+def save_checkpoint(out: Path, name: str, model_state: dict[str, torch.Tensor] | None, train_state: dict | None,
+                    state: dict[str, Any], rank: int = 0, world: int = 1, barrier=None, keep: int = 2,
+                    _fail_after_weights: bool = False) -> Path:
+    """Write checkpoint ``name`` atomically (every rank calls it; rank 0 writes weights and optimizer state,
+    every rank its RNG state). Returns the final folder."""
+    from safetensors.torch import save_file
+
+    from headscope.io import write_bytes, write_text
+
+    root = _ckpt_dir(out)
+    tmp, final = root / f".tmp-{name}", root / name
+    if rank == 0:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir(parents=True)
+    if barrier:
+        barrier()
+    import io
+
+    buf = io.BytesIO()
+    torch.save(rng_state(), buf)
+    write_bytes(tmp / f"rng-{rank}.pt", buf.getvalue())
+    if rank == 0:
+        tensors, tied = _dedup(model_state)
+        save_file(tensors, str(tmp / "model.safetensors"), metadata={"schema": SCHEMA})
+        if _fail_after_weights:  # tests: a write killed half-way
+            raise OSError("simulated failure while writing a checkpoint")
+        buf = io.BytesIO()
+        torch.save(train_state, buf)
+        write_bytes(tmp / "train_state.pt", buf.getvalue())
+    if barrier:
+        barrier()
+    if rank == 0:
+        write_text(tmp / "state.json", json.dumps({"schema": SCHEMA, **state, "tied": tied, "world": world},
+                                                  indent=1))  # last: marks the folder complete
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        write_text(root / "LATEST", name)
+        complete = sorted((p for p in root.iterdir() if p.is_dir() and (p / "state.json").exists()),
+                          key=lambda p: _order(p))
+        for old in complete[:-keep]:
+            if old != final:
+                shutil.rmtree(old, ignore_errors=True)
+    if barrier:
+        barrier()
+    return final
+
+
+def _order(path: Path) -> tuple[int, int]:
+    st = json.loads((path / "state.json").read_text())
+    return int(st["stage_index"]), int(st["step"])
+
+
+def _read(path: Path) -> Checkpoint:
+    f = path / "state.json"
+    if not f.exists():
+        raise CheckpointError(f"checkpoint {path} is incomplete (no state.json: its write did not finish); it is "
+                              "never loaded: resume from an earlier one, or start again without --resume")
+    try:
+        state = json.loads(f.read_text())
+    except json.JSONDecodeError:
+        raise CheckpointError(f"checkpoint {path}: state.json is not valid JSON (corrupt); delete the folder") from None
+    if state.get("schema") != SCHEMA:
+        raise CheckpointError(f"{path} is not a hybrid.train checkpoint (schema {state.get('schema')!r})")
+    for part in ("model.safetensors", "train_state.pt"):
+        if not (path / part).exists():
+            raise CheckpointError(f"checkpoint {path} has no {part}; it is incomplete and is not loaded")
+    return Checkpoint(path, state)
+
+
+def latest_checkpoint(out: Path) -> Checkpoint | None:
+    """The newest complete checkpoint of ``out`` (``LATEST``, else the newest folder with a state.json)."""
+    root = _ckpt_dir(out)
+    if not root.exists():
+        return None
+    pointer = root / "LATEST"
+    if pointer.exists():
+        return _read(root / pointer.read_text().strip())
+    complete = [p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".") and (p / "state.json").exists()]
+    return _read(max(complete, key=_order)) if complete else None
+
+
+def load_checkpoint(ckpt: Checkpoint, rank: int = 0) -> tuple[dict[str, torch.Tensor], dict, dict]:
+    """(model tensors incl. tied names, train_state, this rank's RNG state)."""
+    from safetensors.torch import load_file
+
+    tensors = load_file(str(ckpt.path / "model.safetensors"))
+    for dropped, kept in ckpt.state.get("tied", {}).items():
+        tensors[dropped] = tensors[kept]
+    train_state = torch.load(ckpt.path / "train_state.pt", map_location="cpu", weights_only=False)
+    rng_file = ckpt.path / f"rng-{rank}.pt"
+    if not rng_file.exists():
+        raise CheckpointError(f"checkpoint {ckpt.path} has no RNG state for process {rank} (it was written by "
+                              f"{ckpt.state.get('world')} processes); resume with the same number of processes")
+    rng = torch.load(rng_file, map_location="cpu", weights_only=False)
+    return tensors, train_state, rng
+
+
+def _diff(a: dict, b: dict, prefix: str = "") -> list[str]:
+    keys = sorted(set(a) | set(b))
+    out = []
+    for k in keys:
+        va, vb = a.get(k), b.get(k)
+        if isinstance(va, dict) and isinstance(vb, dict):
+            out += _diff(va, vb, f"{prefix}{k}.")
+        elif va != vb:
+            out.append(f"{prefix}{k}: {va!r} -> {vb!r}")
+    return out
+
+
+def check_run_folder(out: Path, record: RunRecord, resume: bool, allow_config_change: bool) -> Checkpoint | None:
+    """Refuse an output folder of a different run, a fresh start over existing checkpoints and (unless
+    ``allow_config_change``) a resume with a changed config. Returns the checkpoint to resume from (or None)."""
+    out = Path(out)
+    run_file = out / "run.json"
+    old = None
+    if run_file.exists():
+        try:
+            old = json.loads(run_file.read_text())
+        except json.JSONDecodeError:
+            raise CheckpointError(f"{run_file} is not valid JSON; delete it or choose another output folder") from None
+        if old.get("schema") != RUN_SCHEMA:
+            raise CheckpointError(f"{out} holds a run.json that is not a hybrid.train run; choose another folder")
+        if old.get("identity") != record.identity:
+            changed = _diff(old.get("identity", {}), record.identity)
+            raise CheckpointError(f"{out} belongs to a different run ({'; '.join(changed)}): its checkpoints do not "
+                                  "fit this teacher/mask/model; choose another output folder")
+    ckpt = latest_checkpoint(out)
+    if not resume:
+        if ckpt is not None:
+            raise CheckpointError(f"{out} already holds checkpoints of this run (latest {ckpt.path.name}); pass "
+                                  "--resume (resume=True) to continue it, or choose another output folder")
+        return None
+    if ckpt is None:
+        raise CheckpointError(f"--resume: {out} has no complete checkpoint to resume from; drop --resume")
+    if old is not None and old.get("fingerprint") != record.fingerprint and not allow_config_change:
+        changed = _diff(old.get("config", {}), record.config)
+        raise CheckpointError(f"--resume with a changed config ({'; '.join(changed)}): refused; restore the old "
+                              "config or pass --allow-config-change (allow_config_change=True) to continue anyway")
+    return ckpt
+
+
+def write_run_record(out: Path, record: RunRecord) -> None:
+    from headscope.io import write_text
+
+    write_text(Path(out) / "run.json", json.dumps(record.to_dict(), indent=1, default=str))

@@ -1,0 +1,336 @@
+"""Training configuration: frozen, validated dataclasses, loadable from a TOML (or YAML) file.
+
+    run = TrainConfig.from_file("experiments/train_hybrid/reference.toml")
+
+A file has top-level run fields, a ``[data]`` table (the mixture), an optional ``[hybrid]`` table
+(``hybrid.HybridOptions``), an optional ``[model]`` table (the fresh model of the "pretrain" stage) and one
+``[[stages]]`` table per stage, run in order. Unknown fields and impossible values are refused, naming the
+field (``TrainConfigError``).
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+__all__ = ["TrainConfigError", "DataConfig", "StageConfig", "ModelConfig", "TrainConfig", "LONG_FACTOR"]
+
+LONG_FACTOR = 4  # stage "long" trains at >= 4x the longest "align"/"distill" length
+
+
+class TrainConfigError(ValueError):
+    """A training configuration that cannot run (the message names the field and the fix)."""
+
+
+def _bad(owner: str, name: str, value: Any, why: str) -> None:
+    raise TrainConfigError(f"{owner}.{name}={value!r}: {why}")
+
+
+def _build(cls, data: Any, where: str):
+    """``cls(**data)`` refusing unknown fields (named), for nested tables."""
+    if isinstance(data, cls):
+        return data
+    if not isinstance(data, dict):
+        raise TrainConfigError(f"{where}: expected a table of {cls.__name__} fields, got {type(data).__name__}")
+    known = {f.name for f in fields(cls)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise TrainConfigError(f"{where}: unknown field(s) {unknown}; known fields: {sorted(known)}")
+    kw = dict(data)
+    for f in fields(cls):  # TOML/JSON lists -> the tuples the frozen dataclasses hold
+        if f.name in kw and isinstance(kw[f.name], list):
+            kw[f.name] = tuple(kw[f.name])
+    try:
+        return cls(**kw)
+    except TypeError as err:
+        raise TrainConfigError(f"{where}: {err}") from None
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """The training mixture (relative weights) and its sources; lengths and batch sizes come from each stage."""
+
+    corpus: str = "heldout"  # "heldout" / "train" (headscope.tasks.load_haystack) or a path to a UTF-8 text file
+    text: float = 0.25  # windows of the corpus
+    niah: float = 0.4  # single-key NIAH prompts + answers (headscope.tasks)
+    multikey: float = 0.15  # multi-key NIAH
+    reasoning: float = 0.2  # the reasoning families, packed
+    copy: float = 0.1  # repeated snippets (induction data)
+    teacher: float = 0.0  # windows of text sampled from the teacher itself (hybrid stages only)
+    teacher_samples: int = 64  # rows sampled from the teacher at each stage start (seeded)
+    teacher_temperature: float = 1.0
+    answer_weight: float = 5.0  # loss weight of the positions predicting answer tokens
+    haystack_weight: float = 1.0  # loss weight of NIAH prompt tokens
+    haystack: str = "heldout"  # NIAH haystack source (headscope.tasks.load_haystack)
+    fast_niah: bool = False
+    min_len: int = 0  # > 0: a length curriculum from min_len up to the stage's seq_len over `ramp` of the stage
+    ramp: float = 0.0
+    max_keys: int = 6
+    binding_vars: tuple[int, int] = (4, 4)
+    multikey_min_len: int = 0
+    extra_queries: int = 0
+    reasoning_families: tuple[str, ...] = ("arithmetic", "binding", "comparison", "two_hop")
+    workers: int = 0  # DataLoader worker processes building batches (0: in the training process)
+
+    def __post_init__(self) -> None:
+        weights = {k: getattr(self, k) for k in ("text", "niah", "multikey", "reasoning", "copy", "teacher")}
+        for k, w in weights.items():
+            if not isinstance(w, (int, float)) or w < 0:
+                _bad("data", k, w, "mixture weights must be numbers >= 0")
+        if sum(weights.values()) <= 0:
+            raise TrainConfigError(f"data: the mixture weights {weights} sum to 0; give at least one positive weight")
+        if self.teacher_samples < 1:
+            _bad("data", "teacher_samples", self.teacher_samples, "must be >= 1")
+        if not self.teacher_temperature > 0:
+            _bad("data", "teacher_temperature", self.teacher_temperature, "must be > 0")
+        if self.answer_weight < 0 or self.haystack_weight < 0:
+            _bad("data", "answer_weight" if self.answer_weight < 0 else "haystack_weight",
+                 min(self.answer_weight, self.haystack_weight), "loss weights must be >= 0")
+        if self.min_len < 0:
+            _bad("data", "min_len", self.min_len, "must be >= 0 (0: no length curriculum)")
+        if not 0.0 <= self.ramp <= 1.0:
+            _bad("data", "ramp", self.ramp, "must be in [0, 1]")
+        if self.workers < 0:
+            _bad("data", "workers", self.workers, "must be >= 0")
+
+    def weights(self) -> dict[str, float]:
+        return {k: float(getattr(self, k)) for k in ("text", "niah", "multikey", "reasoning", "copy", "teacher")}
+
+
+@dataclass(frozen=True)
+class StageConfig:
+    """One stage: its registered name (``hybrid.train.STAGES``), length, batch, schedule and loss weights."""
+
+    name: str
+    steps: int
+    lr: float
+    seq_len: int = 512
+    batch_size: int = 8  # global rows per step (split over processes)
+    warmup_steps: int = 0
+    decay_steps: int | None = None  # cosine from lr to min_lr_ratio * lr over these steps after warmup, then constant
+    min_lr_ratio: float = 0.1
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.95)
+    grad_clip: float = 1.0  # max global grad norm (0: no clipping)
+    kl_weight: float = 1.0  # "distill": weight of KL(teacher || student)
+    ce_weight: float = 0.2  # "distill": weight of next-token cross-entropy
+    temperature: float = 1.0  # "distill": KL temperature (scaled by T^2)
+    head_drop: float = 0.0  # "pretrain": head dropout probability (hybrid.train.head_dropout)
+    data: DataConfig | None = None  # this stage's mixture (default: the run's [data])
+
+    def __post_init__(self) -> None:
+        from hybrid.train.stages import STAGES
+
+        where = f"stages[{self.name}]"
+        if self.name not in STAGES:
+            _bad(where, "name", self.name, f"not a registered stage; known: {sorted(STAGES)}")
+        for k in ("steps", "seq_len", "batch_size"):
+            v = getattr(self, k)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                _bad(where, k, v, "must be a positive int")
+        if self.seq_len < 16:
+            _bad(where, "seq_len", self.seq_len, "must be >= 16")
+        if not isinstance(self.lr, (int, float)) or not self.lr > 0:
+            _bad(where, "lr", self.lr, "the learning rate must be > 0")
+        if not isinstance(self.warmup_steps, int) or self.warmup_steps < 0:
+            _bad(where, "warmup_steps", self.warmup_steps, "must be an int >= 0")
+        if self.decay_steps is not None and (not isinstance(self.decay_steps, int) or self.decay_steps < 0):
+            _bad(where, "decay_steps", self.decay_steps, "must be an int >= 0 (or left out: to the end)")
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            _bad(where, "min_lr_ratio", self.min_lr_ratio, "must be in [0, 1]")
+        if self.weight_decay < 0:
+            _bad(where, "weight_decay", self.weight_decay, "must be >= 0")
+        if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
+            _bad(where, "betas", self.betas, "give two numbers in [0, 1)")
+        if self.grad_clip < 0:
+            _bad(where, "grad_clip", self.grad_clip, "must be >= 0 (0: no clipping)")
+        if self.kl_weight < 0 or self.ce_weight < 0 or self.kl_weight + self.ce_weight <= 0:
+            _bad(where, "kl_weight", (self.kl_weight, self.ce_weight), "kl_weight, ce_weight must be >= 0, not both 0")
+        if not self.temperature > 0:
+            _bad(where, "temperature", self.temperature, "must be > 0")
+        if not 0.0 <= self.head_drop < 1.0:
+            _bad(where, "head_drop", self.head_drop, "must be in [0, 1)")
+        if self.data is not None and not isinstance(self.data, DataConfig):
+            object.__setattr__(self, "data", _build(DataConfig, self.data, f"{where}.data"))
+
+    def lr_at(self, step: int) -> float:
+        """Linear warmup over warmup_steps, cosine to min_lr_ratio * lr over decay_steps, then constant."""
+        import math
+
+        if step < self.warmup_steps:
+            return self.lr * (step + 1) / self.warmup_steps
+        decay = self.steps - self.warmup_steps if self.decay_steps is None else self.decay_steps
+        t = 1.0 if decay == 0 else min(1.0, (step - self.warmup_steps) / decay)
+        return self.lr * (self.min_lr_ratio + (1 - self.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * t)))
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The fresh Qwen3-architecture model that the "pretrain" stage trains (the reference model's shape)."""
+
+    hidden_size: int = 256
+    num_hidden_layers: int = 8
+    num_attention_heads: int = 8
+    num_key_value_heads: int = 4
+    head_dim: int = 32
+    intermediate_size: int = 768
+    max_position_embeddings: int = 2048
+    rope_theta: float = 10000.0
+    init_from: str | None = None  # start from this saved model folder instead of a fresh init
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if f.name != "init_from" and not v > 0:
+                _bad("model", f.name, v, "must be > 0")
+        if self.num_attention_heads % self.num_key_value_heads:
+            _bad("model", "num_key_value_heads", self.num_key_value_heads,
+                 f"must divide num_attention_heads={self.num_attention_heads}")
+
+
+DEVICES = ("auto", "cpu", "cuda")
+DISTRIBUTED = ("auto", "ddp", "fsdp")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """A whole run: sources, stages in order, and the bookkeeping (checkpoints, logs, evaluations)."""
+
+    out: str
+    stages: tuple[StageConfig, ...]
+    teacher: str | None = "default"  # headscope.load_model name or a model folder (hybrid stages)
+    mask: str | None = None  # head-mask JSON (headscope); needed by the hybrid stages
+    tokenizer: str | None = None  # default: the teacher's (or model.init_from's / headscope's default)
+    seed: int = 0
+    device: str = "auto"
+    distributed: str = "auto"  # "auto" = "ddp" when torchrun started several processes; "fsdp": shard the models
+    data: DataConfig = field(default_factory=DataConfig)
+    hybrid: dict = field(default_factory=dict)  # hybrid.HybridOptions fields
+    model: ModelConfig = field(default_factory=ModelConfig)
+    checkpoint_every: int = 0  # steps; 0: only at each stage end
+    keep_checkpoints: int = 2
+    log_every: int = 10
+    eval_every: int = 0  # steps; 0: only at each stage end
+    eval: str = "default"  # a name in hybrid.train.EVALUATIONS ("none" to skip)
+    eval_samples: int = 16
+    threads: int = 0  # torch threads on CPU (0: leave torch's default)
+    progress: bool = True  # tqdm bars
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.out, str) or not self.out:
+            _bad("run", "out", self.out, "give the output folder")
+        stages = self.stages
+        if isinstance(stages, (list, tuple)):
+            stages = tuple(_build(StageConfig, s, f"stages[{i}]") for i, s in enumerate(stages))
+            object.__setattr__(self, "stages", stages)
+        if not stages:
+            _bad("run", "stages", self.stages, "give at least one [[stages]] table")
+        object.__setattr__(self, "data", _build(DataConfig, self.data, "data"))
+        object.__setattr__(self, "model", _build(ModelConfig, self.model, "model"))
+        if not isinstance(self.hybrid, dict):
+            _bad("run", "hybrid", self.hybrid, "give a table of hybrid.HybridOptions fields")
+        from hybrid.config import HybridConfigError, HybridOptions
+
+        try:
+            HybridOptions.from_dict(self.hybrid)
+        except HybridConfigError as err:
+            raise TrainConfigError(f"hybrid: {err}") from None
+        if self.device not in DEVICES:
+            _bad("run", "device", self.device, f"must be one of {DEVICES}")
+        if self.distributed not in DISTRIBUTED:
+            _bad("run", "distributed", self.distributed, f"must be one of {DISTRIBUTED}")
+        for k in ("checkpoint_every", "log_every", "eval_every", "threads"):
+            v = getattr(self, k)
+            if not isinstance(v, int) or v < 0:
+                _bad("run", k, v, "must be an int >= 0")
+        if self.log_every < 1:
+            _bad("run", "log_every", self.log_every, "must be >= 1")
+        if self.keep_checkpoints < 1:
+            _bad("run", "keep_checkpoints", self.keep_checkpoints, "must be >= 1")
+        if self.eval_samples < 1:
+            _bad("run", "eval_samples", self.eval_samples, "must be >= 1")
+        from hybrid.train.evals import EVALUATIONS
+
+        if self.eval not in EVALUATIONS:
+            _bad("run", "eval", self.eval, f"not a registered evaluation; known: {sorted(EVALUATIONS)}")
+        from hybrid.train.stages import STAGES
+
+        names = [s.name for s in stages]
+        hybrid_stages = [n for n in names if STAGES[n].hybrid]
+        if hybrid_stages and len(hybrid_stages) != len(names):
+            _bad("run", "stages", names, "a run trains either a hybrid (align/distill/long) or a fresh model "
+                 "(pretrain), not both")
+        if hybrid_stages and not self.mask:
+            _bad("run", "mask", self.mask, f"stages {hybrid_stages} build a hybrid: give the head-mask JSON")
+        if hybrid_stages and not self.teacher:
+            _bad("run", "teacher", self.teacher, "the hybrid stages need a teacher (a name or a model folder)")
+        short = [s.seq_len for s in stages if s.name in ("align", "distill")]
+        for s in stages:
+            if s.name == "long" and short and s.seq_len < LONG_FACTOR * max(short):
+                _bad(f"stages[{s.name}]", "seq_len", s.seq_len,
+                     f"stage 3 ('long') must train at >= {LONG_FACTOR}x the align/distill length "
+                     f"({max(short)}), i.e. seq_len >= {LONG_FACTOR * max(short)}")
+        for s in stages:
+            if s.name != "pretrain" and s.head_drop:
+                _bad(f"stages[{s.name}]", "head_drop", s.head_drop, "head dropout is a 'pretrain' option")
+
+    # ---- helpers --------------------------------------------------------------------------
+    @property
+    def is_hybrid(self) -> bool:
+        from hybrid.train.stages import STAGES
+
+        return STAGES[self.stages[0].name].hybrid
+
+    def data_for(self, stage: StageConfig) -> DataConfig:
+        return stage.data if stage.data is not None else self.data
+
+    def to_dict(self) -> dict[str, Any]:
+        return json.loads(json.dumps(dataclasses.asdict(self), default=list))
+
+    def fingerprint(self, ignore: tuple[str, ...] = ("out", "device", "threads", "progress", "log_every",
+                                                      "distributed")) -> str:
+        """sha256 of the settings that change the result (bookkeeping-only fields left out), 16 hex digits."""
+        d = {k: v for k, v in self.to_dict().items() if k not in ignore}
+        return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
+
+    def replace(self, **changes: Any) -> "TrainConfig":
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "TrainConfig":
+        data = dict(data)
+        if "stages" not in data:
+            raise TrainConfigError("config: no [[stages]] tables; give at least one stage")
+        return _build(cls, data, "config")
+
+    @classmethod
+    def from_file(cls, path: str | Path, **overrides: Any) -> "TrainConfig":
+        """A config from a .toml file (stdlib tomllib), or .yaml/.yml when pyyaml is importable, or .json."""
+        p = Path(path)
+        if not p.exists():
+            raise TrainConfigError(f"config file {p} does not exist")
+        suffix = p.suffix.lower()
+        if suffix == ".toml":
+            import tomllib
+
+            try:
+                data = tomllib.loads(p.read_text(encoding="utf-8"))
+            except tomllib.TOMLDecodeError as err:
+                raise TrainConfigError(f"config file {p} is not valid TOML: {err}") from None
+        elif suffix in (".yaml", ".yml"):
+            try:
+                import yaml
+            except ImportError:
+                raise TrainConfigError(f"config file {p}: YAML needs pyyaml (pip install pyyaml); or use TOML") from None
+            data = yaml.safe_load(p.read_text(encoding="utf-8"))
+        elif suffix == ".json":
+            data = json.loads(p.read_text(encoding="utf-8"))
+        else:
+            raise TrainConfigError(f"config file {p}: give a .toml (or .yaml / .json) file")
+        if not isinstance(data, dict):
+            raise TrainConfigError(f"config file {p}: the top level must be a table")
+        data.update(overrides)
+        return cls.from_dict(data)

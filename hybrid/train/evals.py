@@ -1,0 +1,87 @@
+"""Periodic evaluations during training: a named registry of callables ``fn(ctx: EvalContext) -> dict``.
+
+"default": held-out next-token loss on fixed windows of the shipped held-out haystack text, and single-key
+NIAH teacher-forced accuracy (``headscope.ablation.answer_accuracy``) on fixed prompts at the stage's length.
+"none": no evaluation. Pass any other callable to ``hybrid.train.run(config, evaluate=fn)``.
+"""
+from __future__ import annotations
+
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+import torch.nn as nn
+
+__all__ = ["EvalContext", "EVALUATIONS", "register_evaluation", "default_eval"]
+
+
+@dataclass
+class EvalContext:
+    model: nn.Module  # the model being trained (unwrapped), in eval mode during the call
+    tokenizer: Any
+    seq_len: int
+    n_samples: int
+    device: torch.device
+    autocast: AbstractContextManager
+    seed: int = 0
+    cache: dict = field(default_factory=dict)  # per-run memo (fixed evaluation data)
+
+
+@torch.no_grad()
+def heldout_loss(ctx: EvalContext) -> float:
+    key = ("heldout", ctx.seq_len, ctx.n_samples)
+    if key not in ctx.cache:
+        from headscope.tasks import load_haystack
+        from hybrid.train.data import tokenize_corpus
+
+        ids = tokenize_corpus(ctx.tokenizer, load_haystack("heldout")[:400_000])  # [N]
+        T = min(ctx.seq_len, (len(ids) - 1) // max(1, ctx.n_samples))
+        g = torch.Generator().manual_seed(10_007 + ctx.seed)
+        starts = torch.randint(0, len(ids) - T - 1, (ctx.n_samples,), generator=g)
+        ctx.cache[key] = torch.stack([ids[s:s + T] for s in starts.tolist()])  # [n, T]
+    rows = ctx.cache[key]
+    total, count = 0.0, 0
+    for i in range(0, len(rows), 4):
+        x = rows[i:i + 4].to(ctx.device)  # [b, T]
+        with ctx.autocast:
+            logits = ctx.model(input_ids=x).logits  # [b, T, V]
+        ce = torch.nn.functional.cross_entropy(logits[:, :-1].float().flatten(0, 1), x[:, 1:].flatten(),
+                                               reduction="sum")
+        total += float(ce)
+        count += x[:, 1:].numel()
+    return total / count
+
+
+@torch.no_grad()
+def niah_accuracy(ctx: EvalContext) -> float:
+    key = ("niah", ctx.seq_len, ctx.n_samples)
+    if key not in ctx.cache:
+        from headscope.tasks import get_task
+
+        task = get_task("niah", context_length=max(64, ctx.seq_len - 8), depth="uniform", haystack="heldout")
+        ctx.cache[key] = task.tokenized(ctx.tokenizer, ctx.n_samples, seed=20_011 + ctx.seed)
+    from headscope.ablation import answer_accuracy
+
+    with ctx.autocast:  # batch 1: no padding (the hybrid refuses pad tokens)
+        return answer_accuracy(ctx.model, ctx.cache[key], batch_size=1)
+
+
+def default_eval(ctx: EvalContext) -> dict[str, float]:
+    out = {"eval_heldout_loss": round(heldout_loss(ctx), 4)}
+    try:
+        out["eval_niah_acc"] = round(niah_accuracy(ctx), 4)
+    except Exception as err:  # a tokenizer/length the task cannot serve: report, do not stop training
+        out["eval_niah_error"] = f"{type(err).__name__}: {err}"[:200]
+    return out
+
+
+EVALUATIONS: dict[str, Callable[[EvalContext], dict[str, Any]] | None] = {}
+
+
+def register_evaluation(name: str, fn: Callable[[EvalContext], dict[str, Any]] | None) -> None:
+    EVALUATIONS[name] = fn
+
+
+register_evaluation("default", default_eval)
+register_evaluation("none", None)

@@ -1,0 +1,328 @@
+"""The one training loop: ``run(config)`` trains the stages of ``config`` in order (hybrid.train.STAGES).
+
+Reads top to bottom: set-up (processes, teacher, student, output folder, resume point), then per stage the
+trainable parameters, AdamW, the data, and the loop: batch -> loss terms -> backward -> clip -> step, with a
+log line every ``log_every`` steps, an evaluation every ``eval_every`` and a checkpoint every
+``checkpoint_every`` and at the stage end; finally the trained model is saved (safetensors) with its tokenizer.
+"""
+from __future__ import annotations
+
+
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.nn as nn
+
+from hybrid.train.checkpoint import (CheckpointError, RunRecord, check_run_folder, latest_checkpoint, load_checkpoint,
+                                     save_checkpoint, set_rng_state, write_run_record)
+from hybrid.train.config import StageConfig, TrainConfig, TrainConfigError
+from hybrid.train.distributed import DistEnv, all_reduce_sum, setup, shard, wrap
+from hybrid.train.evals import EVALUATIONS, EvalContext
+from hybrid.train.logs import JsonlLog, plot_log
+from hybrid.train.stages import STAGES, new_parameter_names
+
+__all__ = ["run", "RunResult", "Trainer"]
+
+
+@dataclass
+class RunResult:
+    out: Path
+    model_path: Path | None  # the saved hybrid (OUT/hybrid) or model (OUT/model)
+    history: list[dict[str, Any]] = field(default_factory=list)  # the log records of this call
+    model: nn.Module | None = None  # the trained model (unwrapped)
+
+
+def run(config: TrainConfig | str | Path, *, stage: str | int = "all", resume: bool = False,
+        allow_config_change: bool = False, evaluate: Callable[[EvalContext], dict] | None = None,
+        on_step: Callable[[str, int], None] | None = None) -> RunResult:
+    """Train ``config`` (a TrainConfig or a config file). ``stage``: "all" or a stage number (1-based, in the
+    config's order) to run that stage only (stage > 1 continues from the folder's checkpoint of the stage
+    before). ``resume``: continue from the newest checkpoint in ``config.out``. ``evaluate``: a callable
+    replacing ``config.eval``. ``on_step(stage_name, steps_done)`` is called after every optimizer step
+    (tests use it to kill a run)."""
+    if not isinstance(config, TrainConfig):
+        config = TrainConfig.from_file(config)
+    return Trainer(config, evaluate=evaluate, on_step=on_step).run(stage, resume, allow_config_change)
+
+
+class Trainer:
+    def __init__(self, config: TrainConfig, evaluate=None, on_step=None) -> None:
+        self.config = config
+        self.evaluate = evaluate if evaluate is not None else EVALUATIONS[config.eval]
+        self.on_step = on_step
+        self.history: list[dict[str, Any]] = []
+        self._corpus: dict[str, torch.Tensor] = {}
+        self._eval_cache: dict = {}
+
+    # ---- set-up ----------------------------------------------------------------------------
+    def run(self, stage: str | int, resume: bool, allow_config_change: bool) -> RunResult:
+        cfg = self.config
+        only = self._stage_index(stage)
+        if only is not None and only > 0:
+            resume = True  # a later stage alone continues from the earlier stages' checkpoint
+        env = self.env = setup(cfg.device, cfg.distributed)
+        if cfg.threads and env.device.type == "cpu":
+            torch.set_num_threads(cfg.threads)
+        out = Path(cfg.out)
+        torch.manual_seed(cfg.seed)  # the same initial model on every process
+        self.teacher, self.mask = None, None
+        from hybrid.train.build import (build_hybrid, build_pretrain_model, identity, load_teacher,
+                                        load_tokenizer)
+
+        if cfg.is_hybrid:
+            self.teacher, self.tokenizer = load_teacher(cfg.teacher, env.device, cfg.tokenizer)
+            self.student, self.mask = build_hybrid(self.teacher, cfg.mask, cfg.hybrid)
+        else:
+            from headscope.reference import DEFAULT_NAME
+
+            tok_src = cfg.tokenizer or cfg.model.init_from or DEFAULT_NAME
+            self.tokenizer = load_tokenizer(tok_src)
+            self.student = build_pretrain_model(cfg.model, self.tokenizer, env.device)
+        record = RunRecord(identity(cfg, self.teacher, self.mask, self.tokenizer), cfg.fingerprint(), cfg.to_dict())
+        ckpt = check_run_folder(out, record, resume, allow_config_change)  # every process checks (same answer)
+        env.barrier()
+        if env.is_main:
+            out.mkdir(parents=True, exist_ok=True)
+            write_run_record(out, record)
+        self.log = JsonlLog(out / "log.jsonl", enabled=env.is_main)
+        start_index, start_step, train_state = 0, 0, None
+        if ckpt is not None:
+            tensors, train_state, rng = load_checkpoint(ckpt, env.rank)
+            self.student.load_state_dict(tensors, strict=True)
+            start_index, start_step = ckpt.stage_index, ckpt.step
+            if ckpt.done:
+                start_index, start_step, train_state = start_index + 1, 0, None
+            self.log.write({"event": "resume", "from": ckpt.path.name, "stage_index": start_index,
+                            "step": start_step})
+        else:
+            rng = None
+        if only is not None:
+            if start_index > only:
+                raise CheckpointError(f"--stage {only + 1}: {out} already finished that stage (latest checkpoint "
+                                      f"{ckpt.path.name}); run a later stage or choose another output folder")
+            if start_index < only:
+                raise CheckpointError(f"--stage {only + 1}: stage {start_index + 1} is not finished in {out}; run "
+                                      f"the earlier stages first (--stage {start_index + 1} or --stage all)")
+        torch.manual_seed(cfg.seed * 1000 + env.rank)  # per-process randomness (head dropout)
+        if rng is not None:
+            set_rng_state(rng)
+        shard(self.student, env)
+        if self.teacher is not None:
+            shard(self.teacher, env)
+        last = len(cfg.stages) - 1 if only is None else only
+        try:
+            for i in range(start_index, last + 1):
+                self.train_stage(i, cfg.stages[i], start_step if i == start_index else 0,
+                                 train_state if i == start_index else None)
+        finally:
+            self.log.close()
+        model_path = None
+        if env.is_main or env.mode == "fsdp":
+            model_path = self.save_final(out)
+        if env.is_main:
+            plot_log(out / "log.jsonl", out / "training.html")
+        env.barrier()
+        return RunResult(out, model_path, self.history, self.student)
+
+    def _stage_index(self, stage: str | int) -> int | None:
+        if stage in ("all", None):
+            return None
+        try:
+            i = int(stage)
+        except (TypeError, ValueError):
+            raise TrainConfigError(f"stage={stage!r}: give 'all' or a stage number 1..{len(self.config.stages)}") from None
+        if not 1 <= i <= len(self.config.stages):
+            raise TrainConfigError(f"stage={stage}: this config has stages 1..{len(self.config.stages)} "
+                                   f"({', '.join(s.name for s in self.config.stages)})")
+        return i - 1
+
+    # ---- one stage -------------------------------------------------------------------------
+    def trainable(self, stage_cfg: StageConfig) -> list[tuple[str, nn.Parameter]]:
+        """Set requires_grad for the stage and return the trained (name, parameter)s."""
+        stage = STAGES[stage_cfg.name]
+        new = new_parameter_names(self.student) if stage.trains == "new" else None
+        if new is not None and not new:
+            raise TrainConfigError(f"stage {stage_cfg.name!r} trains the new parameters, and the model has none")
+        out = []
+        for n, p in self.student.named_parameters():
+            p.requires_grad_(new is None or n in new)
+            if p.requires_grad:
+                out.append((n, p))
+        return out
+
+    def optimizer(self, params: list[tuple[str, nn.Parameter]], s: StageConfig) -> torch.optim.Optimizer:
+        decay = [p for n, p in params if p.dim() >= 2 and not getattr(p, "_no_weight_decay", False)]
+        no_decay = [p for n, p in params if not (p.dim() >= 2 and not getattr(p, "_no_weight_decay", False))]
+        groups = [g for g in ({"params": decay, "weight_decay": s.weight_decay},
+                              {"params": no_decay, "weight_decay": 0.0}) if g["params"]]
+        fused = self.env.device.type == "cuda" and self.env.mode != "fsdp"
+        return torch.optim.AdamW(groups, lr=s.lr, betas=tuple(s.betas), fused=fused or None)
+
+    def data(self, index: int, s: StageConfig, start: int):
+        """An iterator over this process's batches of steps start.. of stage ``index``."""
+        from hybrid.train.data import MixtureStream, StepBatches, load_corpus, mixture_config, sample_teacher
+
+        d = self.config.data_for(s)
+        if d.corpus not in self._corpus:
+            self._corpus[d.corpus] = load_corpus(d.corpus, self.tokenizer)
+        teacher_ids = None
+        if d.teacher > 0:
+            if self.teacher is None:
+                raise TrainConfigError(f"stages[{s.name}].data.teacher={d.teacher}: teacher-sampled text needs a "
+                                       "teacher (hybrid stages only)")
+            teacher_ids = sample_teacher(self.teacher, self.tokenizer, d.teacher_samples, s.seq_len + 1,
+                                         d.teacher_temperature, seed=self.config.seed * 7919 + index)
+        stream = MixtureStream(mixture_config(d, s, self.config.seed), self.tokenizer, self._corpus[d.corpus],
+                               stage=f"{index}:{s.name}", teacher_ids=teacher_ids)
+        ds = StepBatches(stream, start, s.steps, s.steps, self.env.rank, self.env.world)
+        loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=d.workers,
+                                             prefetch_factor=4 if d.workers else None,
+                                             pin_memory=self.env.device.type == "cuda")
+        return iter(loader)
+
+    def train_stage(self, index: int, s: StageConfig, start: int, train_state: dict | None) -> None:
+        cfg, env = self.config, self.env
+        stage = STAGES[s.name]
+        params = self.trainable(s)
+        model = wrap(self.student, env)
+        opt = self.optimizer(params, s)
+        if train_state is not None:
+            self._load_optimizer(opt, train_state["optimizer"])
+        teacher = self.teacher if stage.uses_teacher else None
+        batches = self.data(index, s, start)
+        autocast = env.autocast()
+        from contextlib import nullcontext
+
+        from hybrid.train.head_dropout import head_dropout
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=s.steps, initial=start, desc=f"stage {index + 1}/{len(cfg.stages)} {s.name}", unit="step",
+                   disable=not (cfg.progress and env.is_main), dynamic_ncols=True)
+        n_trained = sum(p.numel() for _, p in params)
+        self.log.write({"event": "stage_start", "stage": s.name, "stage_index": index, "step": start,
+                        "trainable_params": n_trained, "seq_len": s.seq_len, "batch_size": s.batch_size})
+        self.student.train()
+        t_log, tok_log, tokens = time.time(), 0, train_state.get("tokens", 0) if train_state else 0
+        dropout = head_dropout(self.student, s.head_drop) if s.head_drop else nullcontext()
+        with dropout:
+            for step in range(start, s.steps):
+                lr = s.lr_at(step)
+                for g in opt.param_groups:
+                    g["lr"] = lr
+                batch = next(batches)
+                ids = batch["ids"].to(env.device, non_blocking=True)  # [b, T]
+                w = batch["w"].to(env.device, non_blocking=True)  # [b, T]
+                terms = stage.loss(s, model, teacher, ids, w, autocast)
+                counts = all_reduce_sum(torch.stack([c.detach().float() for *_, c in terms]), env)  # [n_terms]
+                loss = sum(weight * total / counts[j].clamp_min(1e-12) for j, (_, weight, total, _) in enumerate(terms))
+                opt.zero_grad(set_to_none=True)
+                (loss * env.world).backward()  # DDP averages gradients over processes: undo the 1/world
+                gnorm = torch.nn.utils.clip_grad_norm_([p for _, p in params], s.grad_clip or math.inf)
+                opt.step()
+                n_tok = ids.numel() * env.world
+                tokens += n_tok
+                tok_log += n_tok
+                done = step + 1
+                if done % cfg.log_every == 0 or done == s.steps:
+                    sums = all_reduce_sum(torch.stack([t.detach().float() for _, _, t, _ in terms]), env)
+                    now = time.time()
+                    rec = {"stage": s.name, "stage_index": index, "step": done,
+                           "loss": float(sum(wt * sums[j] / counts[j] for j, (_, wt, _, _) in enumerate(terms))),
+                           **{f"loss_{name}": float(sums[j] / counts[j]) for j, (name, *_) in enumerate(terms)},
+                           "lr": lr, "grad_norm": float(gnorm), "seq_len": ids.shape[1], "tokens": tokens,
+                           "tok_per_s": round(tok_log / max(now - t_log, 1e-9), 1)}
+                    self._record(rec)
+                    bar.set_postfix(loss=f"{rec['loss']:.4g}", tok_s=f"{rec['tok_per_s']:.3g}")
+                    t_log, tok_log = now, 0
+                bar.update(1)
+                stage_end = done == s.steps
+                if (cfg.eval_every and done % cfg.eval_every == 0) or stage_end:
+                    self.run_eval(index, s, done)
+                if (cfg.checkpoint_every and done % cfg.checkpoint_every == 0) or stage_end:
+                    self.checkpoint(index, s, done, opt, tokens, stage_end)
+                if self.on_step is not None:
+                    self.on_step(s.name, done)
+        bar.close()
+
+    # ---- evaluation, checkpoints, final save -----------------------------------------------
+    def run_eval(self, index: int, s: StageConfig, step: int) -> None:
+        if self.evaluate is None or not (self.env.is_main or self.env.mode == "fsdp"):
+            return
+        model = self.student
+        was = model.training
+        model.eval()
+        ctx = EvalContext(model, self.tokenizer, s.seq_len, self.config.eval_samples, self.env.device,
+                          self.env.autocast(), self.config.seed, self._eval_cache)
+        t0 = time.time()
+        with torch.random.fork_rng(devices=[self.env.device] if self.env.device.type == "cuda" else []):
+            res = self.evaluate(ctx)
+        model.train(was)
+        if self.env.is_main:
+            self._record({"stage": s.name, "stage_index": index, "step": step, **res,
+                          "eval_seconds": round(time.time() - t0, 2)})
+
+    def _record(self, rec: dict[str, Any]) -> None:
+        self.history.append(rec)
+        self.log.write(rec)
+
+    def _model_state(self) -> dict[str, torch.Tensor]:
+        if self.env.mode == "fsdp":
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+            return get_model_state_dict(self.student, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        return self.student.state_dict()
+
+    def _optimizer_state(self, opt) -> dict:
+        if self.env.mode == "fsdp":
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+            return get_optimizer_state_dict(self.student, opt,
+                                            options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        return opt.state_dict()
+
+    def _load_optimizer(self, opt, state: dict) -> None:
+        if self.env.mode == "fsdp":
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+            set_optimizer_state_dict(self.student, opt, optim_state_dict=state,
+                                     options=StateDictOptions(full_state_dict=True))
+        else:
+            opt.load_state_dict(state)
+
+    def checkpoint(self, index: int, s: StageConfig, step: int, opt, tokens: int, done: bool) -> None:
+        env = self.env
+        model_state = self._model_state()
+        opt_state = self._optimizer_state(opt)
+        train_state = {"optimizer": opt_state, "scheduler": {"step": step, "lr": s.lr_at(max(0, step - 1))},
+                       "data": {"stage_index": index, "step": step, "seed": self.config.seed}, "tokens": tokens}
+        state = {"stage_index": index, "stage": s.name, "step": step, "stage_done": done,
+                 "fingerprint": self.config.fingerprint(), "config": self.config.to_dict()}
+        if self.mask is not None:
+            state["mask"] = self.mask.to_dict()
+        path = save_checkpoint(Path(self.config.out), f"s{index + 1}-{s.name}-{step:06d}", model_state,
+                               train_state, state, env.rank, env.world, env.barrier if env.world > 1 else None,
+                               keep=self.config.keep_checkpoints)
+        if env.is_main:
+            self.log.write({"event": "checkpoint", "path": path.name, "stage_index": index, "step": step})
+
+    def save_final(self, out: Path) -> Path | None:
+        from hybrid.train.build import save_final
+
+        state = self._model_state() if self.env.mode == "fsdp" else None
+        if not self.env.is_main:
+            return None
+        name = "hybrid" if self.config.is_hybrid else "model"
+        self.student.config.train_config = self.config.to_dict()
+        return save_final(self.student, self.tokenizer, out / name, state_dict=state)
+
+
+def read_history(out: str | Path) -> list[dict[str, Any]]:
+    from hybrid.train.logs import read_log
+
+    return read_log(Path(out) / "log.jsonl")
+
+

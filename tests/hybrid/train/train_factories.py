@@ -1,0 +1,46 @@
+"""Tiny training set-ups for hybrid.train tests (import by plain name)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+
+def save_tiny_teacher(folder: Path, tokenizer, seed: int = 0, **overrides) -> Path:
+    import transformers as tf
+
+    torch.manual_seed(seed)
+    cfg = tf.Qwen3Config(vocab_size=len(tokenizer), hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, head_dim=16, intermediate_size=128, max_position_embeddings=4096,
+                         tie_word_embeddings=True, bos_token_id=tokenizer.bos_token_id,
+                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, **overrides)
+    model = tf.Qwen3ForCausalLM._from_config(cfg, attn_implementation="sdpa", dtype=torch.float32)
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return Path(folder)
+
+
+def save_mask(teacher_dir: Path, path: Path, heads=((0, 1), (1, 2))) -> Path:
+    from transformers import AutoConfig
+
+    from headscope.heads import Head
+    from headscope.mask import HeadMask
+
+    cfg = AutoConfig.from_pretrained(teacher_dir)
+    HeadMask.for_model(cfg, [Head(l, h) for l, h in heads]).to_json(path)
+    return Path(path)
+
+
+def stage(name: str, steps: int = 3, seq_len: int = 64, batch_size: int = 2, lr: float = 3e-3, **kw) -> dict:
+    return {"name": name, "steps": steps, "seq_len": seq_len, "batch_size": batch_size, "lr": lr, **kw}
+
+
+def tiny_config(out: Path, teacher: Path, mask: Path, stages=None, **kw):
+    from hybrid.train import TrainConfig
+
+    data = {"corpus": "heldout", "text": 0.5, "niah": 0.25, "reasoning": 0.25, "multikey": 0.0, "copy": 0.0}
+    d = {"out": str(out), "teacher": str(teacher), "mask": str(mask), "device": "cpu", "progress": False,
+         "eval": "none", "log_every": 1, "data": data,
+         "stages": stages or [stage("align"), stage("distill"), stage("long", seq_len=256, batch_size=1)]}
+    d.update(kw)
+    return TrainConfig.from_dict(d)
