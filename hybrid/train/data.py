@@ -438,14 +438,23 @@ def mixture_config(data, stage, seed: int) -> MixtureConfig:
         extra_queries=data.extra_queries, haystack=data.haystack, fast_niah=data.fast_niah, seed=seed)
 
 
+_CORPUS_CACHE: dict[tuple, torch.Tensor] = {}
+
+
 def load_corpus(spec: str, tokenizer) -> torch.Tensor:
-    """``spec`` "heldout" / "train" (headscope.tasks.load_haystack) or a text file path -> ids ``[N]``."""
+    """``spec`` "heldout" / "train" (headscope.tasks.load_haystack) or a text file path -> ids ``[N]``
+    (memoised per process for the shipped texts)."""
     from pathlib import Path
+
+    key = (spec, getattr(tokenizer, "name_or_path", id(tokenizer)), len(tokenizer))
+    if spec in ("heldout", "train") and key in _CORPUS_CACHE:
+        return _CORPUS_CACHE[key]
 
     if spec in ("heldout", "train"):
         from headscope.tasks import load_haystack
 
-        text = load_haystack(spec)
+        _CORPUS_CACHE[key] = tokenize_corpus(tokenizer, load_haystack(spec))
+        return _CORPUS_CACHE[key]
     else:
         path = Path(spec)
         if not path.exists():

@@ -94,7 +94,7 @@ class Trainer:
             tensors, train_state, rng = load_checkpoint(ckpt, env.rank)
             self.student.load_state_dict(tensors, strict=True)
             start_index, start_step = ckpt.stage_index, ckpt.step
-            if ckpt.done:
+            if start_step >= cfg.stages[start_index].steps:  # that stage is finished (under this config)
                 start_index, start_step, train_state = start_index + 1, 0, None
             self.log.write({"event": "resume", "from": ckpt.path.name, "stage_index": start_index,
                             "step": start_step})

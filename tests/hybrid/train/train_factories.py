@@ -10,10 +10,11 @@ def save_tiny_teacher(folder: Path, tokenizer, seed: int = 0, **overrides) -> Pa
     import transformers as tf
 
     torch.manual_seed(seed)
-    cfg = tf.Qwen3Config(vocab_size=len(tokenizer), hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, head_dim=16, intermediate_size=128, max_position_embeddings=4096,
-                         tie_word_embeddings=True, bos_token_id=tokenizer.bos_token_id,
-                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, **overrides)
+    kw = dict(vocab_size=len(tokenizer), hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=2, head_dim=16, intermediate_size=128, max_position_embeddings=4096,
+              tie_word_embeddings=True, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+              pad_token_id=tokenizer.pad_token_id)
+    cfg = tf.Qwen3Config(**{**kw, **overrides})
     model = tf.Qwen3ForCausalLM._from_config(cfg, attn_implementation="sdpa", dtype=torch.float32)
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
@@ -40,7 +41,7 @@ def tiny_config(out: Path, teacher: Path, mask: Path, stages=None, **kw):
 
     data = {"corpus": "heldout", "text": 0.5, "niah": 0.25, "reasoning": 0.25, "multikey": 0.0, "copy": 0.0}
     d = {"out": str(out), "teacher": str(teacher), "mask": str(mask), "device": "cpu", "progress": False,
-         "eval": "none", "log_every": 1, "data": data,
+         "eval": "none", "log_every": 1, "data": data, "threads": 1,
          "stages": stages or [stage("align"), stage("distill"), stage("long", seq_len=256, batch_size=1)]}
     d.update(kw)
     return TrainConfig.from_dict(d)

@@ -1,0 +1,101 @@
+from __future__ import annotations
+
+import pytest
+
+from hybrid.train import StageConfig, TrainConfig, TrainConfigError
+from train_factories import stage
+
+
+def base(**kw) -> dict:
+    d = {"out": "/tmp/x", "mask": "m.json", "stages": [stage("align"), stage("distill"),
+                                                       stage("long", seq_len=256)]}
+    d.update(kw)
+    return d
+
+
+def test_toml_file_round_trip(tmp_path):
+    f = tmp_path / "run.toml"
+    f.write_text('''
+out = "runs/x"
+mask = "mask.json"
+seed = 3
+[data]
+text = 1.0
+niah = 0.5
+[hybrid]
+fusion = "norm"
+[[stages]]
+name = "align"
+steps = 10
+lr = 1e-3
+seq_len = 128
+[[stages]]
+name = "distill"
+steps = 5
+lr = 5e-4
+seq_len = 128
+temperature = 2.0
+betas = [0.9, 0.99]
+[stages.data]
+reasoning = 1.0
+[[stages]]
+name = "long"
+steps = 5
+lr = 1e-4
+seq_len = 512
+''')
+    cfg = TrainConfig.from_file(f)
+    assert [s.name for s in cfg.stages] == ["align", "distill", "long"]
+    assert cfg.seed == 3 and cfg.data.niah == 0.5 and cfg.hybrid == {"fusion": "norm"}
+    assert cfg.stages[1].betas == (0.9, 0.99) and cfg.stages[1].data.reasoning == 1.0
+    assert cfg.data_for(cfg.stages[0]) is cfg.data and cfg.data_for(cfg.stages[1]) is cfg.stages[1].data
+    assert TrainConfig.from_dict(cfg.to_dict()) == cfg
+    assert cfg.fingerprint() == cfg.replace(out="elsewhere", device="cpu").fingerprint()  # bookkeeping only
+    assert cfg.fingerprint() != cfg.replace(seed=4).fingerprint()
+
+
+@pytest.mark.parametrize("patch,match", [
+    ({"bogus": 1}, r"unknown field\(s\) \['bogus'\]"),
+    ({"data": {"txet": 1.0}}, r"data: unknown field\(s\) \['txet'\]"),
+    ({"stages": [{"name": "align", "steps": 1, "lr": 1e-3, "sequence_length": 64}]}, "sequence_length"),
+    ({"stages": [stage("align", lr=-1e-3)]}, r"stages\[align\]\.lr=-0.001: the learning rate must be > 0"),
+    ({"stages": [stage("align"), stage("long", seq_len=128)]}, r"stages\[long\]\.seq_len=128: stage 3"),
+    ({"stages": [stage("distill", seq_len=256), stage("long", seq_len=512)]}, r"seq_len >= 1024"),
+    ({"stages": [stage("nope")]}, r"stages\[nope\]\.name='nope': not a registered stage"),
+    ({"stages": [stage("align", steps=0)]}, r"steps=0: must be a positive int"),
+    ({"stages": [stage("distill", temperature=0)]}, "temperature"),
+    ({"stages": [stage("align", head_drop=0.1)]}, "head_drop"),
+    ({"stages": [stage("align"), stage("pretrain")]}, "not both"),
+    ({"mask": None}, r"run\.mask=None"),
+    ({"data": {"text": -1.0}}, r"data\.text=-1.0"),
+    ({"data": {"text": 0, "niah": 0, "multikey": 0, "reasoning": 0, "copy": 0}}, "sum to 0"),
+    ({"hybrid": {"fusoin": "norm"}}, "fusoin"),
+    ({"device": "tpu"}, r"run\.device='tpu'"),
+    ({"eval": "nope"}, "not a registered evaluation"),
+    ({"stages": []}, "at least one"),
+])
+def test_bad_configs_are_refused_naming_the_field(patch, match):
+    with pytest.raises(TrainConfigError, match=match):
+        TrainConfig.from_dict(base(**patch))
+
+
+def test_bad_files_are_refused(tmp_path):
+    with pytest.raises(TrainConfigError, match="does not exist"):
+        TrainConfig.from_file(tmp_path / "missing.toml")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("out = \n")
+    with pytest.raises(TrainConfigError, match="not valid TOML"):
+        TrainConfig.from_file(bad)
+    other = tmp_path / "x.ini"
+    other.write_text("")
+    with pytest.raises(TrainConfigError, match=r"\.toml"):
+        TrainConfig.from_file(other)
+
+
+def test_schedule_warmup_cosine_then_constant():
+    s = StageConfig(name="distill", steps=100, lr=1.0, warmup_steps=10, decay_steps=50, min_lr_ratio=0.1)
+    lrs = [s.lr_at(i) for i in range(100)]
+    assert lrs[0] == pytest.approx(0.1) and lrs[9] == pytest.approx(1.0)  # linear warmup
+    assert all(a >= b for a, b in zip(lrs[10:60], lrs[11:61]))  # cosine decay
+    assert lrs[60:] == [pytest.approx(0.1)] * 40  # then constant
+    assert lrs[35] == pytest.approx(0.1 + 0.9 * 0.5)  # half-way through the cosine

@@ -1,0 +1,164 @@
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+import torch
+
+from hybrid.train import CheckpointError, latest_checkpoint, run
+from train_factories import save_mask, save_tiny_teacher, stage, tiny_config
+
+
+class Killed(RuntimeError):
+    pass
+
+
+def kill_at(stage_name: str, step: int):
+    def hook(name, done):
+        if name == stage_name and done == step:
+            raise Killed(f"killed after {name} step {done}")
+    return hook
+
+
+def losses(history, name):
+    return [r["loss"] for r in history if r.get("stage") == name and "loss" in r]
+
+
+def test_smoke_three_stages_losses_go_down_and_the_saved_hybrid_reloads(tmp_path, tiny_teacher_dir, tiny_mask):
+    from transformers import AutoModelForCausalLM
+
+    from headscope.mask import HeadMask
+
+    t0 = time.time()
+    cfg = tiny_config(tmp_path / "out", tiny_teacher_dir, tiny_mask, eval="default", eval_samples=2,
+                      stages=[stage("align", steps=6, seq_len=32, lr=1e-2), stage("distill", steps=6, seq_len=32),
+                              stage("long", steps=6, seq_len=128, batch_size=1)])
+    res = run(cfg)
+    for name in ("align", "distill", "long"):
+        ls = losses(res.history, name)
+        assert len(ls) == 6 and sum(ls[-2:]) < sum(ls[:2]), (name, ls)
+    evals = [r for r in res.history if "eval_heldout_loss" in r]
+    assert [r["stage"] for r in evals] == ["align", "distill", "long"]
+    assert (tmp_path / "out" / "training.html").exists()
+    log = [json.loads(l) for l in (tmp_path / "out" / "log.jsonl").read_text().splitlines()]
+    assert {"lr", "tok_per_s", "grad_norm", "loss"} <= set(log[1])
+    reloaded = AutoModelForCausalLM.from_pretrained(res.model_path)
+    assert HeadMask.from_dict(reloaded.config.head_mask) == HeadMask.from_json(tiny_mask)
+    ids = torch.randint(0, 4000, (1, 40))
+    torch.testing.assert_close(reloaded(input_ids=ids).logits, res.model.eval()(input_ids=ids).logits,
+                               rtol=0, atol=0)
+    assert time.time() - t0 < 60
+
+
+SHORT = [stage("align", steps=3, seq_len=32), stage("distill", steps=3, seq_len=32),
+         stage("long", steps=2, seq_len=128, batch_size=1)]
+
+
+@pytest.mark.parametrize("where,resumes_from", [(("distill", 3), "s2-distill-000002"),  # mid-stage
+                                                (("align", 3), "s1-align-000003"),  # right after a stage end
+                                                (("long", 1), "s2-distill-000003")])  # before a checkpoint
+def test_killed_and_resumed_run_ends_bit_identical(tmp_path, tiny_teacher_dir, tiny_mask, where, resumes_from):
+    kw = dict(stages=SHORT, checkpoint_every=2, keep_checkpoints=1)
+    full = run(tiny_config(tmp_path / "a", tiny_teacher_dir, tiny_mask, **kw)).model.state_dict()
+    cfg = tiny_config(tmp_path / "b", tiny_teacher_dir, tiny_mask, **kw)
+    with pytest.raises(Killed):
+        run(cfg, on_step=kill_at(*where))
+    ck = latest_checkpoint(tmp_path / "b")
+    assert ck.path.name == resumes_from
+    resumed = run(cfg, resume=True).model.state_dict()
+    assert resumed.keys() == full.keys()
+    for k in full:
+        assert torch.equal(resumed[k], full[k]), k
+    lines = [json.loads(l) for l in (tmp_path / "b" / "log.jsonl").read_text().splitlines()]
+    assert any(l.get("event") == "resume" for l in lines)
+
+
+def test_align_trains_exactly_the_new_parameters(tmp_path, tiny_teacher_dir, tiny_mask):
+    from headscope.reference import load_model
+    from hybrid.convert import from_mask
+    from hybrid.train.stages import new_parameter_names
+
+    teacher, _ = load_model(str(tiny_teacher_dir))
+    before = from_mask(teacher, tiny_mask).state_dict()
+    res = run(tiny_config(tmp_path / "o", tiny_teacher_dir, tiny_mask, stages=[stage("align", steps=3, lr=1e-2)]))
+    new = new_parameter_names(res.model)
+    assert new and not any(".mlp." in n for n in new)  # the teacher's MLP gate_proj is not new
+    after = dict(res.model.named_parameters())
+    changed = {n for n, p in after.items() if not torch.equal(p.detach(), before[n])}
+    assert changed == new
+
+
+def test_mask_for_another_model_is_refused(tmp_path, tiny_teacher_dir, ref_tokenizer):
+    from headscope.mask import MaskError
+
+    other = save_tiny_teacher(tmp_path / "other", ref_tokenizer, intermediate_size=96)  # same heads, other model
+    mask = save_mask(other, tmp_path / "other_mask.json")
+    with pytest.raises(MaskError, match="fingerprint"):
+        run(tiny_config(tmp_path / "o", tiny_teacher_dir, mask, stages=[stage("align", steps=1)]))
+
+
+def test_output_folder_rules(tmp_path, tiny_teacher_dir, tiny_mask):
+    out = tmp_path / "o"
+    one = [stage("align", steps=2, seq_len=32)]
+    run(tiny_config(out, tiny_teacher_dir, tiny_mask, stages=one))
+    # the folder of this run: a fresh start is refused, resume is allowed
+    with pytest.raises(CheckpointError, match="pass --resume"):
+        run(tiny_config(out, tiny_teacher_dir, tiny_mask, stages=one))
+    # a different run (another mask): refused, resume or not
+    other = save_mask(tiny_teacher_dir, tmp_path / "m2.json", heads=((0, 0), (1, 3)))
+    for resume in (False, True):
+        with pytest.raises(CheckpointError, match="belongs to a different run"):
+            run(tiny_config(out, tiny_teacher_dir, other, stages=one), resume=resume)
+    # a changed config: refused unless allowed
+    changed = tiny_config(out, tiny_teacher_dir, tiny_mask, stages=[stage("align", steps=3, seq_len=32)])
+    with pytest.raises(CheckpointError, match=r"changed config \(stages"):
+        run(changed, resume=True)
+    res = run(changed, resume=True, allow_config_change=True)
+    assert [r["step"] for r in res.history if "loss" in r] == [3]
+    with pytest.raises(CheckpointError, match="no complete checkpoint"):
+        run(tiny_config(tmp_path / "empty", tiny_teacher_dir, tiny_mask, stages=one), resume=True)
+
+
+def test_a_half_written_checkpoint_is_never_loaded(tmp_path, tiny_teacher_dir, tiny_mask, monkeypatch):
+    import hybrid.train.checkpoint as ckmod
+
+    cfg = tiny_config(tmp_path / "o", tiny_teacher_dir, tiny_mask, checkpoint_every=1,
+                      stages=[stage("align", steps=3, seq_len=32)])
+    real = ckmod.save_file
+    calls = {"n": 0}
+
+    def failing(*a, **k):  # the second checkpoint's write dies after the weights (e.g. disk full)
+        calls["n"] += 1
+        real(*a, **k)
+        if calls["n"] == 2:
+            raise OSError("No space left on device")
+
+    monkeypatch.setattr(ckmod, "save_file", failing)
+    with pytest.raises(OSError, match="No space"):
+        run(cfg)
+    monkeypatch.setattr(ckmod, "save_file", real)
+    assert (tmp_path / "o" / "checkpoints" / ".tmp-s1-align-000002").exists()  # the debris
+    ck = latest_checkpoint(tmp_path / "o")
+    assert ck.step == 1  # the complete one, never the half-written one
+    res = run(cfg, resume=True)
+    assert [r["step"] for r in res.history if "loss" in r] == [2, 3]
+    # a folder that LATEST points to but whose write never finished is refused, not loaded
+    bad = tmp_path / "o" / "checkpoints" / "s1-align-000009"
+    bad.mkdir()
+    (bad / "model.safetensors").write_bytes(b"")
+    (tmp_path / "o" / "checkpoints" / "LATEST").write_text(bad.name)
+    with pytest.raises(CheckpointError, match="incomplete"):
+        latest_checkpoint(tmp_path / "o")
+
+
+def test_stage_option_runs_one_stage_after_the_earlier_ones(tmp_path, tiny_teacher_dir, tiny_mask):
+    cfg = tiny_config(tmp_path / "o", tiny_teacher_dir, tiny_mask, stages=SHORT)
+    with pytest.raises(CheckpointError, match="stage 1 is not finished"):
+        run(cfg, stage=2)
+    assert [r["stage"] for r in run(cfg, stage=1).history if "loss" in r] == ["align"] * 3
+    assert {r["stage"] for r in run(cfg, stage="2").history if "loss" in r} == {"distill"}
+    with pytest.raises(CheckpointError, match="already finished"):
+        run(cfg, stage=2)
+    with pytest.raises(ValueError, match="stages 1..3"):
+        run(cfg, stage=4)
