@@ -51,13 +51,13 @@ def test_smoke_three_stages_losses_go_down_and_the_saved_hybrid_reloads(tmp_path
     assert time.time() - t0 < 60
 
 
-SHORT = [stage("align", steps=3, seq_len=32), stage("distill", steps=3, seq_len=32),
+SHORT = [stage("align", steps=3, seq_len=32), stage("distill", steps=4, seq_len=32),
          stage("long", steps=2, seq_len=128, batch_size=1)]
 
 
 @pytest.mark.parametrize("where,resumes_from", [(("distill", 3), "s2-distill-000002"),  # mid-stage
                                                 (("align", 3), "s1-align-000003"),  # right after a stage end
-                                                (("long", 1), "s2-distill-000003")])  # before a checkpoint
+                                                (("long", 1), "s2-distill-000004")])  # before a checkpoint
 def test_killed_and_resumed_run_ends_bit_identical(tmp_path, tiny_teacher_dir, tiny_mask, where, resumes_from):
     kw = dict(stages=SHORT, checkpoint_every=2, keep_checkpoints=1)
     full = run(tiny_config(tmp_path / "a", tiny_teacher_dir, tiny_mask, **kw)).model.state_dict()
