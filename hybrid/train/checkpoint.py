@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors.torch import load_file, save_file
 
 __all__ = ["CheckpointError", "Checkpoint", "RunRecord", "save_checkpoint", "latest_checkpoint",
            "load_checkpoint", "check_run_folder", "rng_state", "set_rng_state"]
@@ -109,8 +110,6 @@ def save_checkpoint(out: Path, name: str, model_state: dict[str, torch.Tensor] |
                     _fail_after_weights: bool = False) -> Path:
     """Write checkpoint ``name`` atomically (every rank calls it; rank 0 writes weights and optimizer state,
     every rank its RNG state). Returns the final folder."""
-    from safetensors.torch import save_file
-
     from headscope.io import write_bytes, write_text
 
     root = _ckpt_dir(out)
@@ -189,8 +188,6 @@ def latest_checkpoint(out: Path) -> Checkpoint | None:
 
 def load_checkpoint(ckpt: Checkpoint, rank: int = 0) -> tuple[dict[str, torch.Tensor], dict, dict]:
     """(model tensors incl. tied names, train_state, this rank's RNG state)."""
-    from safetensors.torch import load_file
-
     tensors = load_file(str(ckpt.path / "model.safetensors"))
     for dropped, kept in ckpt.state.get("tied", {}).items():
         tensors[dropped] = tensors[kept]
