@@ -83,6 +83,9 @@ class Trainer:
             self.tokenizer = load_tokenizer(tok_src)
             self.student = build_pretrain_model(cfg.model, self.tokenizer, env.device)
         record = RunRecord(identity(cfg, self.teacher, self.mask, self.tokenizer), cfg.fingerprint(), cfg.to_dict())
+        if only is not None and only > 0 and latest_checkpoint(out) is None:
+            raise CheckpointError(f"--stage {only + 1}: stage 1 is not finished in {out} (no checkpoint); run the "
+                                  "earlier stages first (--stage 1 or --stage all)")
         ckpt = check_run_folder(out, record, resume, allow_config_change)  # every process checks (same answer)
         env.barrier()
         if env.is_main:
