@@ -119,6 +119,8 @@ class StageConfig:
     ce_weight: float = 0.2  # "distill": weight of next-token cross-entropy
     temperature: float = 1.0  # "distill": KL temperature (scaled by T^2)
     head_drop: float = 0.0  # "pretrain": head dropout probability (hybrid.train.head_dropout)
+    max_minutes: float = 0.0  # > 0: a time budget; the stage ends at `steps` or when the budget is used, and the
+    #                           schedule and length curriculum follow the larger fraction (not bit-reproducible)
     data: DataConfig | None = None  # this stage's mixture (default: the run's [data])
 
     def __post_init__(self) -> None:
@@ -153,6 +155,8 @@ class StageConfig:
             _bad(where, "temperature", self.temperature, "must be > 0")
         if not 0.0 <= self.head_drop < 1.0:
             _bad(where, "head_drop", self.head_drop, "must be in [0, 1)")
+        if not self.max_minutes >= 0:
+            _bad(where, "max_minutes", self.max_minutes, "must be >= 0 (0: no time budget)")
         if self.data is not None and not isinstance(self.data, DataConfig):
             object.__setattr__(self, "data", _build(DataConfig, self.data, f"{where}.data"))
 

@@ -391,16 +391,19 @@ def rank_rows(n_rows: int, rank: int, world: int) -> range:
 class StepBatches(IterableDataset):
     """Batches of steps ``start, start+1, ... < stop`` for this process (rank/world), built in DataLoader
     workers: worker i builds the steps ``start + i + k * n_workers``; the DataLoader takes workers in turn,
-    so batches arrive in step order. ``progress(step)`` -> curriculum progress in [0, 1]."""
+    so batches arrive in step order. The length curriculum's progress is step / total, or the value of
+    ``progress`` (a ``multiprocessing.Value``) that the trainer sets when a stage runs on a time budget."""
 
-    def __init__(self, stream: MixtureStream, start: int, stop: int, total: int, rank: int = 0, world: int = 1):
+    def __init__(self, stream: MixtureStream, start: int, stop: int, total: int, rank: int = 0, world: int = 1,
+                 progress=None):
         self.stream, self.start, self.stop, self.total, self.rank, self.world = stream, start, stop, total, rank, world
+        self.progress = progress
 
     def __iter__(self):
         info = get_worker_info()
         wid, nw = (0, 1) if info is None else (info.id, info.num_workers)
         for step in range(self.start + wid, self.stop, nw):
-            p = step / max(1, self.total)
+            p = step / max(1, self.total) if self.progress is None else float(self.progress.value)
             rows = rank_rows(self.stream.n_rows(step, p), self.rank, self.world)
             yield self.stream.batch(step, p, rows)
 

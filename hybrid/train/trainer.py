@@ -36,6 +36,28 @@ class RunResult:
     model: nn.Module | None = None  # the trained model (unwrapped)
 
 
+class _Clock:
+    """Progress of a stage in [0, 1]: steps done / steps, or with ``max_minutes`` the larger of that and the
+    fraction of the time budget used (agreed by all processes)."""
+
+    def __init__(self, s: StageConfig, elapsed_before: float, env: DistEnv) -> None:
+        self.s, self.before, self.env, self.t0 = s, elapsed_before, env, time.time()
+
+    def elapsed(self) -> float:
+        return self.before + time.time() - self.t0
+
+    def progress(self, step: int) -> float:
+        p = step / self.s.steps
+        if self.s.max_minutes:
+            used = torch.tensor([self.elapsed() / (60.0 * self.s.max_minutes)])
+            if self.env.world > 1:
+                import torch.distributed as dist
+
+                dist.all_reduce(used, op=dist.ReduceOp.MAX)
+            p = max(p, float(used))
+        return min(p, 1.0)
+
+
 def run(config: TrainConfig | str | Path, *, stage: str | int = "all", resume: bool = False,
         allow_config_change: bool = False, evaluate: Callable[[EvalContext], dict] | None = None,
         on_step: Callable[[str, int], None] | None = None) -> RunResult:
@@ -97,7 +119,8 @@ class Trainer:
             tensors, train_state, rng = load_checkpoint(ckpt, env.rank)
             self.student.load_state_dict(tensors, strict=True)
             start_index, start_step = ckpt.stage_index, ckpt.step
-            if start_step >= cfg.stages[start_index].steps:  # that stage is finished (under this config)
+            s0 = cfg.stages[start_index]
+            if start_step >= s0.steps or (ckpt.done and s0.max_minutes):  # that stage is finished (this config)
                 start_index, start_step, train_state = start_index + 1, 0, None
             self.log.write({"event": "resume", "from": ckpt.path.name, "stage_index": start_index,
                             "step": start_step})
@@ -181,7 +204,11 @@ class Trainer:
                                          d.teacher_temperature, seed=self.config.seed * 7919 + index)
         stream = MixtureStream(mixture_config(d, s, self.config.seed), self.tokenizer, self._corpus[d.corpus],
                                stage=f"{index}:{s.name}", teacher_ids=teacher_ids)
-        ds = StepBatches(stream, start, s.steps, s.steps, self.env.rank, self.env.world)
+        import multiprocessing as mp
+
+        self._progress = mp.Value("d", start / s.steps)  # the stage's progress, read by the data workers
+        ds = StepBatches(stream, start, s.steps, s.steps, self.env.rank, self.env.world,
+                         progress=self._progress if s.max_minutes else None)
         loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=d.workers,
                                              prefetch_factor=4 if d.workers else None,
                                              pin_memory=self.env.device.type == "cuda")
@@ -209,11 +236,16 @@ class Trainer:
         self.log.write({"event": "stage_start", "stage": s.name, "stage_index": index, "step": start,
                         "trainable_params": n_trained, "seq_len": s.seq_len, "batch_size": s.batch_size})
         self.student.train()
-        t_log, tok_log, tokens = time.time(), 0, train_state.get("tokens", 0) if train_state else 0
+        t_log, tok_log = time.time(), 0
+        tokens = train_state.get("tokens", 0) if train_state else 0
+        clock = _Clock(s, train_state.get("elapsed", 0.0) if train_state else 0.0, env)
         dropout = head_dropout(self.student, s.head_drop) if s.head_drop else nullcontext()
+        step = start
+        progress = clock.progress(step)  # steps done (or time used) as a fraction of the stage
         with dropout:
-            for step in range(start, s.steps):
-                lr = s.lr_at(step)
+            while progress < 1.0:
+                self._progress.value = progress
+                lr = s.lr_at(progress * s.steps if s.max_minutes else step)
                 for g in opt.param_groups:
                     g["lr"] = lr
                 batch = next(batches)
@@ -226,29 +258,31 @@ class Trainer:
                 (loss * env.world).backward()  # DDP averages gradients over processes: undo the 1/world
                 gnorm = torch.nn.utils.clip_grad_norm_([p for _, p in params], s.grad_clip or math.inf)
                 opt.step()
+                step += 1
                 n_tok = ids.numel() * env.world
                 tokens += n_tok
                 tok_log += n_tok
-                done = step + 1
-                if done % cfg.log_every == 0 or done == s.steps:
+                progress = clock.progress(step)
+                stage_end = progress >= 1.0
+                if step % cfg.log_every == 0 or stage_end:
                     sums = all_reduce_sum(torch.stack([t.detach().float() for _, _, t, _ in terms]), env)
                     now = time.time()
-                    rec = {"stage": s.name, "stage_index": index, "step": done,
+                    rec = {"stage": s.name, "stage_index": index, "step": step,
                            "loss": float(sum(wt * sums[j] / counts[j] for j, (_, wt, _, _) in enumerate(terms))),
                            **{f"loss_{name}": float(sums[j] / counts[j]) for j, (name, *_) in enumerate(terms)},
                            "lr": lr, "grad_norm": float(gnorm), "seq_len": ids.shape[1], "tokens": tokens,
-                           "tok_per_s": round(tok_log / max(now - t_log, 1e-9), 1)}
+                           "tok_per_s": round(tok_log / max(now - t_log, 1e-9), 1),
+                           "minutes": round(clock.elapsed() / 60, 3)}
                     self._record(rec)
                     bar.set_postfix(loss=f"{rec['loss']:.4g}", tok_s=f"{rec['tok_per_s']:.3g}")
                     t_log, tok_log = now, 0
                 bar.update(1)
-                stage_end = done == s.steps
-                if (cfg.eval_every and done % cfg.eval_every == 0) or stage_end:
-                    self.run_eval(index, s, done)
-                if (cfg.checkpoint_every and done % cfg.checkpoint_every == 0) or stage_end:
-                    self.checkpoint(index, s, done, opt, tokens, stage_end)
+                if (cfg.eval_every and step % cfg.eval_every == 0) or stage_end:
+                    self.run_eval(index, s, step)
+                if (cfg.checkpoint_every and step % cfg.checkpoint_every == 0) or stage_end:
+                    self.checkpoint(index, s, step, opt, tokens, stage_end, clock.elapsed())
                 if self.on_step is not None:
-                    self.on_step(s.name, done)
+                    self.on_step(s.name, step)
         bar.close()
 
     # ---- evaluation, checkpoints, final save -----------------------------------------------
@@ -296,12 +330,14 @@ class Trainer:
         else:
             opt.load_state_dict(state)
 
-    def checkpoint(self, index: int, s: StageConfig, step: int, opt, tokens: int, done: bool) -> None:
+    def checkpoint(self, index: int, s: StageConfig, step: int, opt, tokens: int, done: bool,
+                   elapsed: float = 0.0) -> None:
         env = self.env
         model_state = self._model_state()
         opt_state = self._optimizer_state(opt)
         train_state = {"optimizer": opt_state, "scheduler": {"step": step, "lr": s.lr_at(max(0, step - 1))},
-                       "data": {"stage_index": index, "step": step, "seed": self.config.seed}, "tokens": tokens}
+                       "data": {"stage_index": index, "step": step, "seed": self.config.seed}, "tokens": tokens,
+                       "elapsed": elapsed}
         state = {"stage_index": index, "stage": s.name, "step": step, "stage_done": done,
                  "fingerprint": self.config.fingerprint(), "config": self.config.to_dict()}
         if self.mask is not None:
