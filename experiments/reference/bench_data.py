@@ -1,4 +1,4 @@
-"""Tokens per second of one data worker (experiments/reference/data.py) for a training mixture, with the
+"""Tokens per second of one data worker (hybrid/train/data.py) for a training mixture, with the
 task's exact-length NIAH prompts and with ``fast_niah`` (prompts around corpus token windows), side by side.
 
     python experiments/reference/bench_data.py                 # stage-3 mixture, 6 batches of 65,536 tokens each way
@@ -8,13 +8,10 @@ The H200 runs use 13 such workers; stages 2-3 trained at 0.5-1.0 M tokens/s, bou
 from __future__ import annotations
 
 import argparse
-import random
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from data import MixtureConfig, MixtureStream, tokenize_corpus  # noqa: E402
+from hybrid.train.data import MixtureConfig, MixtureStream, tokenize_corpus
 
 REPO = Path(__file__).resolve().parents[2]
 STAGE3 = dict(seq_len=2048, tokens_per_batch=65536, haystack_weight=0.1, multikey_min_len=128, extra_queries=3,
@@ -37,11 +34,10 @@ def main() -> None:
     rates = {}
     for fast in (False, True):
         stream = MixtureStream(MixtureConfig(fast_niah=fast, **STAGE3), tok, ids)
-        rng = random.Random(0)
-        stream.make_batch(rng, 1.0)  # warm-up: task objects, haystack caches
+        stream.batch(0, 1.0)  # warm-up: task objects, haystack caches
         t0, n = time.perf_counter(), 0
-        for _ in range(a.batches):
-            n += stream.make_batch(rng, 1.0)["ids"].numel()
+        for step in range(1, a.batches + 1):
+            n += stream.batch(step, 1.0)["ids"].numel()
         rates[fast] = n / (time.perf_counter() - t0)
         print(f"{'fast_niah' if fast else 'exact NIAH':>10}: {rates[fast]:,.0f} tokens/s per worker", flush=True)
     print(f"fast / exact: {rates[True] / rates[False]:.2f}x")

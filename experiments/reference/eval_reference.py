@@ -23,8 +23,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from data import is_heldout_value  # noqa: E402
+from hybrid.train.data import is_heldout_value
 
 REPO = Path(__file__).resolve().parents[2]
 REASONING_FAMILIES = ("arithmetic", "binding", "comparison", "two_hop")
@@ -133,8 +132,7 @@ def niah_pairs(tok, ctx: int, depth, n: int, seed: int, multikey: bool = False, 
 
 @torch.no_grad()
 def perplexity(model, tok, text: str, window: int, max_windows: int) -> float:
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from data import tokenize_corpus
+    from hybrid.train.data import tokenize_corpus
 
     ids = tokenize_corpus(tok, text)  # [N]
     device = next(model.parameters()).device

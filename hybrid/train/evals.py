@@ -85,3 +85,57 @@ def register_evaluation(name: str, fn: Callable[[EvalContext], dict[str, Any]] |
 
 register_evaluation("default", default_eval)
 register_evaluation("none", None)
+
+
+# ---- after training: the hybrid against its teacher ----------------------------------------------------
+@torch.no_grad()
+def heldout_perplexity(model: nn.Module, tokenizer, seq_len: int, n: int, device, autocast, seed: int = 0) -> float:
+    import math
+
+    ctx = EvalContext(model, tokenizer, seq_len, n, device, autocast, seed)
+    return math.exp(heldout_loss(ctx))
+
+
+@torch.no_grad()
+def compare(models: dict[str, nn.Module], tokenizer, *, length: int, long_lengths: tuple[int, ...] = (),
+            n: int = 50, n_reasoning: int = 100, n_keys: int = 4, ppl_windows: int = 32, seed: int = 12_345,
+            progress: bool = True):
+    """Each model on: single-key NIAH at ``length`` and at each of ``long_lengths``, multi-key NIAH at
+    ``length`` (``n_keys`` keys), each reasoning family, held-out perplexity at ``length``. Held-out haystack,
+    fresh seeds, greedy answers by teacher forcing, one sequence at a time (no padding). A DataFrame with one
+    row per metric and one column per model."""
+    import pandas as pd
+    from tqdm.auto import tqdm
+
+    from headscope.ablation import answer_accuracy
+    from headscope.tasks import get_task
+    from headscope.tasks.reasoning import FAMILIES
+
+    specs: list[tuple[str, Any]] = [(f"niah@{length}", ("niah", dict(context_length=length - 8, depth="uniform",
+                                                                      haystack="heldout"), n))]
+    specs.append((f"multikey@{length}", ("niah_multikey", dict(context_length=length - 8, depth="random",
+                                                               haystack="heldout", n_keys=n_keys), n)))
+    specs += [(f"reasoning_{fam}", (fam, {}, n_reasoning)) for fam in FAMILIES]
+    specs += [(f"niah@{L}", ("niah", dict(context_length=L - 8, depth="uniform", haystack="heldout"), n))
+              for L in long_lengths]
+    rows: dict[str, dict[str, float]] = {}
+    bar = tqdm(total=len(specs) * len(models) + len(models), desc="compare", disable=not progress)
+    for i, (label, (task, cfg, count)) in enumerate(specs):
+        pairs = get_task(task, **cfg).tokenized(tokenizer, count, seed=seed + i)
+        rows[label] = {}
+        for name, model in models.items():
+            device = next(model.parameters()).device
+            ac = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else torch.autocast(
+                "cpu", enabled=False)
+            with ac:
+                rows[label][name] = answer_accuracy(model.eval(), pairs, batch_size=1)
+            bar.update(1)
+    rows[f"ppl@{length}"] = {}
+    for name, model in models.items():
+        device = next(model.parameters()).device
+        ac = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else torch.autocast(
+            "cpu", enabled=False)
+        rows[f"ppl@{length}"][name] = heldout_perplexity(model.eval(), tokenizer, length, ppl_windows, device, ac)
+        bar.update(1)
+    bar.close()
+    return pd.DataFrame(rows).T

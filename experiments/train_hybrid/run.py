@@ -1,0 +1,136 @@
+"""Reference teacher -> head-level hybrid at 1/8 of the teacher's attention KV cache, in one command:
+mask (headscope, NIAH + reasoning), the three stages (hybrid.train), the saved hybrid reloaded from disk and
+evaluated against the teacher, and the stage-2 throughput. Prints a table; writes OUT/results.json.
+
+GPU (one H200, < 10 minutes in all; data/corpus carried, from experiments/prepare_corpus.py):
+    python experiments/train_hybrid/run.py --config experiments/train_hybrid/reference.toml --out $OUT/hybrid
+CPU (a few minutes; the same path with short lengths and few samples):
+    python experiments/train_hybrid/run.py --config experiments/train_hybrid/tiny.toml --out /tmp/th --tiny
+
+The mask keeps full attention on the KV groups (GQA: the query heads sharing a key/value head) with the
+highest fused NIAH + reasoning score, 1/8 of all KV heads (headscope.select on kv_group_scores), so the
+hybrid's KV cache is 1/8 of the teacher's. --mask FILE uses a saved mask instead.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+
+
+def make_mask(teacher, tokenizer, fraction: float, n_samples: int, context_length: int, device):
+    """Score NIAH + reasoning, fuse, keep the top ``fraction`` of KV groups (all their query heads) as FA."""
+    from headscope.api import score
+    from headscope.fusion import fuse
+    from headscope.heads import Head
+    from headscope.mask import HeadMask
+    from headscope.selection import kv_group_scores, select
+
+    tasks = {"niah": score(teacher, "niah", tokenizer=tokenizer, n_samples=n_samples, device=device,
+                           context_length=context_length, haystack="heldout"),
+             "reasoning": score(teacher, "reasoning", tokenizer=tokenizer, n_samples=n_samples, device=device)}
+    fused = fuse(tasks)
+    K = teacher.config.num_key_value_heads
+    H = teacher.config.num_attention_heads
+    groups = select(kv_group_scores(fused, n_kv_heads=K), fraction=fraction)  # a mask over [L, K]
+    heads = [Head(g.layer, g.head * (H // K) + r) for g in groups.fa_heads for r in range(H // K)]
+    settings = {"selection": "top KV groups of fused niah+reasoning receiver scores", "fraction_of_kv": fraction,
+                "n_samples": n_samples, "context_length": context_length,
+                "kv_groups": [g.to_list() for g in groups.fa_heads]}
+    return HeadMask.for_model(teacher, heads, scores=fused.scores.tolist(), settings=settings)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--config", required=True, help="hybrid.train TOML (teacher, stages, data)")
+    ap.add_argument("--out", type=Path, required=True, help="output folder (results.json, mask.json, run/)")
+    ap.add_argument("--mask", default=None, help="a saved head-mask JSON instead of selecting one")
+    ap.add_argument("--fraction", type=float, default=1 / 8, help="fraction of the teacher's KV heads kept")
+    ap.add_argument("--tiny", action="store_true", help="CPU settings: short lengths, few samples")
+    ap.add_argument("--device", default=None, help="override the config's device")
+    ap.add_argument("--resume", action="store_true", help="continue the training in OUT/run")
+    ap.add_argument("--n", type=int, default=None, help="NIAH / multi-key prompts per length (default 50; tiny 2)")
+    ap.add_argument("--no-throughput", action="store_true")
+    a = ap.parse_args(argv)
+
+    from transformers import AutoModelForCausalLM
+
+    import hybrid
+    from headscope.io import write_text
+    from headscope.mask import HeadMask
+    from headscope.reference import load_model
+    from hybrid.train import TrainConfig, run
+    from hybrid.train.evals import compare
+    from hybrid.train.throughput import measure_distill, measure_lm
+
+    a.out.mkdir(parents=True, exist_ok=True)
+    overrides = {"out": str(a.out / "run")} | ({"device": a.device} if a.device else {})
+    base = TrainConfig.from_file(a.config, mask=a.mask or str(a.out / "mask.json"), **overrides)
+    device = torch.device("cuda" if base.device == "cuda" or (base.device == "auto" and torch.cuda.is_available())
+                          else "cpu")
+    teacher, tok = load_model(base.teacher, device=device)
+    train_len = teacher.config.max_position_embeddings  # the reference model trained at its full 2048
+    L0 = 128 if a.tiny else min(2048, train_len)
+    n = a.n or (2 if a.tiny else 50)
+
+    t0 = time.time()
+    if a.mask is None and not (a.out / "mask.json").exists():
+        mask = make_mask(teacher, tok, a.fraction, n_samples=2 if a.tiny else 16,
+                         context_length=120 if a.tiny else 1024, device=device)
+        write_text(a.out / "mask.json", mask.to_json())
+    mask = HeadMask.from_json(base.mask)
+    mask_seconds = time.time() - t0
+
+    t0 = time.time()
+    result = run(base, resume=a.resume)
+    train_minutes = (time.time() - t0) / 60
+
+    hybrid.register()
+    hyb = AutoModelForCausalLM.from_pretrained(result.model_path, dtype=torch.float32).to(device).eval()
+    assert HeadMask.from_dict(hyb.config.head_mask) == mask, "the saved hybrid must carry its mask"
+    kv = hybrid.cache_nbytes(hyb, L0)
+    teacher_kv = hybrid.teacher_cache_nbytes(teacher, L0)
+    long_lengths = tuple(f * (L0 if a.tiny else train_len) for f in (2, 4, 8))
+    table = compare({"teacher": teacher, "hybrid": hyb}, tok, length=L0, long_lengths=long_lengths, n=n,
+                    n_reasoning=4 if a.tiny else 100, ppl_windows=4 if a.tiny else 32)
+    table["hybrid / teacher"] = table["hybrid"] / table["teacher"].where(table["teacher"] != 0)
+    targets = {f"niah@{L0}": 0.9, f"multikey@{L0}": 0.8, **{i: 0.9 for i in table.index if i.startswith("reasoning_")}}
+    checks = {k: bool(table.loc[k, "hybrid"] >= v * table.loc[k, "teacher"]) for k, v in targets.items()}
+    checks[f"ppl@{L0} <= 1.2x"] = bool(table.loc[f"ppl@{L0}", "hybrid"] <= 1.2 * table.loc[f"ppl@{L0}", "teacher"])
+
+    stage_minutes = {}
+    for r in result.history:
+        if "minutes" in r:
+            stage_minutes[r["stage"]] = r["minutes"]
+    throughput = None
+    if not a.no_throughput:
+        B, T = (2, 64) if a.tiny else (16, L0)
+        throughput = {"distill": measure_distill(hyb, teacher, B, T, steps=3 if a.tiny else 10),
+                      "teacher_train": measure_lm(teacher, B, T, steps=3 if a.tiny else 10)}
+
+    out = {"schema": "hybrid.train.experiment", "teacher": base.teacher, "device": str(device),
+           "mask": {"fa_heads": [h.to_list() for h in mask.fa_heads], "ratio_la_fa": mask.ratio,
+                    "kv_cache_fraction": kv["fa_kv"] / teacher_kv, "seconds": round(mask_seconds, 1)},
+           "train": {"minutes_total": round(train_minutes, 2), "minutes_by_stage": stage_minutes,
+                     "config": base.to_dict()},
+           "eval": {"length": L0, "long_lengths": list(long_lengths), "n": n,
+                    "table": json.loads(table.to_json(orient="index")), "checks": checks},
+           "throughput": throughput}
+    write_text(a.out / "results.json", json.dumps(out, indent=1, default=str))
+    print(table.to_string(float_format=lambda x: f"{x:.3f}"))
+    print(f"KV cache: hybrid {kv['fa_kv'] / teacher_kv:.3f} of the teacher's at {L0} tokens "
+          f"(+ GDN state {kv['gdn_state']} B); mask {mask.ratio} LA:FA")
+    print(f"training: {train_minutes:.2f} min ({stage_minutes}); checks: {checks}")
+    if throughput:
+        d, t = throughput["distill"], throughput["teacher_train"]
+        print(f"stage 2: {d['tokens_per_s']:,.0f} tokens/s, {d['tflops']:.2f} TFLOP/s, MFU {d['mfu']:.2%} of "
+              f"{d['peak_flops'] / 1e12:.0f} TFLOP/s, GPU utilisation {d['gpu_utilisation_percent']}%; teacher "
+              f"training step: {t['tokens_per_s']:,.0f} tokens/s, MFU {t['mfu']:.2%}")
+    return out
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,146 @@
+"""Stage-2 (distillation) throughput: tokens/s and model FLOPs utilisation (MFU).
+
+Model FLOPs per token, forward: 2 x (inputs x outputs) of every ``nn.Linear`` (lm_head included), plus the
+attention cores: softmax heads 4 x D x (T + 1) / 2 (QK^T and AV over the causal average of (T + 1) / 2 keys),
+Gated DeltaNet heads 6 x D^2 (state read k^T S, rank-one write, output q^T S; the chunked form's
+intra-chunk terms are left out, so the count is a lower bound). A stage-2 step costs the student's forward and
+backward (3x forward) plus the teacher's forward (1x). MFU = tokens/s x FLOPs/token / peak (H200 bf16 dense:
+790 TFLOP/s).
+"""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+__all__ = ["H200_BF16_PEAK", "linear_flops_per_token", "attention_flops_per_token", "forward_flops_per_token",
+           "measure_distill", "measure_lm"]
+
+H200_BF16_PEAK = 790e12
+
+
+def linear_flops_per_token(model: nn.Module) -> float:
+    return float(sum(2 * m.in_features * m.out_features for m in model.modules() if isinstance(m, nn.Linear)))
+
+
+def attention_flops_per_token(model: nn.Module, T: int) -> float:
+    """Softmax and GDN core FLOPs per token at length T (see module doc). Hybrid: its FA / GDN branches;
+    a Hugging Face teacher: every query head is softmax."""
+    from hybrid.layers.hybrid_attention import FullAttentionBranch, GatedDeltaNetBranch
+
+    fa = sum(m.n_heads for m in model.modules() if isinstance(m, FullAttentionBranch))
+    gdn = sum(m.n_heads for m in model.modules() if isinstance(m, GatedDeltaNetBranch))
+    cfg = model.config
+    D = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    if not fa and not gdn:  # a plain transformer
+        fa = cfg.num_hidden_layers * cfg.num_attention_heads
+    return fa * 4.0 * D * (T + 1) / 2 + gdn * 6.0 * D * D
+
+
+def forward_flops_per_token(model: nn.Module, T: int) -> float:
+    return linear_flops_per_token(model) + attention_flops_per_token(model, T)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _utilisation(device: torch.device) -> float | None:
+    if device.type != "cuda":
+        return None
+    try:
+        return float(torch.cuda.utilization(device))
+    except Exception:  # needs pynvml / NVML
+        return None
+
+
+def _timed(step, device, warmup: int, steps: int) -> tuple[float, float | None]:
+    for _ in range(warmup):
+        step()
+    _sync(device)
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        step()
+    util = _utilisation(device)
+    _sync(device)
+    return time.perf_counter() - t0, util
+
+
+def measure_distill(student: nn.Module, teacher: nn.Module, batch_size: int, seq_len: int, steps: int = 10,
+                    warmup: int = 3, temperature: float = 1.0, peak: float = H200_BF16_PEAK) -> dict[str, Any]:
+    """Time ``steps`` stage-2 steps (teacher forward, student forward + backward, AdamW) on random tokens."""
+    from hybrid.train.losses import kl_div, weighted_ce
+
+    import copy
+
+    student = copy.deepcopy(student)  # the caller's model is left as it was
+    device = next(student.parameters()).device
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else torch.autocast(
+        "cpu", enabled=False)
+    V = student.config.vocab_size
+    g = torch.Generator(device="cpu").manual_seed(0)
+    ids = torch.randint(0, V, (batch_size, seq_len), generator=g).to(device)  # [B, T]
+    w = torch.ones(batch_size, seq_len, device=device)  # [B, T]
+    params = [p for p in student.parameters()]
+    for p in params:
+        p.requires_grad_(True)
+    opt = torch.optim.AdamW(params, lr=1e-5, fused=device.type == "cuda" or None)
+    student.train()
+
+    def step() -> None:
+        with torch.no_grad(), autocast:
+            t_logits = teacher(input_ids=ids).logits  # [B, T, V]
+        with autocast:
+            s_logits = student(input_ids=ids).logits  # [B, T, V]
+        kl, n = kl_div(s_logits, t_logits, temperature)
+        ce, m = weighted_ce(s_logits, ids, w)
+        loss = kl / n + 0.2 * ce / m
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+
+    seconds, util = _timed(step, device, warmup, steps)
+    tokens = batch_size * seq_len * steps
+    s_f, t_f = forward_flops_per_token(student, seq_len), forward_flops_per_token(teacher, seq_len)
+    tps = tokens / seconds
+    flops = 3 * s_f + t_f
+    return {"kind": "distill", "batch_size": batch_size, "seq_len": seq_len, "steps": steps,
+            "seconds": round(seconds, 3), "tokens_per_s": round(tps, 1),
+            "student_fwd_flops_per_token": s_f, "teacher_fwd_flops_per_token": t_f,
+            "model_flops_per_token": flops, "tflops": round(tps * flops / 1e12, 3),
+            "mfu": round(tps * flops / peak, 5), "peak_flops": peak, "gpu_utilisation_percent": util}
+
+
+def measure_lm(model: nn.Module, batch_size: int, seq_len: int, steps: int = 10, warmup: int = 3,
+               peak: float = H200_BF16_PEAK) -> dict[str, Any]:
+    """The teacher's own training step (forward + backward + AdamW, next-token CE), for comparison."""
+    import copy
+
+    device = next(model.parameters()).device
+    model = copy.deepcopy(model).train()
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else torch.autocast(
+        "cpu", enabled=False)
+    ids = torch.randint(0, model.config.vocab_size, (batch_size, seq_len),
+                        generator=torch.Generator().manual_seed(1)).to(device)  # [B, T]
+    for p in model.parameters():
+        p.requires_grad_(True)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=device.type == "cuda" or None)
+
+    def step() -> None:
+        with autocast:
+            logits = model(input_ids=ids).logits  # [B, T, V]
+        loss = torch.nn.functional.cross_entropy(logits[:, :-1].float().flatten(0, 1), ids[:, 1:].flatten())
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+
+    seconds, util = _timed(step, device, warmup, steps)
+    tps = batch_size * seq_len * steps / seconds
+    flops = 3 * forward_flops_per_token(model, seq_len)
+    return {"kind": "teacher_train", "batch_size": batch_size, "seq_len": seq_len, "steps": steps,
+            "seconds": round(seconds, 3), "tokens_per_s": round(tps, 1), "model_flops_per_token": flops,
+            "tflops": round(tps * flops / 1e12, 3), "mfu": round(tps * flops / peak, 5), "peak_flops": peak,
+            "gpu_utilisation_percent": util}
