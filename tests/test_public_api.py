@@ -1,4 +1,5 @@
 """The public names of both packages are pinned, resolve, and importing them changes nothing."""
+import importlib
 import subprocess
 import sys
 
@@ -20,10 +21,18 @@ HYBRID_ALL = [
     "layerwise_mask", "load", "register", "save", "teacher_cache_nbytes",
 ]
 
+HYBRID_TRAIN_ALL = [
+    "CheckpointError", "DataConfig", "EVALUATIONS", "EvalContext", "MixtureConfig", "MixtureStream", "ModelConfig",
+    "RunResult", "STAGES", "Stage", "StageConfig", "TrainConfig", "TrainConfigError", "Trainer", "latest_checkpoint",
+    "plot_log", "read_log", "register_evaluation", "register_stage", "run",
+]
+
 
 def test_all_is_pinned():
+    train = importlib.import_module("hybrid.train")
     assert sorted(headscope.__all__) == sorted(HEADSCOPE_ALL)
     assert sorted(hybrid.__all__) == sorted(HYBRID_ALL)
+    assert sorted(train.__all__) == sorted(HYBRID_TRAIN_ALL)
 
 
 def test_every_name_resolves():
@@ -31,13 +40,17 @@ def test_every_name_resolves():
         assert getattr(headscope, name) is not None, name
     for name in hybrid.__all__:
         assert getattr(hybrid, name) is not None, name
+    train = importlib.import_module("hybrid.train")
+    for name in train.__all__:
+        assert getattr(train, name) is not None, name
 
 
 def test_import_is_light_and_registers_nothing():
     """headscope imports nothing heavy; hybrid imports transformers to register its classes with the Auto classes
-    (tests/hybrid/test_saving.py checks that this is all it changes) and no kernel or plotting library."""
+    (tests/hybrid/test_saving.py checks that this is all it changes) and no kernel or plotting library; nor
+    does hybrid.train."""
     code = ("import sys, headscope; heavy = [m for m in ('transformers', 'plotly', 'transformer_lens', "
-            "'nnsight', 'fla') if m in sys.modules]; import hybrid; "
+            "'nnsight', 'fla') if m in sys.modules]; import hybrid, hybrid.train; "
             "heavy += [m for m in ('plotly', 'transformer_lens', 'nnsight', 'fla', 'flash_attn') if m in sys.modules]; "
             "print(heavy)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
