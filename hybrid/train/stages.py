@@ -60,7 +60,7 @@ def align_loss(cfg, student, teacher, ids, w, autocast) -> list[Term]:
     s_h: list = []
     t_h: list = []
     with torch.no_grad(), autocast, _capture(decoder_layers(teacher), t_h):
-        teacher.model(input_ids=ids)  # the decoder only: no logits needed
+        teacher(input_ids=ids, logits_to_keep=1)  # through the root module (FSDP), one logit row
     with autocast, _capture(decoder_layers(student), s_h):
         student(input_ids=ids, logits_to_keep=1)  # [B, 1, V]: keep DDP's forward (gradient sync), skip logits
     total, count = hidden_mse(s_h, t_h)

@@ -80,10 +80,12 @@ def test_console_script_is_declared():
 
 
 @pytest.mark.slow  # ~30 s on 2 shared cores (two processes plus one)
-def test_two_gloo_processes_match_one_process(tmp_path, tiny_teacher_dir, tiny_mask):
-    """DDP on 2 CPU processes (gloo) and one process, same global batch: the same losses at every step."""
+@pytest.mark.parametrize("mode", ["ddp", "fsdp"])
+def test_two_gloo_processes_match_one_process(tmp_path, tiny_teacher_dir, tiny_mask, mode):
+    """DDP / FSDP2 on 2 CPU processes (gloo) and one process, same global batch: the same losses at every step."""
     one = write_toml(tmp_path / "one.toml", tmp_path / "one", tiny_teacher_dir, tiny_mask)
-    two = write_toml(tmp_path / "two.toml", tmp_path / "two", tiny_teacher_dir, tiny_mask)
+    two = write_toml(tmp_path / "two.toml", tmp_path / "two", tiny_teacher_dir, tiny_mask,
+                     extra=f'distributed = "{mode}"')
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     assert main(["--config", str(one)]) == 0
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
