@@ -31,9 +31,8 @@ from hybrid.cache import HybridCache
 from hybrid.saving import check_folder
 from hybrid.config import HybridConfig
 from hybrid.layers.token_attention import TokenHybridAttention
-from hybrid.layers.common import MLP, RMSNorm, RotaryEmbedding, ShortConv
-from hybrid.layers.fusion import HeadFusion
-from hybrid.layers.hybrid_attention import NEW_PARAMETER_NAMES, GatedDeltaNetBranch, HybridAttention
+from hybrid.layers.common import MLP, RMSNorm, RotaryEmbedding, is_new
+from hybrid.layers.hybrid_attention import HybridAttention
 
 __all__ = ["HybridDecoderLayer", "HybridModel", "HybridForCausalLM", "HybridOutput", "register", "refuse_padded_rows"]
 
@@ -90,28 +89,13 @@ class HybridPreTrainedModel(PreTrainedModel):
     _is_stateful = True  # no assisted generation (a GDN state cannot be rolled back)
 
     def _init_weights(self, module: nn.Module) -> None:
-        """Standard init for Linear/Embedding/RMSNorm (super), plus this package's own parameters.
-
-        Only ``from_mask`` gives the new parameters their documented init (``reset_new_parameters``);
-        this keeps a bare ``HybridForCausalLM(config)`` finite and is skipped for weights loaded from disk."""
-        from transformers import initialization as init
-
+        """Standard init for Linear/Embedding/RMSNorm (super), then the new parameters' one initialisation,
+        ``reset_new_parameters`` (the same values ``from_mask`` gives them). Skipped for weights loaded from
+        disk (transformers flags them ``_is_hf_initialized``)."""
         super()._init_weights(module)
-        if isinstance(module, ShortConv):
-            eye = torch.zeros_like(module.weight)
-            eye[:, -1] = 1.0
-            init.copy_(module.weight, eye)
-        elif isinstance(module, HeadFusion) and module.gamma is not None:
-            init.constant_(module.gamma, module.gamma_init)
-        elif isinstance(module, TokenHybridAttention):
-            init.constant_(module.swa_gamma, module.gamma_init)
-            init.constant_(module.gdn_gamma, module.gamma_init)
-        elif isinstance(module, GatedDeltaNetBranch):
-            if module.decay == "gdn":
-                init.constant_(module.A_log, 1.0)
-                init.constant_(module.dt_bias, -2.0)
-            else:
-                init.constant_(module.a_bias, 3.0)
+        reset = getattr(module, "reset_new_parameters", None)
+        if reset is not None and not any(getattr(p, "_is_hf_initialized", False) for p in module.parameters()):
+            reset()  # children are visited first: a branch's reset overrides super()'s init of its new Linears
 
     @classmethod
     def _supports_default_dynamic_cache(cls) -> bool:  # generate must not build a DynamicCache for us
@@ -132,8 +116,14 @@ class HybridPreTrainedModel(PreTrainedModel):
             tokenizer.save_pretrained(save_directory)
 
     def new_parameters(self) -> dict[str, nn.Parameter]:
-        """Parameters that were not copied from the teacher (gates, beta/decay, convs, fusion), by name."""
-        return {n: p for n, p in self.named_parameters() if any(part in NEW_PARAMETER_NAMES for part in n.split("."))}
+        """Parameters that were not copied from the teacher (FA gate, beta/decay, convs, fusion), as marked where
+        the layers create them (``hybrid.layers.common.mark_new``), by qualified name."""
+        out = {}
+        for mname, module in self.named_modules():
+            for pname, p in module.named_parameters(recurse=False):
+                if is_new(module, pname, p):
+                    out[f"{mname}.{pname}" if mname else pname] = p
+        return out
 
     def reused_parameters(self) -> dict[str, nn.Parameter]:
         """Parameters initialised from the teacher's (possibly row-selected or repeated)."""

@@ -107,6 +107,43 @@ class MLP(nn.Module):
         return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
 
 
+def mark_new(module: nn.Module, *names: str) -> None:
+    """Mark parameters as new in the hybrid (not copied from the teacher), where they are created.
+
+    ``module``'s parameters ``names`` (default: all its own) get ``param._hybrid_new = True`` (as fla marks
+    ``_no_weight_decay``), and the names are recorded on the module (``module._hybrid_new_names``), which
+    survives loaders and FSDP that replace the Parameter objects. ``HybridForCausalLM.new_parameters()``
+    reads both."""
+    own = dict(module.named_parameters(recurse=False))
+    names = names or tuple(own)
+    missing = [n for n in names if n not in own]
+    if missing:
+        raise ValueError(f"mark_new: {type(module).__name__} has no parameter(s) {missing}")
+    module._hybrid_new_names = frozenset(getattr(module, "_hybrid_new_names", frozenset()) | set(names))
+    for n in names:
+        own[n]._hybrid_new = True
+
+
+def is_new(module: nn.Module, name: str, param: nn.Parameter) -> bool:
+    return bool(getattr(param, "_hybrid_new", False)) or name in getattr(module, "_hybrid_new_names", ())
+
+
+class NewLinear(nn.Linear):
+    """A Linear that is new in the hybrid (gates, beta / decay projections): marked, and initialised to zeros
+    (``reset_new_parameters``), so its output starts at 0 (plus a zero bias)."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True) -> None:
+        super().__init__(in_features, out_features, bias=bias)
+        mark_new(self)
+        self.reset_new_parameters()
+
+    def reset_new_parameters(self) -> None:
+        with torch.no_grad():
+            self.weight.zero_()
+            if self.bias is not None:
+                self.bias.zero_()
+
+
 class ShortConv(nn.Module):
     """Causal depthwise conv over time (kernel W), initialised to the identity (last tap 1, others 0).
 
@@ -117,13 +154,16 @@ class ShortConv(nn.Module):
     def __init__(self, channels: int, kernel: int) -> None:
         super().__init__()
         self.kernel = kernel
-        self.weight = nn.Parameter(torch.zeros(channels, kernel))  # [C, W]
+        self.weight = nn.Parameter(torch.zeros(channels, kernel))  # [C, W] new
+        mark_new(self)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
         with torch.no_grad():
             self.weight.zero_()
             self.weight[:, -1] = 1.0
+
+    reset_new_parameters = reset_parameters
 
     def forward(self, x: torch.Tensor, state: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """x [B, T, C], state [B, W-1, C] or None -> y [B, T, C], new state [B, W-1, C]."""

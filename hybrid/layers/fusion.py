@@ -33,7 +33,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from hybrid.layers.common import acc, index_on
+from hybrid.layers.common import NewLinear, acc, index_on, mark_new
 
 __all__ = ["HeadFusion", "FusionMode", "FUSIONS", "register_fusion", "head_rms", "calibrate_fusion",
            "PROJECT_MIN_TOKENS"]
@@ -65,7 +65,7 @@ class FusionMode:
 
 
 def _branch_gate(fusion: "HeadFusion", hidden: int) -> nn.Module:
-    return nn.Linear(hidden, 2)  # [FA, GDN] logits
+    return NewLinear(hidden, 2)  # [FA, GDN] logits
 
 
 def _branch_scales(fusion: "HeadFusion", x: torch.Tensor) -> torch.Tensor:
@@ -75,7 +75,7 @@ def _branch_scales(fusion: "HeadFusion", x: torch.Tensor) -> torch.Tensor:
 
 
 def _head_gate(fusion: "HeadFusion", hidden: int) -> nn.Module:
-    return nn.Linear(hidden, fusion.n_heads)  # one logit per head, original head order
+    return NewLinear(hidden, fusion.n_heads)  # one logit per head, original head order
 
 
 def _head_scales(fusion: "HeadFusion", x: torch.Tensor) -> torch.Tensor:
@@ -128,7 +128,9 @@ class HeadFusion(nn.Module):
         self.gamma = nn.Parameter(torch.full((n_heads,), float(gamma_init))) if self.spec.norm else None  # [H]
         self.gate_name = self.spec.gate_name
         if self.spec.gate is not None:
-            setattr(self, self.spec.gate_name, self.spec.gate(self, hidden))  # new parameters
+            setattr(self, self.spec.gate_name, self.spec.gate(self, hidden))  # new parameters (a NewLinear)
+        if self.gamma is not None:
+            mark_new(self, "gamma")
         self.gamma_init = float(gamma_init)
         self.project_min_tokens = PROJECT_MIN_TOKENS  # below: project() builds z (fewer kernel launches)
         self.reset_parameters()
@@ -137,10 +139,10 @@ class HeadFusion(nn.Module):
         with torch.no_grad():
             if self.gamma is not None:
                 self.gamma.fill_(self.gamma_init)
-            if self.gate_name is not None:  # zero logits: every scale starts at 1
-                gate = getattr(self, self.gate_name)
-                gate.weight.zero_()
-                gate.bias.zero_()
+        if self.gate_name is not None:  # zero logits: every scale starts at 1
+            getattr(self, self.gate_name).reset_new_parameters()
+
+    reset_new_parameters = reset_parameters
 
     def _assemble(self, o_fa: torch.Tensor | None, o_la: torch.Tensor | None) -> torch.Tensor:
         """Both branches' heads in original head order, z [B, T, H, D] (no copy when one branch is absent)."""

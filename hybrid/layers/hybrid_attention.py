@@ -8,7 +8,9 @@
 Reused (copied from the teacher by ``hybrid.convert``): FA q/k/v rows, GDN q rows and k/v rows (one copy
 of its KV head per GDN head), q_norm/k_norm, o_proj. New: FA ``gate_proj``, GDN ``b_proj`` (beta),
 ``a_proj``/``A_log``/``dt_bias`` (decay), the short convs, and the fusion's gamma / branch gate.
-``new_parameters()`` lists the new ones by name.
+Each new parameter is marked where it is created (``hybrid.layers.common.mark_new``);
+``HybridForCausalLM.new_parameters()`` lists the marked ones. ``reset_new_parameters`` is their one
+initialisation (``_init_weights`` calls it for a bare model; ``from_mask`` after copying the teacher).
 """
 from __future__ import annotations
 
@@ -20,14 +22,11 @@ import torch.nn.functional as F
 
 from hybrid.cache import LayerCache
 from hybrid.config import HybridConfig
-from hybrid.layers.common import RMSNorm, acc, index_on, ShortConv, apply_rope, log_length_scale, window_attention
+from hybrid.layers.common import (NewLinear, RMSNorm, ShortConv, acc, apply_rope, index_on, log_length_scale,
+                                  mark_new, window_attention)
 from hybrid.layers.fusion import HeadFusion
 
-__all__ = ["FullAttentionBranch", "GatedDeltaNetBranch", "HybridAttention", "NEW_PARAMETER_NAMES"]
-
-# parameter names (last components) that are new, i.e. not copied from the teacher
-NEW_PARAMETER_NAMES = ("gate_proj", "b_proj", "a_proj", "A_log", "dt_bias", "a_bias", "q_conv", "k_conv", "v_conv",
-                       "gamma", "branch_gate", "head_gate", "swa_gamma", "gdn_gamma")
+__all__ = ["FullAttentionBranch", "GatedDeltaNetBranch", "HybridAttention"]
 
 
 def qk_norm(norm: RMSNorm, x: torch.Tensor) -> torch.Tensor:
@@ -56,7 +55,7 @@ class FullAttentionBranch(nn.Module):
         self.v_proj = nn.Linear(C, self.n_kv * D, bias=config.qkv_bias)
         self.q_norm = RMSNorm(D, config.rms_norm_eps) if config.qk_norm else None
         self.k_norm = RMSNorm(D, config.rms_norm_eps) if config.qk_norm else None
-        self.gate_proj = nn.Linear(C, self.n_heads * D, bias=True) if gate == "sigmoid2" else None  # new
+        self.gate_proj = NewLinear(C, self.n_heads * D, bias=True) if gate == "sigmoid2" else None  # new
         kv_of = [self.kv_heads.index(h // rep) for h in self.heads]  # kept-KV index of each FA head
         group = self.n_heads // self.n_kv
         # GQA works directly when each kept KV head serves one consecutive, equal-size run of FA heads
@@ -66,9 +65,7 @@ class FullAttentionBranch(nn.Module):
 
     def reset_new_parameters(self) -> None:
         if self.gate_proj is not None:  # 2 * sigmoid(0 x + 0) = 1: the gate starts as the identity
-            with torch.no_grad():
-                self.gate_proj.weight.zero_()
-                self.gate_proj.bias.zero_()
+            self.gate_proj.reset_new_parameters()
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 cache: LayerCache | None) -> torch.Tensor:
@@ -121,13 +118,17 @@ class GatedDeltaNetBranch(nn.Module):
         self.v_proj = nn.Linear(C, HD, bias=config.qkv_bias)
         self.q_norm = RMSNorm(D, config.rms_norm_eps) if config.qk_norm else None
         self.k_norm = RMSNorm(D, config.rms_norm_eps) if config.qk_norm else None
-        self.b_proj = nn.Linear(C, self.n_heads, bias=True)  # new: beta = sigmoid(b_proj(x))
-        self.a_proj = nn.Linear(C, self.n_heads, bias=False)  # new: decay input
+        self.b_proj = NewLinear(C, self.n_heads, bias=True)  # new: beta = sigmoid(b_proj(x)) = 0.5 at init
+        self.a_proj = NewLinear(C, self.n_heads, bias=False)  # new: decay input, 0 at init
         if self.decay == "gdn":
             self.A_log = nn.Parameter(torch.zeros(self.n_heads))  # [H]
             self.dt_bias = nn.Parameter(torch.zeros(self.n_heads))  # [H]
         else:
             self.a_bias = nn.Parameter(torch.zeros(self.n_heads))  # [H]
+        decay_params = ("A_log", "dt_bias") if self.decay == "gdn" else ("a_bias",)
+        mark_new(self, *decay_params)
+        for n in decay_params:
+            getattr(self, n)._no_weight_decay = True  # as fla's GatedDeltaNet
         self.convs = opts.gdn_conv
         if self.convs:
             self.q_conv, self.k_conv, self.v_conv = (ShortConv(HD, opts.conv_size) for _ in range(3))
@@ -136,10 +137,9 @@ class GatedDeltaNetBranch(nn.Module):
     def reset_new_parameters(self) -> None:
         """beta = 0.5, decay independent of x at init; A and dt drawn as in fla's GatedDeltaNet (seeded)."""
         gen = torch.Generator().manual_seed(self.seed + 7919 * (self.heads[0] if self.heads else 0))
+        self.b_proj.reset_new_parameters()
+        self.a_proj.reset_new_parameters()
         with torch.no_grad():
-            self.b_proj.weight.zero_()
-            self.b_proj.bias.zero_()
-            self.a_proj.weight.zero_()
             if self.decay == "gdn":  # A ~ U(1, 16), dt ~ logU(1e-3, 1e-1): per-step decay exp(-A dt) in ~[0.2, 1)
                 A = torch.empty(self.n_heads).uniform_(1, 16, generator=gen)
                 dt = torch.exp(torch.rand(self.n_heads, generator=gen) * (math.log(0.1) - math.log(1e-3))

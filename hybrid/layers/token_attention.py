@@ -9,6 +9,7 @@ import torch.nn as nn
 
 from hybrid.cache import LayerCache
 from hybrid.config import HybridConfig
+from hybrid.layers.common import mark_new
 from hybrid.layers.fusion import head_rms
 from hybrid.layers.hybrid_attention import FullAttentionBranch, GatedDeltaNetBranch
 
@@ -30,6 +31,7 @@ class TokenHybridAttention(nn.Module):
         self.gamma_init = opts.gamma_init
         self.swa_gamma = nn.Parameter(torch.full((H,), opts.gamma_init))  # [H] new
         self.gdn_gamma = nn.Parameter(torch.full((H,), opts.gamma_init))  # [H] new
+        mark_new(self, "swa_gamma", "gdn_gamma")
         self.o_proj = nn.Linear(H * D, C, bias=config.o_bias)
 
     def reset_new_parameters(self) -> None:

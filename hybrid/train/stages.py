@@ -35,11 +35,12 @@ class Stage:
 
 
 def new_parameter_names(model: nn.Module) -> set[str]:
-    """Names of the parameters new in the hybrid (marked where created, ``param._hybrid_new``)."""
-    marked = {n for n, p in model.named_parameters() if getattr(p, "_hybrid_new", False)}
-    if marked or not hasattr(model, "new_parameters"):
-        return marked
-    return {n for n in model.new_parameters() if ".mlp." not in n}  # TODO(marks): until the layers mark them
+    """Names of the parameters new in the hybrid, as the layers mark them where they create them
+    (``HybridForCausalLM.new_parameters``)."""
+    m = getattr(model, "module", model)  # DDP
+    if hasattr(m, "new_parameters"):
+        return set(m.new_parameters())
+    return {n for n, p in m.named_parameters() if getattr(p, "_hybrid_new", False)}
 
 
 def decoder_layers(model: nn.Module) -> nn.ModuleList:

@@ -51,6 +51,8 @@ def test_new_parameters_are_named_and_initialised():
     assert kinds == {"gate_proj", "b_proj", "a_proj", "A_log", "dt_bias", "gamma", "branch_gate",
                      "q_conv", "k_conv", "v_conv"}
     assert not set(new) & set(model.reused_parameters())
+    assert not any(".mlp." in n for n in new)  # the teacher's MLP gate_proj is the teacher's
+    assert all(getattr(p, "_hybrid_new", False) for p in new.values())  # marked where created
     fa = model.model.layers[1].self_attn.fa
     assert torch.equal(fa.gate_proj.weight, torch.zeros_like(fa.gate_proj.weight))
     la = model.model.layers[1].self_attn.la
@@ -111,3 +113,27 @@ def test_irregular_fa_subset_uses_per_head_kv():
     assert model.model.layers[1].self_attn.fa is None  # a layer with no FA head: GDN only
     logits = model(torch.randint(0, 128, (1, 7))).logits
     assert logits.shape == (1, 7, 128) and torch.isfinite(logits).all()
+
+
+@pytest.mark.parametrize("options", [dict(fusion="gated", gdn_conv=True), dict(decay="simple"),
+                                     dict(granularity="token")])
+def test_new_parameters_have_one_initialisation(options, tmp_path):
+    """A bare HybridForCausalLM(config) (``_init_weights``) and from_mask give the new parameters the same
+    values (``reset_new_parameters``), and a saved model reloads them (marks included), not re-initialised."""
+    from hybrid import HybridForCausalLM
+
+    teacher = tiny_model("qwen3")
+    built = from_mask(teacher, HeadMask.for_model(teacher, FA), **options)
+    bare = HybridForCausalLM(built.config)
+    new = built.new_parameters()
+    assert set(bare.new_parameters()) == set(new) and new
+    for name, p in new.items():
+        assert torch.equal(bare.get_parameter(name), p), name
+    with torch.no_grad():
+        for p in new.values():
+            p.add_(0.5)
+    built.save_pretrained(tmp_path)
+    loaded = HybridForCausalLM.from_pretrained(tmp_path)
+    assert set(loaded.new_parameters()) == set(new)
+    for name, p in new.items():
+        assert torch.equal(loaded.get_parameter(name), p), name
