@@ -8,8 +8,8 @@ CPU (a few minutes; the same path with short lengths and few samples):
     python experiments/train_hybrid/run.py --config experiments/train_hybrid/tiny.toml --out /tmp/th --tiny
 
 The mask keeps full attention on the KV groups (GQA: the query heads sharing a key/value head) with the
-highest fused NIAH + reasoning score, 1/8 of all KV heads (headscope.select on kv_group_scores), so the
-hybrid's KV cache is 1/8 of the teacher's. --mask FILE uses a saved mask instead.
+highest fused NIAH + reasoning score, 1/8 of all KV heads (headscope.select(..., fraction=1/8,
+unit="kv_group")), so the hybrid's KV cache is 1/8 of the teacher's. --mask FILE uses a saved mask instead.
 """
 from __future__ import annotations
 
@@ -25,22 +25,12 @@ def make_mask(teacher, tokenizer, fraction: float, n_samples: int, context_lengt
     """Score NIAH + reasoning, fuse, keep the top ``fraction`` of KV groups (all their query heads) as FA."""
     from headscope.api import score
     from headscope.fusion import fuse
-    from headscope.heads import Head
-    from headscope.mask import HeadMask
-    from headscope.selection import kv_group_scores, select
+    from headscope.selection import select
 
     tasks = {"niah": score(teacher, "niah", tokenizer=tokenizer, n_samples=n_samples, device=device,
                            context_length=context_length, haystack="heldout"),
              "reasoning": score(teacher, "reasoning", tokenizer=tokenizer, n_samples=n_samples, device=device)}
-    fused = fuse(tasks)
-    K = teacher.config.num_key_value_heads
-    H = teacher.config.num_attention_heads
-    groups = select(kv_group_scores(fused, n_kv_heads=K), fraction=fraction)  # a mask over [L, K]
-    heads = [Head(g.layer, g.head * (H // K) + r) for g in groups.fa_heads for r in range(H // K)]
-    settings = {"selection": "top KV groups of fused niah+reasoning receiver scores", "fraction_of_kv": fraction,
-                "n_samples": n_samples, "context_length": context_length,
-                "kv_groups": [g.to_list() for g in groups.fa_heads]}
-    return HeadMask.for_model(teacher, heads, scores=fused.scores.tolist(), settings=settings)
+    return select(fuse(tasks), fraction=fraction, unit="kv_group", model=teacher)
 
 
 def main(argv: list[str] | None = None) -> dict:

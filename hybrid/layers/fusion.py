@@ -128,7 +128,8 @@ class HeadFusion(nn.Module):
         self.gamma = nn.Parameter(torch.full((n_heads,), float(gamma_init))) if self.spec.norm else None  # [H]
         self.gate_name = self.spec.gate_name
         if self.spec.gate is not None:
-            setattr(self, self.spec.gate_name, self.spec.gate(self, hidden))  # new parameters (a NewLinear)
+            setattr(self, self.spec.gate_name, self.spec.gate(self, hidden))  # new parameters
+            mark_new(getattr(self, self.spec.gate_name))  # also a registered mode's plain nn.Linear
         if self.gamma is not None:
             mark_new(self, "gamma")
         self.gamma_init = float(gamma_init)
@@ -140,7 +141,13 @@ class HeadFusion(nn.Module):
             if self.gamma is not None:
                 self.gamma.fill_(self.gamma_init)
         if self.gate_name is not None:  # zero logits: every scale starts at 1
-            getattr(self, self.gate_name).reset_new_parameters()
+            gate = getattr(self, self.gate_name)
+            if isinstance(gate, NewLinear):
+                gate.reset_new_parameters()
+            else:
+                with torch.no_grad():
+                    for p in gate.parameters(recurse=False):
+                        p.zero_()
 
     reset_new_parameters = reset_parameters
 

@@ -45,7 +45,7 @@ def heldout_loss(ctx: EvalContext) -> float:
     for i in range(0, len(rows), 4):
         x = rows[i:i + 4].to(ctx.device)  # [b, T]
         with ctx.autocast:
-            logits = ctx.model(input_ids=x).logits  # [b, T, V]
+            logits = ctx.model(input_ids=x, attention_mask=torch.ones_like(x)).logits  # [b, T, V]
         ce = torch.nn.functional.cross_entropy(logits[:, :-1].float().flatten(0, 1), x[:, 1:].flatten(),
                                                reduction="sum")
         total += float(ce)

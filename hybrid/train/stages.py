@@ -57,22 +57,28 @@ def _capture(layers: nn.ModuleList, store: list):
     return hooks(*(post(layer, fn) for layer in layers))
 
 
+def _real(ids: torch.Tensor) -> torch.Tensor:
+    """attention_mask of ones: every token of a training row is real text (rows are packed with EOS, which is
+    also the pad id of many tokenizers; the hybrid would refuse unmasked rows that look padded)."""
+    return torch.ones_like(ids)
+
+
 def align_loss(cfg, student, teacher, ids, w, autocast) -> list[Term]:
     s_h: list = []
     t_h: list = []
     with torch.no_grad(), autocast, _capture(decoder_layers(teacher), t_h):
-        teacher(input_ids=ids, logits_to_keep=1)  # through the root module (FSDP), one logit row
+        teacher(input_ids=ids, attention_mask=_real(ids), logits_to_keep=1)  # through the root module (FSDP), one logit row
     with autocast, _capture(decoder_layers(student), s_h):
-        student(input_ids=ids, logits_to_keep=1)  # [B, 1, V]: keep DDP's forward (gradient sync), skip logits
+        student(input_ids=ids, attention_mask=_real(ids), logits_to_keep=1)  # [B, 1, V]: keep DDP's forward (gradient sync), skip logits
     total, count = hidden_mse(s_h, t_h)
     return [("mse", 1.0, total, count)]
 
 
 def distill_loss(cfg, student, teacher, ids, w, autocast) -> list[Term]:
     with torch.no_grad(), autocast:
-        t_logits = teacher(input_ids=ids).logits  # [B, T, V]
+        t_logits = teacher(input_ids=ids, attention_mask=_real(ids)).logits  # [B, T, V]
     with autocast:
-        s_logits = student(input_ids=ids).logits  # [B, T, V]
+        s_logits = student(input_ids=ids, attention_mask=_real(ids)).logits  # [B, T, V]
     terms = []
     if cfg.kl_weight:
         terms.append(("kl", cfg.kl_weight, *kl_div(s_logits, t_logits, cfg.temperature)))
@@ -83,7 +89,7 @@ def distill_loss(cfg, student, teacher, ids, w, autocast) -> list[Term]:
 
 def lm_loss(cfg, student, teacher, ids, w, autocast) -> list[Term]:
     with autocast:
-        logits = student(input_ids=ids).logits  # [B, T, V]
+        logits = student(input_ids=ids, attention_mask=_real(ids)).logits  # [B, T, V]
     return [("ce", 1.0, *weighted_ce(logits, ids, w))]
 
 

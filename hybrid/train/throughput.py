@@ -84,6 +84,7 @@ def measure_distill(student: nn.Module, teacher: nn.Module, batch_size: int, seq
     g = torch.Generator(device="cpu").manual_seed(0)
     ids = torch.randint(0, V, (batch_size, seq_len), generator=g).to(device)  # [B, T]
     w = torch.ones(batch_size, seq_len, device=device)  # [B, T]
+    mask = torch.ones_like(ids)  # [B, T] random ids are real tokens
     params = [p for p in student.parameters()]
     for p in params:
         p.requires_grad_(True)
@@ -92,9 +93,9 @@ def measure_distill(student: nn.Module, teacher: nn.Module, batch_size: int, seq
 
     def step() -> None:
         with torch.no_grad(), autocast:
-            t_logits = teacher(input_ids=ids).logits  # [B, T, V]
+            t_logits = teacher(input_ids=ids, attention_mask=mask).logits  # [B, T, V]
         with autocast:
-            s_logits = student(input_ids=ids).logits  # [B, T, V]
+            s_logits = student(input_ids=ids, attention_mask=mask).logits  # [B, T, V]
         kl, n = kl_div(s_logits, t_logits, temperature)
         ce, m = weighted_ce(s_logits, ids, w)
         loss = kl / n + 0.2 * ce / m
@@ -125,13 +126,14 @@ def measure_lm(model: nn.Module, batch_size: int, seq_len: int, steps: int = 10,
         "cpu", enabled=False)
     ids = torch.randint(0, model.config.vocab_size, (batch_size, seq_len),
                         generator=torch.Generator().manual_seed(1)).to(device)  # [B, T]
+    mask = torch.ones_like(ids)  # [B, T]
     for p in model.parameters():
         p.requires_grad_(True)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=device.type == "cuda" or None)
 
     def step() -> None:
         with autocast:
-            logits = model(input_ids=ids).logits  # [B, T, V]
+            logits = model(input_ids=ids, attention_mask=mask).logits  # [B, T, V]
         loss = torch.nn.functional.cross_entropy(logits[:, :-1].float().flatten(0, 1), ids[:, 1:].flatten())
         opt.zero_grad(set_to_none=True)
         loss.backward()

@@ -115,7 +115,8 @@ def test_irregular_fa_subset_uses_per_head_kv():
     assert logits.shape == (1, 7, 128) and torch.isfinite(logits).all()
 
 
-@pytest.mark.parametrize("options", [dict(fusion="gated", gdn_conv=True), dict(decay="simple"),
+@pytest.mark.parametrize("options", [dict(fusion="gated_branch", gdn_conv=True), dict(fusion="gated_head"),
+                                     dict(decay="simple"),
                                      dict(granularity="token")])
 def test_new_parameters_have_one_initialisation(options, tmp_path):
     """A bare HybridForCausalLM(config) (``_init_weights``) and from_mask give the new parameters the same
