@@ -328,7 +328,8 @@ class TrainConfig:
             try:
                 import yaml
             except ImportError:
-                raise TrainConfigError(f"config file {p}: YAML needs pyyaml (pip install pyyaml); or use TOML") from None
+                raise TrainConfigError(f"config file {p}: YAML needs pyyaml (pip install pyyaml); "
+                                       "or use TOML") from None
             data = yaml.safe_load(p.read_text(encoding="utf-8"))
         elif suffix == ".json":
             data = json.loads(p.read_text(encoding="utf-8"))

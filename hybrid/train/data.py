@@ -483,7 +483,8 @@ def sample_teacher(teacher, tokenizer, n_rows: int, length: int, temperature: fl
         for i in range(0, n_rows, batch_size):
             b = min(batch_size, n_rows - i)
             ids = torch.full((b, 1), start, dtype=torch.long, device=device)  # [b, 1]
-            gen = teacher.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True, temperature=temperature, top_k=0, top_p=1.0,
+            gen = teacher.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True, temperature=temperature,
+                                   top_k=0, top_p=1.0,
                                    max_new_tokens=length, min_new_tokens=length, pad_token_id=start,
                                    eos_token_id=None)  # [b, 1 + length]
             out.append(gen[:, 1:].reshape(-1).cpu())

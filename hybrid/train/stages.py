@@ -67,9 +67,9 @@ def align_loss(cfg, student, teacher, ids, w, autocast) -> list[Term]:
     s_h: list = []
     t_h: list = []
     with torch.no_grad(), autocast, _capture(decoder_layers(teacher), t_h):
-        teacher(input_ids=ids, attention_mask=_real(ids), logits_to_keep=1)  # through the root module (FSDP), one logit row
+        teacher(input_ids=ids, attention_mask=_real(ids), logits_to_keep=1)  # the root module (FSDP); 1 logit row
     with autocast, _capture(decoder_layers(student), s_h):
-        student(input_ids=ids, attention_mask=_real(ids), logits_to_keep=1)  # [B, 1, V]: keep DDP's forward (gradient sync), skip logits
+        student(input_ids=ids, attention_mask=_real(ids), logits_to_keep=1)  # [B, 1, V]: DDP's forward, no logits
     total, count = hidden_mse(s_h, t_h)
     return [("mse", 1.0, total, count)]
 

@@ -160,7 +160,8 @@ class Trainer:
         try:
             i = int(stage)
         except (TypeError, ValueError):
-            raise TrainConfigError(f"stage={stage!r}: give 'all' or a stage number 1..{len(self.config.stages)}") from None
+            raise TrainConfigError(f"stage={stage!r}: give 'all' or a stage number "
+                                   f"1..{len(self.config.stages)}") from None
         if not 1 <= i <= len(self.config.stages):
             raise TrainConfigError(f"stage={stage}: this config has stages 1..{len(self.config.stages)} "
                                    f"({', '.join(s.name for s in self.config.stages)})")
