@@ -2,10 +2,10 @@
 # One H200 call: decide the fla Hopper backward for the reference model's head dim (32) by the project's parity
 # check, then train the reference teacher -> 1/8-KV hybrid (experiments/train_hybrid/run.py) and bring back the
 # results. Device call: carry [".whl", "data/gz"], timeout_s 600, command "bash experiments/train_hybrid/gpu_h200.sh".
-# Stage time budgets are scaled by BUDGET_SCALE (default 0.75) so the whole call ends inside 10 minutes.
+# Stage time budgets are scaled by BUDGET_SCALE (default 0.6) so the whole call ends inside 10 minutes.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-export PYTHONUNBUFFERED=1
+export PYTHONUNBUFFERED=1 TRITON_CACHE_AUTOTUNING=1  # autotune results reused by the second process
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
 mkdir -p data/corpus
 for f in train heldout; do [ -f data/corpus/$f.txt ] || gunzip -c data/gz/$f.txt.gz > data/corpus/$f.txt; done
@@ -14,7 +14,7 @@ export PYTHONPATH=/tmp/site:$PWD
 for p in .stage/*.part*; do [ -f "$p" ] && mkdir -p /tmp/stage && cp "$p" /tmp/stage/; done  # GGUF parts travel too
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 # 1. fla's unguarded backward at D = 32 against the float32 PyTorch reference
-OUT=$OUT/parity timeout 120 python3 experiments/fla_parity_gpu.py --dims 32 --lengths 1024 --gate-normalizers 1.0 16.0 \
+OUT=$OUT/parity timeout 170 python3 experiments/fla_parity_gpu.py --dims 32 --lengths 1024 --gate-normalizers 1.0 \
     2>&1 | tee "$OUT/parity32.log" | grep -E "RECOMMENDATION|all dispatch|guard"
 if grep -q "(32, 32)" "$OUT/parity32.log"; then
     export HYBRID_ALLOW_UNVERIFIED_HOPPER_BWD=1; echo "D=32 verified: fla backward used"
@@ -22,14 +22,14 @@ else
     echo "D=32 not verified: torch-chunk backward"
 fi
 # 2. train + evaluate (budgets scaled)
-scale="${BUDGET_SCALE:-0.75}"
+scale="${BUDGET_SCALE:-0.6}"
 python3 - "$scale" <<'PY'
 import re, sys
 s = float(sys.argv[1]); t = open("experiments/train_hybrid/reference.toml").read()
 t = re.sub(r"max_minutes = ([0-9.]+)", lambda m: f"max_minutes = {float(m.group(1)) * s:.3f}", t)
 open("/tmp/reference_gpu.toml", "w").write(t)
 PY
-timeout 420 python3 experiments/train_hybrid/run.py --config /tmp/reference_gpu.toml --out /tmp/th --n "${N_EVAL:-30}" \
+timeout 390 python3 experiments/train_hybrid/run.py --config /tmp/reference_gpu.toml --out /tmp/th --n "${N_EVAL:-30}" \
     2>&1 | tee "$OUT/train.log" | grep -v "it/s\]$" | tail -60
 cp /tmp/th/results.json /tmp/th/mask.json "$OUT/" 2>/dev/null
 cp /tmp/th/run/log.jsonl /tmp/th/run/training.html "$OUT/" 2>/dev/null

@@ -177,7 +177,7 @@ class GatedDeltaNetBranch(nn.Module):
         if self.q_norm is not None:
             q, k = qk_norm(self.q_norm, q), qk_norm(self.k_norm, k)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        beta = torch.sigmoid(acc(self.b_proj(x))).to(x.dtype)  # [B, T, H]
+        beta = torch.sigmoid(acc(self.b_proj(x))).to(q.dtype)  # [B, T, H] (q/k/v dtype: bf16 under autocast, as fla needs)
         g = self.log_decay(x)  # [B, T, H]
         o, state = gated_delta_rule(q, k, v, g, beta, scale=D ** -0.5,
                                     initial_state=cache.state if cache is not None else None,
