@@ -51,12 +51,22 @@ class _FewShot:
     token alignment is untouched. Subclasses implement ``_query(tokenizer, rng)`` -> PromptPair.
     """
 
+    def _draw(self, tokenizer, rng) -> PromptPair:
+        """One query, redrawn (same rng) while the draw itself is unusable."""
+        for _ in range(self.max_tries - 1):
+            try:
+                return self._query(tokenizer, rng)
+            except PairError as err:
+                if err.fatal:
+                    raise
+        return self._query(tokenizer, rng)
+
     def make_pair(self, tokenizer, rng, index, n):
         shots = []
         for _ in range(self.config.n_shots):
-            solved = self._query(tokenizer, rng)
+            solved = self._draw(tokenizer, rng)
             shots.append(solved.clean_prompt + solved.clean_answer + SHOT_SEP)
-        pair = self._query(tokenizer, rng)
+        pair = self._draw(tokenizer, rng)
         prefix = "".join(shots)
         if not prefix:
             return pair
@@ -165,9 +175,12 @@ class ComparisonConfig:
     n_people: int = 2
     question: str = "older"  # "older" or "younger"
     n_shots: int = 0  # solved examples before the query (same family, separated by newlines)
+    min_gap: int = 1  # years between the oldest (youngest) and the runner-up, in the clean and the corrupt prompt
+    name_options: bool = False  # True: "Who is older, Alice or Bob?" (the names in the question, in fact order)
 
     def __post_init__(self):
         _check_int("n_shots", self.n_shots, 0, 10)
+        _check_int("min_gap", self.min_gap, 1, 30)
         _check_int("n_people", self.n_people, 2, 5)
         if self.question not in ("older", "younger"):
             raise ValueError(f"question={self.question!r}: give 'older' or 'younger'")
@@ -183,14 +196,18 @@ class ComparisonTask(_FewShot, Task):
         ages = rng.sample(range(20, 90), k)
         ranked = sorted(range(k), key=lambda i: ages[i], reverse=older)
         win, runner = ranked[0], ranked[1]
+        gap = self.config.min_gap
+        if abs(ages[win] - ages[runner]) < gap:
+            raise PairError(f"[{self.name}] ages {ages[win]} and {ages[runner]} are closer than min_gap={gap}")
         # The winner's age moves past the runner-up's, so the runner-up becomes the answer.
-        options = range(20, ages[runner]) if older else range(ages[runner] + 1, 90)
+        options = range(20, ages[runner] - gap + 1) if older else range(ages[runner] + gap, 90)
         options = [a for a in options if a not in ages]
         if not options:
             raise PairError(f"[{self.name}] no age moves {people[win]} past {people[runner]}")
         new = rng.choice(options)
         facts = [f"{p} is {a} years old." for p, a in zip(people, ages)]
-        prompt = " ".join(facts) + f" Who is {self.config.question}? Answer:"
+        options_text = ", " + " or ".join(people) if self.config.name_options else ""
+        prompt = " ".join(facts) + f" Who is {self.config.question}{options_text}? Answer:"
         start = len(" ".join(facts[:win])) + (1 if win > 0 else 0) + len(f"{people[win]} is ")
         return _pair(self.name, prompt, start, str(ages[win]), str(new), f" {people[win]}", f" {people[runner]}",
                      family="comparison", changed=people[win])
@@ -202,9 +219,12 @@ class ComparisonTask(_FewShot, Task):
 class TwoHopConfig:
     n_people: int = 2  # people, each living in a distinct city
     n_shots: int = 0  # solved examples before the query (same family, separated by newlines)
+    min_gap: int = 1  # years between the oldest (youngest) and the runner-up, in the clean and the corrupt prompt
+    name_options: bool = False  # True: "Who is older, Alice or Bob?" (the names in the question, in fact order)
 
     def __post_init__(self):
         _check_int("n_shots", self.n_shots, 0, 10)
+        _check_int("min_gap", self.min_gap, 1, 30)
         _check_int("n_people", self.n_people, 2, 5)
 
 

@@ -54,3 +54,15 @@ def test_bad_arguments_are_refused():
     a = report["parse_args"](["--device", "cuda", "--model", "smollm2-135m"])
     assert (a.n_niah, a.context) == report["SIZES"]["cuda"][:2] and a.slug == "smollm2_135m"
     assert a.md.name == "smollm2_135m_heads.md"
+
+
+def test_task_accuracy_dry_run(tiny_folder, tmp_path, capsys):
+    script = runpy.run_path(str(SCRIPT.parent / "task_accuracy.py"), run_name="task_accuracy")
+    rows = script["main"](["--model", str(tiny_folder), "--dry-run", "--tasks", "niah,comparison",
+                           "--contexts", "200,512,1024", "--threads", "1", "--out", str(tmp_path / "acc.json")])
+    assert [(r["task"], r["context"], r["n"]) for r in rows] == [("niah", 200, 4), ("niah", 512, 4),
+                                                                 ("comparison", None, 4)]
+    assert all(0.0 <= r["clean_accuracy"] <= 1.0 for r in rows)
+    assert json.loads((tmp_path / "acc.json").read_text())["rows"][0]["task"] == "niah"
+    with pytest.raises(SystemExit, match="--tasks"):
+        script["parse_args"](["--tasks", "poetry"])

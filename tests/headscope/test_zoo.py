@@ -163,3 +163,26 @@ def test_cache_root_defaults(monkeypatch, tmp_path):
     monkeypatch.setenv("HEADSCOPE_CACHE", str(tmp_path / "x"))
     assert zoo.cache_root() == tmp_path / "x"
     assert zoo.known_models()[0] == "default" and "smollm2-135m" in zoo.known_models()
+
+
+def test_score_applies_the_registry_task_defaults_unless_set(fake, monkeypatch):
+    import headscope.tasks
+    from headscope.api import score
+
+    model, tok = load_model(FAKE)
+    seen = []
+
+    class Stop(Exception):
+        pass
+
+    def recorder(name, **config):
+        seen.append((name, config))
+        raise Stop
+
+    monkeypatch.setattr(headscope.tasks, "get_task", recorder)
+    for kwargs in ({}, {"n_shots": 1}, {"task_config": {"n_shots": 2}}):
+        with pytest.raises(Stop):
+            score(model, "binding", tokenizer=tok, **kwargs)
+    with pytest.raises(Stop):
+        score(tiny_model("qwen3", vocab_size=16), "binding", tokenizer=tok)  # not a registry model: no defaults
+    assert [c for _, c in seen] == [{"n_shots": 3}, {"n_shots": 1}, {"n_shots": 2}, {}]
