@@ -68,6 +68,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     for name, value in zip(("n_niah", "context", "n_reason", "n_knockout", "path_k", "path_rounds"), sizes):
         if getattr(a, name) is None:
             setattr(a, name, value)
+    if a.n_path is None and str(a.device).startswith("cuda"):
+        a.n_path = 12  # path patching is the slowest part: half the NIAH pairs keeps the H200 run <= 6 min
     for name in ("threads", "n_niah", "context", "n_reason", "n_knockout", "path_k", "path_rounds", "n_boot"):
         if getattr(a, name) < 1:
             raise SystemExit(f"--{name.replace('_', '-')}={getattr(a, name)} must be >= 1")

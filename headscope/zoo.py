@@ -1,7 +1,7 @@
 """Named offline models beside "default": a small registry, each converted once to a local HF folder.
 
     model, tok = headscope.load_model("smollm2-135m")     # SmolLM2-135M-Instruct (Llama, 30 x 9 heads)
-    headscope.zoo.known_models()                           # ["default", "smollm2-135m"]
+    headscope.known_models()                               # ["default", "smollm2-135m"]
 
 An entry names a GGUF file shipped inside a pip package (found through ``importlib.metadata``, never a
 hard-coded site-packages path) and its sha256. The first load dequantizes it with transformers (the ``gguf``
