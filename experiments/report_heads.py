@@ -110,7 +110,7 @@ def knockout_section(model, tok, niah, a, total: int, kind: str, task_kwargs: di
     k1, k5 = max(1, round(0.01 * total)), max(1, round(0.05 * total))
     ks = sorted(set(default_ks(total, 0.1)) | {k1, k5})
     t = time.time()
-    ko = knockout_curve(model, tok, "niah", niah, kind=kind, ks=ks, n_random=a.n_random, n_samples=a.n_knockout,
+    ko = knockout_curve(model, "niah", niah, tokenizer=tok, kind=kind, ks=ks, n_random=a.n_random, n_samples=a.n_knockout,
                         seed=a.knockout_seed, progress=a.progress, **task_kwargs)
     top = ko[ko.selection == "top"].set_index("k")
     rnd = ko[ko.selection == "random"].groupby("k")["accuracy"]
