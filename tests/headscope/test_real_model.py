@@ -58,7 +58,7 @@ def test_niah_512_clean_accuracy(loaded):
 
     model, tok = loaded
     pairs = get_task("niah", context_length=512, depth="uniform").tokenized(tok, n=4, seed=0)
-    assert all(500 <= p.prompt_len <= 512 for p in pairs)
+    assert all(500 <= p.prompt_len <= 520 for p in pairs)  # 512-token prompts (+ a shared leading answer token)
     assert answer_accuracy(model, pairs, batch_size=4) >= 0.75
 
 
