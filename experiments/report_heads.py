@@ -2,7 +2,7 @@
 
     python experiments/report_heads.py --model default                      # the reference model, CPU
     python experiments/report_heads.py --model smollm2-135m --device cuda --dtype bfloat16 \
-        --out-dir docs/results/smollm2_135m --md docs/smollm2_135m_heads.md  # H200: <= 6 min (GPU defaults)
+        --md docs/smollm2_135m_heads.md     # H200: <= 6 min (GPU defaults); --out-dir default docs/results/<model>
 
 Sections: NIAH receiver scores (retrieval-critical fraction at thresholds 0.05 / 0.1 / 0.2, per-layer counts,
 top 10 with KV groups), iterated path patching (sender scores per round, combined score), receiver scores
@@ -468,6 +468,11 @@ def main(argv=None) -> None:
     json_path = a.out_dir / "heads.json"
     out["json"] = str(json_path.relative_to(ROOT)) if json_path.is_relative_to(ROOT) else str(json_path)
     write_text(json_path, json.dumps(out, indent=1))
+    write_text(a.out_dir / "README.md", "\n".join([  # the run folder's card (tests/docs/test_results_index.py)
+        f"# {a.out_dir.name}", "", f"The head report on `{a.model}` (experiments/report_heads.py).", "",
+        f"- **made by**: `{out['command']}`", f"- **when**: {time.strftime('%Y-%m-%d')}",
+        f"- **on**: {out['device']}, torch {torch.__version__}", f"- **cited by**: {a.md.name if a.md else '-'}", "",
+        "| file | |", "|---|---|", "| `heads.json` | results (JSON) |", "| `mask_7to1.json` | the fused 7:1 mask |", ""]))
     if a.md:
         write_markdown(a.md, out, a)
     print(f"total {timings['total_s']:.0f} s -> {json_path}" + (f", {a.md}" if a.md else ""))
