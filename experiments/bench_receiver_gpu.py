@@ -8,6 +8,13 @@ corrupted span at 2048 and a 4-token answer. Prints: ours (all heads, timed), a 
 forward per head and TransformerLens-bridge per-head patching (each on a SUBSET of heads, extrapolated to
 448 and labeled so), achieved TFLOP/s of our method vs 790 TFLOP/s, peak memory, and fast-vs-naive
 agreement on the subset in bf16. Only torch + transformers are needed; TransformerLens is optional.
+
+    python experiments/bench_receiver_gpu.py --model smollm2-135m --contexts 2048,8192   # a real registry model
+
+With --model: the model from headscope.load_model (bf16, sdpa) and real NIAH pairs of its tokenizer at each
+context; times our exact scores of ALL heads per pair (HFBackend) and TransformerLens per-head patching on
+the same pair (a subset of heads, extrapolated and labeled so). On the GPU machine the registry reads the
+GGUF staged by experiments/stage_gguf.sh. --device cpu --contexts 256 is a smoke test.
 """
 from __future__ import annotations
 
@@ -115,6 +122,69 @@ def tl_subset(model, pair, heads, metric):
     return (time.perf_counter() - t) / len(heads)
 
 
+def real_model_bench(args):
+    """Exact receiver scores of every head of a registry model on NIAH pairs at each context, vs TransformerLens."""
+    import headscope
+    from headscope.metrics import resolve_metric
+    from headscope.patching import HFBackend, HFFastConfig, as_patch_pair
+    from headscope.tasks import get_task
+    from headscope.zoo import task_defaults
+
+    dtype = torch.bfloat16 if DEV == "cuda" else torch.float32
+    t = time.perf_counter()
+    model, tok = headscope.load_model(args.model, dtype=dtype, device=DEV)
+    arch = headscope.describe(model)
+    n_heads = arch.n_layers * arch.n_heads
+    res = {"device": torch.cuda.get_device_name() if DEV == "cuda" else DEV, "torch": torch.__version__,
+           "model": args.model, "dtype": str(dtype), "n_heads": n_heads, "load_s": time.perf_counter() - t,
+           "contexts": {}}
+    print(f"model {args.model}: {arch.n_layers} x {arch.n_heads} = {n_heads} heads, {dtype} on {res['device']}; "
+          f"loaded in {res['load_s']:.1f} s")
+    metric = resolve_metric("logit_diff")
+    backend = HFBackend(model, HFFastConfig(batch_size=args.batch_size))
+    for ctx in args.contexts:
+        cfg = {**task_defaults(args.model, "niah"), "context_length": ctx, "depth": "uniform"}
+        raws = get_task("niah", **cfg).tokenized(tok, n=args.n_pairs, seed=0)
+        times = []
+        for raw in raws:
+            pair = as_patch_pair(raw)
+            for rep in range(args.repeats):  # the first of the first pair includes CUDA warm-up
+                sync()
+                t = time.perf_counter()
+                backend.patched_metrics(pair, metric)  # [L, H]
+                sync()
+                times.append(time.perf_counter() - t)
+        ours = sorted(times)[len(times) // 2]
+        row = {"n_pairs": len(raws), "seq_len": [p.seq_len for p in raws], "ours_s_per_pair_median": ours,
+               "ours_all_s": times, "ours_ms_per_head": 1e3 * ours / n_heads}
+        if DEV == "cuda":
+            row["max_memory_allocated_gib"] = torch.cuda.max_memory_allocated() / 2**30
+        print(f"  {ctx:>5} tokens: ours (all {n_heads} heads) {ours:.2f} s per pair (median of {len(times)}; "
+              f"{row['ours_ms_per_head']:.1f} ms/head)")
+        try:
+            import transformer_lens  # noqa: F401
+        except ImportError:
+            print("         TransformerLens not installed here: skipped")
+        else:
+            pair = as_patch_pair(raws[0])
+            subset = [(l, h) for l in sorted({0, arch.n_layers // 2, arch.n_layers - 1}) for h in range(arch.n_heads)]
+            subset = subset[:args.tl_heads]
+            t_tl = tl_subset(model, pair, subset, metric)
+            row.update(tl_ms_per_head_subset=1e3 * t_tl, tl_heads_timed=len(subset),
+                       tl_s_extrapolated_all_heads=t_tl * n_heads, speedup_vs_tl=t_tl * n_heads / ours)
+            print(f"         TransformerLens (one forward per head): {1e3 * t_tl:.1f} ms/head on {len(subset)} heads, "
+                  f"EXTRAPOLATED to {n_heads}: {t_tl * n_heads:.1f} s -> ours {t_tl * n_heads / ours:.1f}x faster")
+        res["contexts"][str(ctx)] = row
+    out = os.environ.get("OUT")
+    if out:
+        name = "".join(c if c.isalnum() else "_" for c in os.path.basename(args.model.rstrip("/")))
+        path = os.path.join(out, f"bench_receiver_gpu_{name}.json")
+        with open(path, "w") as f:
+            json.dump(res, f, indent=2)
+        print(f"wrote {path}")
+    return res
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     for name, default in [("layers", 28), ("heads", 16), ("kv-heads", 8), ("head-dim", 128), ("hidden", 2048),
@@ -123,9 +193,15 @@ def main():
         ap.add_argument(f"--{name}", type=int, default=default)
     ap.add_argument("--batch-size", type=int, default=None)
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--model", default=None, help="a registry model / folder: real NIAH pairs instead of random weights")
+    ap.add_argument("--contexts", default="2048,8192", help="with --model: NIAH lengths in tokens")
+    ap.add_argument("--n-pairs", type=int, default=2, help="with --model: NIAH pairs per context")
     args = ap.parse_args()
     global DEV
     DEV = args.device
+    if args.model:
+        args.contexts = [int(c) for c in args.contexts.split(",") if c]
+        return real_model_bench(args)
     from headscope.metrics import resolve_metric
     from headscope.patching import HFBackend, HFFastConfig, as_patch_pair
 

@@ -23,6 +23,7 @@ _EXPORTS = {
     "HeadScores": "headscope.results",
     # models
     "load_model": "headscope.reference",
+    "known_models": "headscope.zoo",
     "describe": "headscope.arch",
     "UnsupportedModelError": "headscope.arch",
     # tasks

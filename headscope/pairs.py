@@ -4,7 +4,8 @@
     pairs = task_pairs(None, "niah", tokenizer=tok, n_samples=8)                   # no model: tokenizer given
     task_name("niah", pairs)                                                        # "niah"
 
-``task`` is a registered name (built with ``get_task(name, **task_config, **task_kwargs)``), a Task
+``task`` is a registered name (built with ``get_task(name, **task_config, **task_kwargs)``, on top of the
+task defaults a registry model carries: ``headscope.zoo.task_defaults``), a Task
 object, or a list of TokenizedPair (returned as they are: n_samples / seed / task options do not apply).
 The tokenizer is ``headscope.tokenizers.find_tokenizer(model, tokenizer)``: an explicit one wins, else
 the model's own is found. It is checked against the model's vocabulary when a model is given.
@@ -61,8 +62,12 @@ def task_pairs(model: Any, task: Any, *, tokenizer: Any = None, n_samples: int =
     check_n_samples(n_samples)
     if isinstance(task, str):
         from headscope.tasks import get_task
+        from headscope.tokenizers import unwrap
+        from headscope.zoo import task_defaults
 
-        task = get_task(task, **options)
+        # a registry model's task defaults (headscope.zoo) fill the fields the caller did not set
+        defaults = task_defaults(unwrap(model), task) if model is not None else {}
+        task = get_task(task, **{**defaults, **options})
     elif options:
         raise ValueError(f"task options {sorted(options)} only apply to a task given by name; configure the "
                          f"{type(task).__name__} when you build it")

@@ -3,6 +3,7 @@
     model, tokenizer = load_model()                    # headscope/weights/default
     model, tokenizer = load_model("/path/to/hf/folder")
     model, tokenizer = load_model("Qwen/Qwen3-0.6B")   # only if already in the local HF cache
+    model, tokenizer = load_model("smollm2-135m")      # a named offline model: headscope/zoo.py
 
 Nothing is ever downloaded (``local_files_only=True``). The shipped folder is a plain Hugging Face
 folder: ``AutoModelForCausalLM.from_pretrained(default_path())`` works too.
@@ -60,6 +61,10 @@ def _looks_like_path(text: str) -> bool:
 
 
 def _resolve(name_or_path: str | Path) -> str:
+    from headscope import zoo
+
+    if str(name_or_path) in zoo.MODELS:
+        return str(zoo.ensure_local(str(name_or_path)))
     if str(name_or_path) == DEFAULT_NAME:
         path = default_path()
         if not _has_weights(path):
@@ -74,6 +79,9 @@ def _resolve(name_or_path: str | Path) -> str:
         return str(path)
     if isinstance(name_or_path, Path) or _looks_like_path(str(name_or_path)):
         raise ReferenceModelMissing(f"the model folder {path} does not exist; check the path")
+    if "/" not in str(name_or_path):  # neither a folder nor an "org/name" hub id
+        raise zoo.UnknownModelError(f"unknown model {str(name_or_path)!r}: not a folder; known models: "
+                                    f"{', '.join(zoo.known_models())} (or a local Hugging Face folder)")
     return str(name_or_path)  # a hub name: must already be in the local cache
 
 
@@ -150,8 +158,11 @@ def load_model(name_or_path: str | Path = DEFAULT_NAME, *, dtype: torch.dtype = 
                                                      local_files_only=True)
     except OSError as err:
         raise ReferenceModelMissing(_not_loadable(name_or_path, err)) from err
+    from headscope import zoo
     from headscope.tokenizers import remember_tokenizer
 
     model = model.to(dev).eval()
     remember_tokenizer(model, tokenizer)  # score(model, task) finds it
+    if str(name_or_path) in zoo.MODELS:
+        zoo.remember(model, str(name_or_path))  # score(model, task) applies its task defaults
     return model, tokenizer

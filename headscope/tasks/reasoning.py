@@ -41,6 +41,41 @@ def _pair(task: str, clean: str, start: int, old: str, new: str, answer: str, co
     return PromptPair(clean, corrupt, answer, corrupt_answer, ((start, start + len(old)),), task=task, meta=meta)
 
 
+SHOT_SEP = "\n"  # between solved examples and before the query
+
+
+class _FewShot:
+    """Prepends ``config.n_shots`` solved examples of the same family (drawn from the same rng) to the query.
+
+    The examples are identical in the clean and corrupt prompts, so the changed span only moves right and the
+    token alignment is untouched. Subclasses implement ``_query(tokenizer, rng)`` -> PromptPair.
+    """
+
+    def _draw(self, tokenizer, rng) -> PromptPair:
+        """One query, redrawn (same rng) while the draw itself is unusable."""
+        for _ in range(self.max_tries - 1):
+            try:
+                return self._query(tokenizer, rng)
+            except PairError as err:
+                if err.fatal:
+                    raise
+        return self._query(tokenizer, rng)
+
+    def make_pair(self, tokenizer, rng, index, n):
+        shots = []
+        for _ in range(self.config.n_shots):
+            solved = self._draw(tokenizer, rng)
+            shots.append(solved.clean_prompt + solved.clean_answer + SHOT_SEP)
+        pair = self._draw(tokenizer, rng)
+        prefix = "".join(shots)
+        if not prefix:
+            return pair
+        return dataclasses.replace(
+            pair, clean_prompt=prefix + pair.clean_prompt, corrupt_prompt=prefix + pair.corrupt_prompt,
+            changed_spans=tuple((s + len(prefix), e + len(prefix)) for s, e in pair.changed_spans),
+            meta={**pair.meta, "n_shots": self.config.n_shots})
+
+
 # ----------------------------------------------------------------------------- arithmetic
 
 @dataclass(frozen=True)
@@ -101,18 +136,20 @@ class ArithmeticTask(Task):
 class BindingConfig:
     n_vars: int = 4  # variables bound to distinct digits
     chain: float = 0.5  # probability that the asked variable is a copy ("e = b") of another variable
+    n_shots: int = 0  # solved examples before the query (same family, separated by newlines)
 
     def __post_init__(self):
+        _check_int("n_shots", self.n_shots, 0, 10)
         _check_int("n_vars", self.n_vars, 2, 9)
         if not isinstance(self.chain, (int, float)) or not 0.0 <= self.chain <= 1.0:
             raise ValueError(f"chain={self.chain!r}: give a probability in [0, 1]")
 
 
-class BindingTask(Task):
+class BindingTask(_FewShot, Task):
     name = "binding"
     Config = BindingConfig
 
-    def make_pair(self, tokenizer, rng, index, n):
+    def _query(self, tokenizer, rng):
         k = self.config.n_vars
         names = rng.sample(LETTERS, k + 1)
         values = rng.sample(range(10), k + 1)  # the last one is the corrupt value of the target
@@ -137,31 +174,40 @@ class BindingTask(Task):
 class ComparisonConfig:
     n_people: int = 2
     question: str = "older"  # "older" or "younger"
+    n_shots: int = 0  # solved examples before the query (same family, separated by newlines)
+    min_gap: int = 1  # years between the oldest (youngest) and the runner-up, in the clean and the corrupt prompt
+    name_options: bool = False  # True: "Who is older, Alice or Bob?" (the names in the question, in fact order)
 
     def __post_init__(self):
+        _check_int("n_shots", self.n_shots, 0, 10)
+        _check_int("min_gap", self.min_gap, 1, 30)
         _check_int("n_people", self.n_people, 2, 5)
         if self.question not in ("older", "younger"):
             raise ValueError(f"question={self.question!r}: give 'older' or 'younger'")
 
 
-class ComparisonTask(Task):
+class ComparisonTask(_FewShot, Task):
     name = "comparison"
     Config = ComparisonConfig
 
-    def make_pair(self, tokenizer, rng, index, n):
+    def _query(self, tokenizer, rng):
         k, older = self.config.n_people, self.config.question == "older"
         people = rng.sample(NAMES, k)
         ages = rng.sample(range(20, 90), k)
         ranked = sorted(range(k), key=lambda i: ages[i], reverse=older)
         win, runner = ranked[0], ranked[1]
+        gap = self.config.min_gap
+        if abs(ages[win] - ages[runner]) < gap:
+            raise PairError(f"[{self.name}] ages {ages[win]} and {ages[runner]} are closer than min_gap={gap}")
         # The winner's age moves past the runner-up's, so the runner-up becomes the answer.
-        options = range(20, ages[runner]) if older else range(ages[runner] + 1, 90)
+        options = range(20, ages[runner] - gap + 1) if older else range(ages[runner] + gap, 90)
         options = [a for a in options if a not in ages]
         if not options:
             raise PairError(f"[{self.name}] no age moves {people[win]} past {people[runner]}")
         new = rng.choice(options)
         facts = [f"{p} is {a} years old." for p, a in zip(people, ages)]
-        prompt = " ".join(facts) + f" Who is {self.config.question}? Answer:"
+        options_text = ", " + " or ".join(people) if self.config.name_options else ""
+        prompt = " ".join(facts) + f" Who is {self.config.question}{options_text}? Answer:"
         start = len(" ".join(facts[:win])) + (1 if win > 0 else 0) + len(f"{people[win]} is ")
         return _pair(self.name, prompt, start, str(ages[win]), str(new), f" {people[win]}", f" {people[runner]}",
                      family="comparison", changed=people[win])
@@ -172,16 +218,21 @@ class ComparisonTask(Task):
 @dataclass(frozen=True)
 class TwoHopConfig:
     n_people: int = 2  # people, each living in a distinct city
+    n_shots: int = 0  # solved examples before the query (same family, separated by newlines)
+    min_gap: int = 1  # years between the oldest (youngest) and the runner-up, in the clean and the corrupt prompt
+    name_options: bool = False  # True: "Who is older, Alice or Bob?" (the names in the question, in fact order)
 
     def __post_init__(self):
+        _check_int("n_shots", self.n_shots, 0, 10)
+        _check_int("min_gap", self.min_gap, 1, 30)
         _check_int("n_people", self.n_people, 2, 5)
 
 
-class TwoHopTask(Task):
+class TwoHopTask(_FewShot, Task):
     name = "two_hop"
     Config = TwoHopConfig
 
-    def make_pair(self, tokenizer, rng, index, n):
+    def _query(self, tokenizer, rng):
         k = self.config.n_people
         people = rng.sample(NAMES, k)
         places = rng.sample(PLACES, k)

@@ -78,3 +78,38 @@ def test_bad_reasoning_configs():
                                 ("reasoning", dict(families=("poetry",)), "families=")):
         with pytest.raises(ValueError, match=field):
             get_task(name, **kwargs)
+
+
+@pytest.mark.parametrize("name", ["binding", "comparison", "two_hop"])
+def test_few_shot_form_keeps_the_alignment(digit_tokenizer, name):
+    plain = get_task(name).tokenized(digit_tokenizer, n=6, seed=0)
+    shots = get_task(name, n_shots=3).tokenized(digit_tokenizer, n=6, seed=0)
+    for tp in shots:
+        pair = tp.pair
+        prefix = pair.clean_prompt[:pair.changed_spans[0][0]]
+        assert pair.meta["n_shots"] == 3 and prefix.count("\n") == 3  # three solved examples, one per line
+        assert pair.corrupt_prompt.startswith(prefix)  # the examples are the same in both prompts
+        assert tp.diff_pos.min() > 3 and tp.diff_pos.max() < tp.answer_pos[0]
+        for line in prefix.split("\n")[:3]:  # each example is solved: its answer follows its question
+            assert re.search(r"(Answer:|=) \w+$", line), line
+    assert min(t.seq_len for t in shots) > max(t.seq_len for t in plain)
+    assert get_task(name, n_shots=0).generate(digit_tokenizer, n=4, seed=0) == \
+        get_task(name).generate(digit_tokenizer, n=4, seed=0)  # n_shots=0 is the old form, pair for pair
+
+
+def test_comparison_min_gap_and_name_options(digit_tokenizer):
+    for pair in get_task("comparison", min_gap=30, name_options=True).generate(digit_tokenizer, n=12, seed=0):
+        for prompt in (pair.clean_prompt, pair.corrupt_prompt):
+            ages = sorted(int(a) for a in re.findall(r"is (\d+) years old", prompt))
+            assert ages[-1] - ages[-2] >= 30
+            names = re.findall(r"(\w+) is \d+ years old", prompt)
+            assert prompt.endswith(f"Who is older, {' or '.join(names)}? Answer:")
+
+
+@pytest.mark.parametrize("name, config", [("binding", {"n_shots": -1}), ("comparison", {"n_shots": 11}),
+                                          ("two_hop", {"n_shots": 1.5}), ("comparison", {"min_gap": 0}),
+                                          ("comparison", {"min_gap": 31})])
+def test_form_fields_are_validated(name, config):
+    field = next(iter(config))
+    with pytest.raises(ValueError, match=field):
+        get_task(name, **config)
