@@ -1,0 +1,182 @@
+"""Retrieval evaluations: single-key NIAH by length x depth, multi-key NIAH by length, template transfer.
+
+Lengths run from short to ``8 x`` the training length; a length past the model's positions, one whose
+prompt cannot be built (the needles alone overflow it) or one that runs out of memory gives rows with
+``status`` "skipped" / "stopped" and a ``note`` saying why (after an out-of-memory stop, longer lengths
+are not tried).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable
+
+from headscope.evaluate.engine import score_pairs
+from headscope.evaluate.rows import accuracy_rows, row, stop_rows
+from headscope.evaluate.runtime import (EvalContext, check_lengths_fit, context_lengths, free_memory, is_oom)
+
+__all__ = ["NiahEvalConfig", "MultikeyEvalConfig", "TemplateTransferConfig", "niah", "niah_multikey",
+           "template_transfer", "LENGTH_MULTIPLES", "DEPTHS"]
+
+LENGTH_MULTIPLES = (0.125, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0)  # of the training length
+DEPTHS = tuple(round(0.1 * i, 1) for i in range(11))
+
+
+def _check_common(cfg) -> None:
+    if not isinstance(cfg.n, int) or isinstance(cfg.n, bool) or cfg.n < 1:
+        raise ValueError(f"n={cfg.n!r}: give an int >= 1 (prompts per cell)")
+    if any(not isinstance(x, int) or x < 32 for x in cfg.lengths):
+        raise ValueError(f"lengths={cfg.lengths!r}: give ints >= 32 (tokens), or () to use multiples")
+    if not cfg.lengths and (not cfg.multiples or any(not isinstance(m, (int, float)) or m <= 0 for m in cfg.multiples)):
+        raise ValueError(f"multiples={cfg.multiples!r}: give positive multiples of the training length")
+    if not isinstance(cfg.haystack, str) or not cfg.haystack:
+        raise ValueError(f"haystack={cfg.haystack!r}: give 'heldout', 'train', or a text file path")
+
+
+@dataclass(frozen=True)
+class NiahEvalConfig:
+    lengths: tuple[int, ...] = ()  # absolute prompt lengths (tokens); () -> multiples of the training length
+    multiples: tuple[float, ...] = LENGTH_MULTIPLES
+    depths: tuple[float, ...] = DEPTHS
+    n: int = 8  # prompts per (length, depth)
+    haystack: str = "heldout"
+    generate: bool = True
+
+    def __post_init__(self):
+        _check_common(self)
+        if len(self.depths) < 1 or any(not isinstance(d, (int, float)) or not 0 <= d <= 1 for d in self.depths):
+            raise ValueError(f"depths={self.depths!r}: give fractions in [0, 1]")
+
+
+@dataclass(frozen=True)
+class MultikeyEvalConfig:
+    lengths: tuple[int, ...] = ()
+    multiples: tuple[float, ...] = LENGTH_MULTIPLES
+    n_keys: tuple[int, ...] = (2, 4, 8)
+    n: int = 20  # prompts per (length, keys)
+    haystack: str = "heldout"
+    generate: bool = True
+
+    def __post_init__(self):
+        _check_common(self)
+        if not self.n_keys or any(not isinstance(k, int) or not 1 <= k <= 20 for k in self.n_keys):
+            raise ValueError(f"n_keys={self.n_keys!r}: give ints in [1, 20]")
+
+
+@dataclass(frozen=True)
+class TemplateTransferConfig:
+    lengths: tuple[int, ...] = ()
+    multiples: tuple[float, ...] = (0.25, 1.0)
+    phrasings: tuple[str, ...] = ("trained", "code", "pin", "plain")
+    n: int = 20  # prompts per (length, phrasing), needle depths spread evenly
+    haystack: str = "heldout"
+    generate: bool = True
+
+    def __post_init__(self):
+        from headscope.evaluate.phrasings import PHRASINGS
+
+        _check_common(self)
+        bad = [p for p in self.phrasings if p not in PHRASINGS]
+        if not self.phrasings or bad:
+            raise ValueError(f"phrasings={self.phrasings!r}: give names from {sorted(PHRASINGS)}")
+
+
+Cell = tuple[dict[str, Any], Callable[[], Any], int, int]  # (row fields, task factory, n, seed)
+
+
+def by_length(model, tokenizer, ctx: EvalContext, evaluation: str, lengths: Iterable[int],
+              cells: Callable[[int], list[Cell]], generate: bool,
+              extra: Callable[[int, list, list], list[dict]] | None = None) -> list[dict]:
+    """Rows for each length's cells, shortest first, with clean stops (see the module docstring)."""
+    from headscope.tasks import PairError
+
+    device = next(model.parameters()).device
+    rows: list[dict] = []
+    stop: tuple[str, str] | None = None
+    for L in lengths:
+        if stop is None and (why := check_lengths_fit(model, L)):
+            stop = ("skipped", why)
+        if stop is not None:
+            for fields, _, _, _ in cells(L):
+                rows += stop_rows(evaluation, fields, stop[0], stop[1], generate)
+            continue
+        done: list[dict] = []
+        built: list[tuple[dict, list]] = []
+        for fields, factory, n, seed in cells(L):
+            try:
+                built.append((fields, factory().tokenized(tokenizer, n, seed=seed)))
+            except PairError as err:
+                done += stop_rows(evaluation, fields, "skipped", str(err).splitlines()[0], generate)
+        all_pairs = [p for _, pairs in built for p in pairs]
+        try:  # every cell of this length in one batched pass
+            all_res = score_pairs(model, tokenizer, all_pairs, ctx, generate=generate, desc=f"{evaluation} @{L}") \
+                if all_pairs else []
+        except Exception as err:  # noqa: BLE001 - only out-of-memory is handled, the rest re-raised
+            if not is_oom(err):
+                raise
+            free_memory(device)
+            stop = ("stopped", f"out of memory at {L} tokens on {device}: longer lengths not tried")
+            rows += [r for c in cells(L) for r in stop_rows(evaluation, c[0], stop[0], stop[1], generate)]
+            continue
+        at = 0
+        for fields, pairs in built:
+            done += accuracy_rows(evaluation, fields, all_res[at:at + len(pairs)], generate)
+            at += len(pairs)
+        rows += done
+        if extra is not None and all_pairs:
+            rows += extra(L, all_pairs, all_res)
+    return rows
+
+
+def _cell_seed(seed: int, length: int, index: int) -> int:
+    return seed * 1_000_003 + length * 101 + index
+
+
+def niah(model, tokenizer, cfg: NiahEvalConfig, ctx: EvalContext) -> list[dict]:
+    """Single-key NIAH accuracy by context length x needle depth (+ values never asked in training)."""
+    from headscope.tasks import get_task
+    from headscope.tasks.niah import is_heldout_value
+
+    def cells(L):
+        return [({"context_length": L, "depth": float(d)},
+                 (lambda L=L, d=d: get_task("niah", context_length=L, depth=float(d), haystack=cfg.haystack)),
+                 cfg.n, _cell_seed(ctx.seed, L, i)) for i, d in enumerate(cfg.depths)]
+
+    def unseen(L, pairs, res):
+        sel = [r for p, r in zip(pairs, res) if is_heldout_value(p.pair.clean_answer)]
+        if not sel:
+            return []
+        key = "gen" if cfg.generate else "tf"
+        return [row("niah", "accuracy_unseen_values", sum(r[key] for r in sel) / len(sel), len(sel),
+                    context_length=L, note="values divisible by 7: never asked in the reference model's training")]
+
+    lengths = context_lengths(model, cfg.lengths, cfg.multiples)
+    return by_length(model, tokenizer, ctx, "niah", lengths, cells, cfg.generate, extra=unseen)
+
+
+def niah_multikey(model, tokenizer, cfg: MultikeyEvalConfig, ctx: EvalContext) -> list[dict]:
+    """Multi-key NIAH (n_keys keyed needles, one asked) accuracy by context length and key count."""
+    from headscope.tasks import get_task
+
+    def cells(L):
+        return [({"context_length": L, "n_keys": k},
+                 (lambda L=L, k=k: get_task("niah_multikey", context_length=L, n_keys=k, depth="random",
+                                            haystack=cfg.haystack)),
+                 cfg.n, _cell_seed(ctx.seed, L, 50 + k)) for k in cfg.n_keys]
+
+    lengths = context_lengths(model, cfg.lengths, cfg.multiples)
+    return by_length(model, tokenizer, ctx, "niah_multikey", lengths, cells, cfg.generate)
+
+
+def template_transfer(model, tokenizer, cfg: TemplateTransferConfig, ctx: EvalContext) -> list[dict]:
+    """Single-key NIAH in phrasings other than the trained one ("trained" is the control)."""
+    from headscope.evaluate.phrasings import PhrasedNiahTask
+
+    def cells(L):
+        return [({"context_length": L, "phrasing": p,
+                  "family": "trained" if p == "trained" else "transfer"},
+                 (lambda L=L, p=p: PhrasedNiahTask(context_length=L, depth="uniform", haystack=cfg.haystack,
+                                                   phrasing=p)),
+                 cfg.n, _cell_seed(ctx.seed, L, 80 + i)) for i, p in enumerate(cfg.phrasings)]
+
+    lengths = context_lengths(model, cfg.lengths, cfg.multiples)
+    return by_length(model, tokenizer, ctx, "template_transfer", lengths, cells, cfg.generate)
