@@ -18,7 +18,7 @@ from headscope.evaluate.registry import (UnknownSuiteError, get_evaluation, get_
 from headscope.evaluate.rows import COLUMNS
 from headscope.evaluate.runtime import EvalContext, check_tokenizer, model_info
 
-__all__ = ["evaluate", "summary", "compare", "load", "resolve_suite", "SCHEMA", "RUN_COLUMNS"]
+__all__ = ["evaluate", "summary", "compare", "load", "resolve_suite", "plan", "SCHEMA", "RUN_COLUMNS"]
 
 SCHEMA = "headscope.evaluation"
 RUN_COLUMNS = ["model", "fingerprint", "suite", "seed"]
@@ -71,6 +71,23 @@ def resolve_suite(suite: str | Sequence[str]) -> tuple[str, list[tuple[str, dict
     return "+".join(n for n, _ in items), items
 
 
+def plan(suite: str | Sequence[str], configs: dict[str, dict[str, Any]] | None = None,
+         haystack: str | None = None) -> tuple[str, list[tuple[str, Any]]]:
+    """(suite label, [(evaluation, config)]): every name and config checked before any work starts."""
+    label, items = resolve_suite(suite)
+    configs = dict(configs or {})
+    unknown = sorted(set(configs) - {n for n, _ in items})
+    if unknown:
+        raise ValueError(f"configs for {unknown}, which suite {label!r} does not run ({[n for n, _ in items]})")
+    cfgs = []
+    for name, over in items:
+        over = {**over, **configs.get(name, {})}
+        if haystack is not None and name in _HAYSTACK_FIELD:
+            over.setdefault(_HAYSTACK_FIELD[name], haystack)
+        cfgs.append((name, make_config(name, over)))
+    return label, cfgs
+
+
 def evaluate(model: Any, suite: str | Sequence[str] = "retrieval", tokenizer: Any = None, *, seed: int = 0,
              configs: dict[str, dict[str, Any]] | None = None, haystack: str | None = None,
              batch_size: int | None = None, token_budget: int | None = None, device: str | None = None,
@@ -82,17 +99,7 @@ def evaluate(model: Any, suite: str | Sequence[str] = "retrieval", tokenizer: An
     haystack: a text file (or "heldout" / "train") for every NIAH haystack and the perplexity text.
     Returns the rows (columns ``RUN_COLUMNS + COLUMNS``); ``df.attrs["meta"]`` describes the run.
     """
-    label, items = resolve_suite(suite)
-    configs = dict(configs or {})
-    unknown = sorted(set(configs) - {n for n, _ in items})
-    if unknown:
-        raise ValueError(f"configs for {unknown}, which suite {label!r} does not run ({[n for n, _ in items]})")
-    cfgs = []
-    for name, over in items:  # validate every config before any work starts
-        over = {**over, **configs.get(name, {})}
-        if haystack is not None and name in _HAYSTACK_FIELD:
-            over.setdefault(_HAYSTACK_FIELD[name], haystack)
-        cfgs.append((name, make_config(name, over)))
+    label, cfgs = plan(suite, configs, haystack)
     if isinstance(model, (str, Path)):
         model, tokenizer = load(str(model), tokenizer, device=device, dtype=dtype or torch.float32)
     elif device is not None or dtype is not None:

@@ -57,14 +57,14 @@ def _overrides(items: list[str]) -> dict[str, dict[str, Any]]:
 def cmd_eval(args: argparse.Namespace) -> None:
     import torch
 
-    from headscope.evaluate.api import evaluate, load, resolve_suite, summary
+    from headscope.evaluate.api import evaluate, load, plan, summary
     from headscope.evaluate.output import check_output_dir, save_results
 
     t0 = time.time()
     check_output_dir(args.out, args.overwrite)  # before loading anything
     suite = args.suite[0] if len(args.suite) == 1 else args.suite
-    resolve_suite(suite)
     configs = _overrides(args.set)
+    plan(suite, configs, args.haystack)  # names and configs checked before the model loads
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[args.dtype]
     tok = args.tokenizer
     print(f"loading {args.model!r}", file=sys.stderr, flush=True)
