@@ -6,6 +6,7 @@ every evaluation, the package version, torch/transformers versions and the secon
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 from pathlib import Path
 from typing import Any, Sequence
@@ -91,12 +92,13 @@ def plan(suite: str | Sequence[str], configs: dict[str, dict[str, Any]] | None =
 def evaluate(model: Any, suite: str | Sequence[str] = "retrieval", tokenizer: Any = None, *, seed: int = 0,
              configs: dict[str, dict[str, Any]] | None = None, haystack: str | None = None,
              batch_size: int | None = None, token_budget: int | None = None, device: str | None = None,
-             dtype: torch.dtype | None = None, progress: bool = True) -> pd.DataFrame:
+             dtype: torch.dtype | None = None, progress: bool = True, workers: int | None = None) -> pd.DataFrame:
     """Run ``suite`` (a suite name, one evaluation name, or a list of evaluation names) on ``model``.
 
     model: a causal LM (a hybrid included) or "default" / a local folder (loaded with its tokenizer).
     configs: per-evaluation config overrides, ``{"niah": {"n": 4, "lengths": (512,)}}``.
     haystack: a text file (or "heldout" / "train") for every NIAH haystack and the perplexity text.
+    workers: processes that build NIAH prompts (default: on a GPU min(16, CPU cores - 1), on a CPU 0).
     Returns the rows (columns ``RUN_COLUMNS + COLUMNS``); ``df.attrs["meta"]`` describes the run.
     """
     label, cfgs = plan(suite, configs, haystack)
@@ -109,7 +111,8 @@ def evaluate(model: Any, suite: str | Sequence[str] = "retrieval", tokenizer: An
     model.eval()
     cuda = next(model.parameters()).device.type == "cuda"
     ctx = EvalContext(seed=seed, batch_size=batch_size or (32 if cuda else 8),
-                      token_budget=token_budget or (262144 if cuda else 16384), progress=progress)
+                      token_budget=token_budget or (262144 if cuda else 16384), progress=progress,
+                      workers=workers if workers is not None else (min(16, (os.cpu_count() or 2) - 1) if cuda else 0))
     info = model_info(model)
     frames, seconds = [], {}
     try:

@@ -34,6 +34,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=None)
     p.add_argument("--device", default=None, help="cpu, cuda, ... (default: cuda if available)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--workers", type=int, default=None,
+                   help="processes that build NIAH prompts (default: GPU min(16, cores - 1), CPU 0)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=cmd_eval)
     return p
@@ -70,7 +72,7 @@ def cmd_eval(args: argparse.Namespace) -> None:
     print(f"loading {args.model!r}", file=sys.stderr, flush=True)
     model, tokenizer = load(args.model, tok, device=args.device, dtype=dtype)
     df = evaluate(model, suite, tokenizer, seed=args.seed, configs=configs, haystack=args.haystack,
-                  batch_size=args.batch_size, progress=not args.quiet)
+                  batch_size=args.batch_size, progress=not args.quiet, workers=args.workers)
     out = save_results(df, args.out, overwrite=args.overwrite)
     s = summary(df)
     with __import__("pandas").option_context("display.max_rows", 200, "display.width", 160):

@@ -80,15 +80,56 @@ class TemplateTransferConfig:
             raise ValueError(f"phrasings={self.phrasings!r}: give names from {sorted(PHRASINGS)}")
 
 
-Cell = tuple[dict[str, Any], Callable[[], Any], int, int]  # (row fields, task factory, n, seed)
+Cell = tuple[dict[str, Any], str, dict[str, Any], int, int]  # (row fields, task name, task config, n, seed)
+_TOKENIZER: Any = None  # the tokenizer worker processes inherit (fork)
+
+
+def _make_task(name: str, config: dict[str, Any]):
+    if name == "niah_phrased":
+        from headscope.evaluate.phrasings import PhrasedNiahTask
+
+        return PhrasedNiahTask(**config)
+    from headscope.tasks import get_task
+
+    return get_task(name, **config)
+
+
+def _build(cell: tuple[str, dict[str, Any], int, int]) -> list | str:
+    """The tokenized pairs of one cell, or the reason they cannot be built (a one-line PairError message)."""
+    from headscope.tasks import PairError
+
+    name, config, n, seed = cell
+    try:
+        return _make_task(name, config).tokenized(_TOKENIZER, n, seed=seed)
+    except PairError as err:
+        return str(err).splitlines()[0]
+
+
+def build_cells(tokenizer, cells: list[tuple[str, dict[str, Any], int, int]], workers: int) -> list:
+    """``_build`` for every cell, in ``workers`` forked processes when > 0 and there is more than one cell."""
+    global _TOKENIZER
+    _TOKENIZER = tokenizer
+    try:
+        if workers > 0 and len(cells) > 1:
+            import multiprocessing as mp
+            from concurrent.futures import ProcessPoolExecutor
+
+            try:
+                context = mp.get_context("fork")
+            except ValueError:  # no fork on this platform: build here
+                context = None
+            if context is not None:
+                with ProcessPoolExecutor(min(workers, len(cells)), mp_context=context) as pool:
+                    return list(pool.map(_build, cells))
+        return [_build(c) for c in cells]
+    finally:
+        _TOKENIZER = None
 
 
 def by_length(model, tokenizer, ctx: EvalContext, evaluation: str, lengths: Iterable[int],
               cells: Callable[[int], list[Cell]], generate: bool,
               extra: Callable[[int, list, list], list[dict]] | None = None) -> list[dict]:
     """Rows for each length's cells, shortest first, with clean stops (see the module docstring)."""
-    from headscope.tasks import PairError
-
     device = next(model.parameters()).device
     rows: list[dict] = []
     stop: tuple[str, str] | None = None
@@ -96,16 +137,17 @@ def by_length(model, tokenizer, ctx: EvalContext, evaluation: str, lengths: Iter
         if stop is None and (why := check_lengths_fit(model, L)):
             stop = ("skipped", why)
         if stop is not None:
-            for fields, _, _, _ in cells(L):
+            for fields, *_ in cells(L):
                 rows += stop_rows(evaluation, fields, stop[0], stop[1], generate)
             continue
         done: list[dict] = []
         built: list[tuple[dict, list]] = []
-        for fields, factory, n, seed in cells(L):
-            try:
-                built.append((fields, factory().tokenized(tokenizer, n, seed=seed)))
-            except PairError as err:
-                done += stop_rows(evaluation, fields, "skipped", str(err).splitlines()[0], generate)
+        cs = cells(L)
+        for (fields, *_), pairs in zip(cs, build_cells(tokenizer, [tuple(c[1:]) for c in cs], ctx.workers)):
+            if isinstance(pairs, str):
+                done += stop_rows(evaluation, fields, "skipped", pairs, generate)
+            else:
+                built.append((fields, pairs))
         all_pairs = [p for _, pairs in built for p in pairs]
         try:  # every cell of this length in one batched pass
             all_res = score_pairs(model, tokenizer, all_pairs, ctx, generate=generate, desc=f"{evaluation} @{L}") \
@@ -133,12 +175,11 @@ def _cell_seed(seed: int, length: int, index: int) -> int:
 
 def niah(model, tokenizer, cfg: NiahEvalConfig, ctx: EvalContext) -> list[dict]:
     """Single-key NIAH accuracy by context length x needle depth (+ values never asked in training)."""
-    from headscope.tasks import get_task
     from headscope.tasks.niah import is_heldout_value
 
     def cells(L):
-        return [({"context_length": L, "depth": float(d)},
-                 (lambda L=L, d=d: get_task("niah", context_length=L, depth=float(d), haystack=cfg.haystack)),
+        return [({"context_length": L, "depth": float(d)}, "niah",
+                 {"context_length": L, "depth": float(d), "haystack": cfg.haystack},
                  cfg.n, _cell_seed(ctx.seed, L, i)) for i, d in enumerate(cfg.depths)]
 
     def unseen(L, pairs, res):
@@ -155,12 +196,9 @@ def niah(model, tokenizer, cfg: NiahEvalConfig, ctx: EvalContext) -> list[dict]:
 
 def niah_multikey(model, tokenizer, cfg: MultikeyEvalConfig, ctx: EvalContext) -> list[dict]:
     """Multi-key NIAH (n_keys keyed needles, one asked) accuracy by context length and key count."""
-    from headscope.tasks import get_task
-
     def cells(L):
-        return [({"context_length": L, "n_keys": k},
-                 (lambda L=L, k=k: get_task("niah_multikey", context_length=L, n_keys=k, depth="random",
-                                            haystack=cfg.haystack)),
+        return [({"context_length": L, "n_keys": k}, "niah_multikey",
+                 {"context_length": L, "n_keys": k, "depth": "random", "haystack": cfg.haystack},
                  cfg.n, _cell_seed(ctx.seed, L, 50 + k)) for k in cfg.n_keys]
 
     lengths = context_lengths(model, cfg.lengths, cfg.multiples)
@@ -169,13 +207,9 @@ def niah_multikey(model, tokenizer, cfg: MultikeyEvalConfig, ctx: EvalContext) -
 
 def template_transfer(model, tokenizer, cfg: TemplateTransferConfig, ctx: EvalContext) -> list[dict]:
     """Single-key NIAH in phrasings other than the trained one ("trained" is the control)."""
-    from headscope.evaluate.phrasings import PhrasedNiahTask
-
     def cells(L):
-        return [({"context_length": L, "phrasing": p,
-                  "family": "trained" if p == "trained" else "transfer"},
-                 (lambda L=L, p=p: PhrasedNiahTask(context_length=L, depth="uniform", haystack=cfg.haystack,
-                                                   phrasing=p)),
+        return [({"context_length": L, "phrasing": p, "family": "trained" if p == "trained" else "transfer"},
+                 "niah_phrased", {"context_length": L, "depth": "uniform", "haystack": cfg.haystack, "phrasing": p},
                  cfg.n, _cell_seed(ctx.seed, L, 80 + i)) for i, p in enumerate(cfg.phrasings)]
 
     lengths = context_lengths(model, cfg.lengths, cfg.multiples)

@@ -34,8 +34,11 @@ class EvalContext:
     batch_size: int = 8  # prompts per forward at most
     token_budget: int = 65536  # prompt tokens per forward at most (batch = min(batch_size, budget // length))
     progress: bool = True
+    workers: int = 0  # processes that build prompts (0: in this process)
 
     def __post_init__(self):
+        if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 0:
+            raise ValueError(f"workers={self.workers!r}: give an int >= 0")
         for name in ("batch_size", "token_budget"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:

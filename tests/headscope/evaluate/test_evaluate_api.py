@@ -190,3 +190,10 @@ def test_hybrid_through_every_evaluation(teacher, tok, teacher_df, tmp_path):
                                configs={k: TINY[k] for k in ("niah", "reasoning")}, progress=False)
     mine = df[df.evaluation.isin(["niah", "reasoning"])].drop(columns=["model", "suite"]).reset_index(drop=True)
     pd.testing.assert_frame_equal(mine, again.drop(columns=["model", "suite"]).reset_index(drop=True), check_dtype=False)
+
+
+def test_prompts_built_in_worker_processes_are_the_same(teacher, tok):
+    cfg = {"niah": {"lengths": (160,), "depths": (0.0, 0.5, 1.0), "n": 2}}
+    a = headscope.evaluate(teacher, "niah", tok, configs=cfg, progress=False, workers=0)
+    b = headscope.evaluate(teacher, "niah", tok, configs=cfg, progress=False, workers=2)
+    pd.testing.assert_frame_equal(a, b)
