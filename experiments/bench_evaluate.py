@@ -48,9 +48,7 @@ def part_configs(part: str, n_scale: float) -> tuple[list[str], dict]:
     raise SystemExit(f"unknown --part {part!r}")
 
 
-def report_recorded(df, s) -> list[tuple[str, float, str]]:
-    from headscope.evaluate import summary  # noqa: F401
-
+def report_recorded(df) -> list[tuple[str, float, str]]:
     out = []
     niah = df[(df.evaluation == "niah") & (df.status == "ok")]
     for metric, label in (("accuracy_teacher_forced", "teacher-forced"), ("accuracy", "generation")):
@@ -113,7 +111,7 @@ def main() -> None:
               "meta": df.attrs["meta"], "summary": s.to_dict("records")}
     if a.part == "recorded":
         print("\nvs docs/reference_model.md (seed 123 / seed 7):")
-        rows = report_recorded(df, s)
+        rows = report_recorded(df)
         for label, value, key in rows:
             rec = RECORDED.get(key)
             print(f"  {label:<52} {value:8.3f}   recorded {rec[0]:.3f} / {rec[1]:.3f}")

@@ -46,7 +46,8 @@ def main() -> None:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--quick", action="store_true", help="CPU: context 256, few samples")
     ap.add_argument("--ppl-only", action="store_true")
-    ap.add_argument("--context-length", type=int, default=None, help="NIAH prompt tokens (default: training length - 8)")
+    ap.add_argument("--context-length", type=int, default=None,
+                    help="NIAH prompt tokens (default: training length - 8)")
     ap.add_argument("--n-depth", type=int, default=None, help="NIAH samples per depth")
     ap.add_argument("--n", type=int, default=None, help="samples for multi-key and each reasoning family")
     ap.add_argument("--n-score", type=int, default=None, help="NIAH pairs for receiver scores")
@@ -155,7 +156,8 @@ def print_table(res: dict) -> None:
         rows.append((f"knockout ({ko['kind']}) top {ko['k']} heads", f"{ko['base']:.3f} -> {ko['top']:.3f}"))
         rows.append((f"knockout ({ko['kind']}) {ko['k']} random heads x{len(ko['random_each'])}",
                      f"{ko['base']:.3f} -> {ko['random_mean']:.3f}"))
-        rows.append(("top heads (layer, head, score)", " ".join(f"L{l}H{h}:{s:.2f}" for l, h, s in res["top_heads"][:5])))
+        rows.append(("top heads (layer, head, score)",
+                     " ".join(f"L{l}H{h}:{s:.2f}" for l, h, s in res["top_heads"][:5])))
         rows += [(f"check {k}", "PASS" if v else "FAIL") for k, v in res["checks"].items()]
     w = max(len(r[0]) for r in rows)
     for name, value in rows:

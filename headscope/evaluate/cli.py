@@ -16,7 +16,7 @@ __all__ = ["add_parser", "cmd_eval"]
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
-    p = sub.add_parser("eval", help="evaluate a model (teacher or hybrid): NIAH, multi-key, reasoning, perplexity, cost",
+    p = sub.add_parser("eval", help="evaluate a model (teacher or hybrid): NIAH, reasoning, perplexity, cost",
                        description="Run a named suite (smoke, retrieval, reasoning, default/full) or evaluation "
                                    "names, and write results.json, results.csv, summary.csv and figures into --out.")
     p.add_argument("--model", default="default", help="'default' (the shipped reference model) or a local folder "

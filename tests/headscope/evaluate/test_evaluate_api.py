@@ -189,7 +189,8 @@ def test_hybrid_through_every_evaluation(teacher, tok, teacher_df, tmp_path):
     again = headscope.evaluate(str(tmp_path / "hyb"), ["niah", "reasoning"], tok,
                                configs={k: TINY[k] for k in ("niah", "reasoning")}, progress=False)
     mine = df[df.evaluation.isin(["niah", "reasoning"])].drop(columns=["model", "suite"]).reset_index(drop=True)
-    pd.testing.assert_frame_equal(mine, again.drop(columns=["model", "suite"]).reset_index(drop=True), check_dtype=False)
+    pd.testing.assert_frame_equal(mine, again.drop(columns=["model", "suite"]).reset_index(drop=True),
+                                  check_dtype=False)
 
 
 def test_prompts_built_in_worker_processes_are_the_same(teacher, tok):
