@@ -27,7 +27,7 @@ RECORDED = {
 }
 
 
-def part_configs(part: str, n_scale: float) -> tuple[list[str], dict]:
+def part_configs(part: str, n_scale: float, gpu: bool = False) -> tuple[list[str], dict]:
     def n(x):
         return max(1, int(round(x * n_scale)))
 
@@ -40,7 +40,8 @@ def part_configs(part: str, n_scale: float) -> tuple[list[str], dict]:
     if part == "transfer":
         return ["template_transfer"], {"template_transfer": {"lengths": (512, 2040), "n": n(20)}}
     if part == "long":
-        return ["niah"], {"niah": {"lengths": (4088, 8184, 16376), "depths": (0.0, 0.5, 1.0), "n": n(1)}}
+        depths = tuple(round(0.1 * i, 1) for i in range(11)) if gpu else (0.0, 0.5, 1.0)  # a CPU takes minutes
+        return ["niah"], {"niah": {"lengths": (2040, 4088, 8184, 16376), "depths": depths, "n": n(8 if gpu else 1)}}
     if part == "smoke":
         return ["smoke"], {}
     if part == "gpu":
@@ -94,7 +95,7 @@ def main() -> None:
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[a.dtype]
     model, tok = headscope.evaluate.load(a.model, device=a.device, dtype=dtype)
     t_load = time.perf_counter() - t0
-    suite, configs = part_configs(a.part, a.n_scale)
+    suite, configs = part_configs(a.part, a.n_scale, gpu=a.device.startswith("cuda"))
     t1 = time.perf_counter()
     df = headscope.evaluate(model, suite[0] if len(suite) == 1 else suite, tok, configs=configs, seed=a.seed,
                             progress=True)

@@ -7,6 +7,7 @@ are not tried).
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
@@ -94,23 +95,37 @@ def _make_task(name: str, config: dict[str, Any]):
     return get_task(name, **config)
 
 
-def _build(cell: tuple[str, dict[str, Any], int, int]) -> list | str:
-    """The tokenized pairs of one cell, or the reason they cannot be built (a one-line PairError message)."""
+def _build(part: tuple[str, dict[str, Any], int, int, int, int]) -> list | str:
+    """Samples lo..hi-1 of a cell (task name, config, n, seed), or why they cannot be built (a PairError line)."""
     from headscope.tasks import PairError
 
-    name, config, n, seed = cell
+    name, config, n, seed, lo, hi = part
     try:
-        return _make_task(name, config).tokenized(_TOKENIZER, n, seed=seed)
+        task = _make_task(name, config)
+        return [task.sample(_TOKENIZER, i, n, seed)[1] for i in range(lo, hi)]
     except PairError as err:
         return str(err).splitlines()[0]
 
 
 def build_cells(tokenizer, cells: list[tuple[str, dict[str, Any], int, int]], workers: int) -> list:
-    """``_build`` for every cell, in ``workers`` forked processes when > 0 and there is more than one cell."""
+    """Each cell's tokenized pairs (``task.tokenized(tokenizer, n, seed)``), or why they cannot be built.
+
+    With ``workers`` > 0 the cells are cut into parts of a few samples, built in forked worker processes."""
     global _TOKENIZER
+    parts_per_cell = 1
+    if workers > 0 and cells:
+        parts_per_cell = max(1, -(-2 * workers // len(cells)))  # ~2 parts per worker
+    parts, owner = [], []
+    for c, (name, config, n, seed) in enumerate(cells):
+        k = min(n, parts_per_cell)
+        bounds = [round(n * j / k) for j in range(k + 1)]
+        for lo, hi in zip(bounds, bounds[1:]):
+            parts.append((name, config, n, seed, lo, hi))
+            owner.append(c)
     _TOKENIZER = tokenizer
     try:
-        if workers > 0 and len(cells) > 1:
+        results = None
+        if workers > 0 and len(parts) > 1:
             import multiprocessing as mp
             from concurrent.futures import ProcessPoolExecutor
 
@@ -119,11 +134,18 @@ def build_cells(tokenizer, cells: list[tuple[str, dict[str, Any], int, int]], wo
             except ValueError:  # no fork on this platform: build here
                 context = None
             if context is not None:
-                with ProcessPoolExecutor(min(workers, len(cells)), mp_context=context) as pool:
-                    return list(pool.map(_build, cells))
-        return [_build(c) for c in cells]
+                with ProcessPoolExecutor(min(workers, len(parts)), mp_context=context) as pool:
+                    results = list(pool.map(_build, parts))
+        if results is None:
+            results = [_build(p) for p in parts]
     finally:
         _TOKENIZER = None
+    out: list = [[] for _ in cells]
+    for c, res in zip(owner, results):
+        if isinstance(out[c], str):
+            continue
+        out[c] = res if isinstance(res, str) else out[c] + res
+    return out
 
 
 def by_length(model, tokenizer, ctx: EvalContext, evaluation: str, lengths: Iterable[int],
@@ -149,9 +171,8 @@ def by_length(model, tokenizer, ctx: EvalContext, evaluation: str, lengths: Iter
             else:
                 built.append((fields, pairs))
         all_pairs = [p for _, pairs in built for p in pairs]
-        try:  # every cell of this length in one batched pass
-            all_res = score_pairs(model, tokenizer, all_pairs, ctx, generate=generate, desc=f"{evaluation} @{L}") \
-                if all_pairs else []
+        try:  # every cell of this length in one batched pass (one prompt at a time after running out of memory)
+            all_res = _score_or_retry(model, tokenizer, all_pairs, ctx, generate, f"{evaluation} @{L}")
         except Exception as err:  # noqa: BLE001 - only out-of-memory is handled, the rest re-raised
             if not is_oom(err):
                 raise
@@ -167,6 +188,18 @@ def by_length(model, tokenizer, ctx: EvalContext, evaluation: str, lengths: Iter
         if extra is not None and all_pairs:
             rows += extra(L, all_pairs, all_res)
     return rows
+
+
+def _score_or_retry(model, tokenizer, pairs: list, ctx: EvalContext, generate: bool, desc: str) -> list[dict]:
+    if not pairs:
+        return []
+    try:
+        return score_pairs(model, tokenizer, pairs, ctx, generate=generate, desc=desc)
+    except Exception as err:  # noqa: BLE001
+        if not is_oom(err) or ctx.rows_per_batch(pairs[0].seq_len) == 1:
+            raise
+    free_memory(next(model.parameters()).device)
+    return score_pairs(model, tokenizer, pairs, dataclasses.replace(ctx, batch_size=1), generate=generate, desc=desc)
 
 
 def _cell_seed(seed: int, length: int, index: int) -> int:
