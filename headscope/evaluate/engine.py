@@ -20,7 +20,14 @@ import torch.nn as nn
 
 from headscope.evaluate.runtime import EvalContext, cache_keyword, keeps_logits, takes_padding
 
-__all__ = ["score_pairs", "window_losses", "tensor_bytes", "pad_id_of"]
+__all__ = ["score_pairs", "exact_match", "window_losses", "tensor_bytes", "pad_id_of"]
+
+
+def exact_match(answer_logits: torch.Tensor, pair: Any) -> bool:
+    """Teacher-forced exact match of one pair: the argmax at each answer position (``answer_logits  # [A, V]``)
+    is the gold answer token. The one definition that ``score_pairs`` and ``headscope.knockout`` use."""
+    gold = torch.as_tensor(pair.clean_answer_ids, device=answer_logits.device)  # [A]
+    return bool((answer_logits.argmax(-1) == gold).all())
 
 
 def pad_id_of(tokenizer: Any) -> int:
@@ -120,7 +127,7 @@ def score_pairs(model: nn.Module, tokenizer: Any, pairs: Sequence, ctx: EvalCont
             step = _Stepper(model, mask if ragged else None, pos)
             logits, _ = step(gold[:, :-1], copy.deepcopy(cache))  # [B, A-1, V]
             tf = torch.cat([tf, logits.argmax(-1)], 1)  # [B, A]
-        tf_ok = (tf == gold).all(-1).cpu()  # [B]
+        tf_ok = (tf == gold).all(-1).cpu()  # [B] (exact_match, batched)
         gen = None
         if generate:
             step = _Stepper(model, mask if ragged else None, pos)
