@@ -45,6 +45,12 @@ def teacher_df(teacher, tok):
     return headscope.evaluate(teacher, "default", tok, configs=TINY, progress=False)
 
 
+def test_headscope_evaluate_is_the_package_and_callable():
+    import sys
+
+    assert headscope.evaluate is sys.modules["headscope.evaluate"] and callable(headscope.evaluate)
+
+
 def test_registry_lists_and_extends():
     assert sorted(list_evaluations()) == EVALS or set(EVALS) <= set(list_evaluations())
     assert {"smoke", "retrieval", "reasoning", "default", "full"} <= set(list_suites())
