@@ -96,6 +96,7 @@ def evaluate(model: Any, suite: str | Sequence[str] = "retrieval", tokenizer: An
     """Run ``suite`` (a suite name, one evaluation name, or a list of evaluation names) on ``model``.
 
     model: a causal LM (a hybrid included) or "default" / a local folder (loaded with its tokenizer).
+    tokenizer: the model's; None finds the one saved with the model (``headscope.tokenizers.find_tokenizer``).
     configs: per-evaluation config overrides, ``{"niah": {"n": 4, "lengths": (512,)}}``.
     haystack: a text file (or "heldout" / "train") for every NIAH haystack and the perplexity text.
     workers: processes that build NIAH prompts (default: on a GPU min(16, CPU cores - 1), on a CPU 0).
@@ -106,6 +107,9 @@ def evaluate(model: Any, suite: str | Sequence[str] = "retrieval", tokenizer: An
         model, tokenizer = load(str(model), tokenizer, device=device, dtype=dtype or torch.float32)
     elif device is not None or dtype is not None:
         model = model.to(device=device, dtype=dtype)
+    from headscope.tokenizers import find_tokenizer
+
+    tokenizer = find_tokenizer(model, tokenizer)  # the one given, or the one saved with the model
     check_tokenizer(model, tokenizer)
     was_training = model.training
     model.eval()
