@@ -64,14 +64,18 @@ _EXPORTS = {
     "attention_retrieval_score": "headscope.proxies",
     "attribution_patching": "headscope.proxies",
     "compare_to_exact": "headscope.proxies",
+    # evaluation (a callable module: headscope.evaluate(model, suite=...), headscope.evaluate.compare(...))
+    "evaluate": "headscope.evaluate",
 }
+_MODULES = {"evaluate"}  # exported as the module itself
 
 __all__ = ["__version__", *sorted(_EXPORTS)]
 
 
 def __getattr__(name: str) -> Any:
     if name in _EXPORTS:
-        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+        module = importlib.import_module(_EXPORTS[name])
+        value = module if name in _MODULES else getattr(module, name)
         globals()[name] = value
         return value
     raise AttributeError(f"module 'headscope' has no attribute {name!r}")

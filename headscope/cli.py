@@ -6,6 +6,7 @@
     headscope select --scores niah.json reasoning.json --ratio 7:1 --model default --out mask.json
     headscope knockout --model default --scores niah.json --out curve.csv --plot curve.html
     headscope plot heatmap --in niah.json --out niah.html
+    headscope eval --model default --suite smoke --out results/smoke
 
 User errors (bad arguments, missing files, unknown tasks, a model the data do not fit) print one
 line ``headscope: error: ...`` and exit with status 2; ``--debug`` shows the traceback instead.
@@ -600,6 +601,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     _add_overwrite(p)
     p.set_defaults(func=cmd_plot)
+
+    from headscope.evaluate.cli import add_parser as add_eval_parser
+
+    add_eval_parser(sub)
     return parser
 
 

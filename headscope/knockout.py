@@ -67,6 +67,8 @@ def _mean_values(model: nn.Module, pairs: Sequence, batch_size: int, pad_id: int
 def _evaluate(model: nn.Module, pairs: Sequence, heads: list[Head], kind: str, metric: Any, batch_size: int,
               pad_id: int, means: torch.Tensor | None) -> tuple[float, float]:
     """(accuracy, mean metric) of the clean runs with ``heads`` knocked out."""
+    from headscope.evaluate.engine import exact_match  # the evaluation harness's definition of accuracy
+
     arch = describe(model)
     device = next(model.parameters()).device
     correct, values = [], []
@@ -85,7 +87,7 @@ def _evaluate(model: nn.Module, pairs: Sequence, heads: list[Head], kind: str, m
         for b, i in enumerate(idx):
             p = pairs[i]
             at = logits[b, torch.as_tensor(p.answer_pos, device=device)]  # [A, V]
-            correct.append(bool((at.argmax(-1).cpu() == torch.as_tensor(p.clean_answer_ids)).all()))
+            correct.append(exact_match(at, p))
             values.append(float(metric(at, p)[0]))
     return float(np.mean(correct)), float(np.mean(values))
 

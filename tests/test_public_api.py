@@ -9,7 +9,7 @@ import hybrid
 HEADSCOPE_ALL = [
     "Head", "HeadMask", "HeadScores", "MaskError", "PairError", "PathPatchingResult", "PromptPair",
     "TokenizedPair", "UnknownTaskError", "UnsupportedModelError", "__version__", "ablate_heads", "answer_accuracy",
-    "attention_retrieval_score", "attribution_patching", "auc", "combine", "compare_to_exact", "describe",
+    "attention_retrieval_score", "attribution_patching", "auc", "combine", "compare_to_exact", "describe", "evaluate",
     "fixed_ratio", "from_pairs", "fuse", "get_task", "iterated_path_patching", "knockout_curve", "knockout_eval",
     "known_models", "kv_group_scores", "layer_similarity", "layerwise", "list_tasks", "load_model",
     "random_global", "random_per_layer", "ranking_stability", "register_backend", "register_task",

@@ -10,13 +10,14 @@ head's input slice of the output projection replaced by its mean over other NIAH
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from eval_reference import niah_pairs  # noqa: E402
+
+def niah_pairs(tok, ctx: int, depth, n: int, seed: int):
+    from headscope.tasks import get_task
+
+    return get_task("niah", context_length=ctx, depth=depth, haystack="heldout").tokenized(tok, n, seed=seed)
 
 
 def main() -> None:

@@ -255,23 +255,22 @@ class Task:
     def _generate(self, tokenizer, n: int, seed: int) -> list[tuple[PromptPair, TokenizedPair]]:
         if not isinstance(n, int) or n < 1:
             raise ValueError(f"n={n!r}: ask for at least one pair (n >= 1)")
-        out = []
-        for i in range(n):
-            rng = random.Random(f"{self.name}:{seed}:{i}")  # sample i is the same whatever n is
-            err = None
-            for _ in range(self.max_tries):
-                try:
-                    pair = self.make_pair(tokenizer, rng, i, n)
-                    out.append((pair, tokenize_pair(tokenizer, pair)))
-                    break
-                except PairError as e:
-                    if e.fatal:
-                        raise
-                    err = e
-            else:
-                raise PairError(f"[{self.name}] no valid pair for sample {i} after {self.max_tries} attempts with "
-                                f"this tokenizer; last problem: {err}")
-        return out
+        return [self.sample(tokenizer, i, n, seed) for i in range(n)]
+
+    def sample(self, tokenizer, i: int, n: int, seed: int) -> tuple[PromptPair, TokenizedPair]:
+        """Sample ``i`` of ``n`` (what ``generate(tokenizer, n, seed)[i]`` holds), built on its own."""
+        rng = random.Random(f"{self.name}:{seed}:{i}")  # sample i is the same whatever n is
+        err = None
+        for _ in range(self.max_tries):
+            try:
+                pair = self.make_pair(tokenizer, rng, i, n)
+                return pair, tokenize_pair(tokenizer, pair)
+            except PairError as e:
+                if e.fatal:
+                    raise
+                err = e
+        raise PairError(f"[{self.name}] no valid pair for sample {i} after {self.max_tries} attempts with "
+                        f"this tokenizer; last problem: {err}")
 
     def generate(self, tokenizer, n: int = 16, seed: int = 0) -> list[PromptPair]:
         """n validated pairs, deterministic for (task config, tokenizer, seed)."""

@@ -109,3 +109,18 @@ def insert_needles(text: str, needles: list[tuple[float, str]]) -> tuple[str, li
         prev = places[i]
     pieces.append(text[prev:])
     return "".join(pieces), starts
+
+
+def tokenize_text(tokenizer, text: str, chunk_chars: int = 100_000):
+    """The whole text as one long id tensor ``[N]`` (tokenized in chunks cut at blank lines, no special tokens)."""
+    import torch
+
+    ids: list[int] = []
+    start = 0
+    while start < len(text):
+        end = min(len(text), start + chunk_chars)
+        cut = text.rfind("\n\n", start, end) if end < len(text) else end
+        end = cut + 2 if cut > start else end
+        ids += tokenizer(text[start:end], add_special_tokens=False)["input_ids"]
+        start = end
+    return torch.tensor(ids, dtype=torch.long)

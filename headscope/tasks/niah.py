@@ -210,3 +210,12 @@ class NiahMultikeyTask(NiahTask):
         keys = rng.sample(KEYS, self.config.n_keys)
         templates = [KEYED_NEEDLE.replace("{key}", k) for k in keys]
         return keys, templates, KEYED_QUESTION.format(key=keys[0])
+
+
+HELDOUT_MODULUS = 7  # the reference model never saw NIAH values divisible by 7 asked in training
+
+
+def is_heldout_value(answer: str) -> bool:
+    """True for NIAH answers (" 4321") reserved for evaluation: the value is a multiple of HELDOUT_MODULUS."""
+    digits = answer.strip()
+    return digits.isdigit() and int(digits) % HELDOUT_MODULUS == 0

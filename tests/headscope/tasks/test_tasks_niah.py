@@ -98,3 +98,15 @@ def test_bad_niah_configs():
 def test_token_ids_are_long(digit_tokenizer):
     tp = get_task("niah", context_length=64).tokenized(digit_tokenizer, n=1)[0]
     assert tp.clean_ids.dtype == torch.long and tp.answer_pos.dtype == torch.long
+
+
+def test_sample_alone_is_what_generate_holds(tokenizer):
+    task = get_task("niah", context_length=160, depth="uniform")
+    pairs = task.generate(tokenizer, n=3, seed=4)
+    assert [task.sample(tokenizer, i, 3, 4)[0] for i in range(3)] == pairs
+
+
+def test_is_heldout_value():
+    from headscope.tasks.niah import is_heldout_value
+
+    assert is_heldout_value(" 4900") and not is_heldout_value(" 4901") and not is_heldout_value(" Alice")

@@ -1,0 +1,200 @@
+"""``evaluate(model, suite)`` -> one long DataFrame of rows; ``summary``; ``compare`` several models.
+
+Every row carries the model's fingerprint, the suite and the seed; ``df.attrs["meta"]`` holds the configs of
+every evaluation, the package version, torch/transformers versions and the seconds each evaluation took.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+import pandas as pd
+import torch
+
+from headscope.evaluate.registry import (UnknownSuiteError, get_evaluation, get_suite, list_evaluations, list_suites,
+                                         make_config)
+from headscope.evaluate.rows import COLUMNS
+from headscope.evaluate.runtime import EvalContext, check_tokenizer, model_info
+
+__all__ = ["evaluate", "summary", "compare", "load", "resolve_suite", "plan", "SCHEMA", "RUN_COLUMNS"]
+
+SCHEMA = "headscope.evaluation"
+RUN_COLUMNS = ["model", "fingerprint", "suite", "seed"]
+_HAYSTACK_FIELD = {"niah": "haystack", "niah_multikey": "haystack", "template_transfer": "haystack",
+                   "perplexity": "text"}
+
+
+def load(spec: str, tokenizer: Any = None, device: str | None = None, dtype: torch.dtype = torch.float32):
+    """(model, tokenizer) from "default" or a local folder (a hybrid saved with save_pretrained included);
+    ``tokenizer``: a tokenizer object, a folder to load one from, or None for the model folder's own."""
+    import json
+
+    from headscope.reference import _resolve, load_model
+
+    src = _resolve(spec)
+    cfg = Path(src) / "config.json"
+    if cfg.exists() and json.loads(cfg.read_text()).get("model_type") == "headscope_hybrid":
+        import hybrid
+
+        hybrid.register()
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if tokenizer is None:
+        if Path(src).is_dir() and not any(Path(src).glob("tokenizer*")):
+            raise FileNotFoundError(f"no tokenizer in {src}: pass --tokenizer / tokenizer= (the model's own "
+                                    "tokenizer; a hybrid uses its teacher's, e.g. --tokenizer default)")
+        return load_model(spec, device=device, dtype=dtype)
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(src, dtype=dtype, local_files_only=True).to(device).eval()
+    if isinstance(tokenizer, (str, Path)):
+        tok_src = _resolve(str(tokenizer)) if str(tokenizer) == "default" else str(tokenizer)
+        tokenizer = AutoTokenizer.from_pretrained(tok_src, local_files_only=True)
+        if tokenizer.pad_token_id is None and tokenizer.eos_token_id is not None:
+            tokenizer.pad_token = tokenizer.eos_token
+    return model, tokenizer
+
+
+def resolve_suite(suite: str | Sequence[str]) -> tuple[str, list[tuple[str, dict]]]:
+    """(suite label, [(evaluation, overrides)]) from a suite name, an evaluation name, or a list of names."""
+    if isinstance(suite, str):
+        if suite in list_suites():
+            return suite, [(n, dict(o)) for n, o in get_suite(suite)]
+        if suite in list_evaluations():
+            return suite, [(suite, {})]
+        raise UnknownSuiteError(f"unknown suite {suite!r}; known suites: {', '.join(list_suites())}; "
+                                f"known evaluations: {', '.join(list_evaluations())}")
+    items = [(get_evaluation(n).name, {}) for n in suite]
+    if not items:
+        raise UnknownSuiteError(f"no evaluations given; known suites: {', '.join(list_suites())}")
+    return "+".join(n for n, _ in items), items
+
+
+def plan(suite: str | Sequence[str], configs: dict[str, dict[str, Any]] | None = None,
+         haystack: str | None = None) -> tuple[str, list[tuple[str, Any]]]:
+    """(suite label, [(evaluation, config)]): every name and config checked before any work starts."""
+    label, items = resolve_suite(suite)
+    configs = dict(configs or {})
+    unknown = sorted(set(configs) - {n for n, _ in items})
+    if unknown:
+        raise ValueError(f"configs for {unknown}, which suite {label!r} does not run ({[n for n, _ in items]})")
+    cfgs = []
+    for name, over in items:
+        over = {**over, **configs.get(name, {})}
+        if haystack is not None and name in _HAYSTACK_FIELD:
+            over.setdefault(_HAYSTACK_FIELD[name], haystack)
+        cfgs.append((name, make_config(name, over)))
+    return label, cfgs
+
+
+def evaluate(model: Any, suite: str | Sequence[str] = "retrieval", tokenizer: Any = None, *, seed: int = 0,
+             configs: dict[str, dict[str, Any]] | None = None, haystack: str | None = None,
+             batch_size: int | None = None, token_budget: int | None = None, device: str | None = None,
+             dtype: torch.dtype | None = None, progress: bool = True, workers: int | None = None) -> pd.DataFrame:
+    """Run ``suite`` (a suite name, one evaluation name, or a list of evaluation names) on ``model``.
+
+    model: a causal LM (a hybrid included) or "default" / a local folder (loaded with its tokenizer).
+    tokenizer: the model's; None finds the one saved with the model (``headscope.tokenizers.find_tokenizer``).
+    configs: per-evaluation config overrides, ``{"niah": {"n": 4, "lengths": (512,)}}``.
+    haystack: a text file (or "heldout" / "train") for every NIAH haystack and the perplexity text.
+    workers: processes that build NIAH prompts (default: on a GPU min(16, CPU cores - 1), on a CPU 0).
+    Returns the rows (columns ``RUN_COLUMNS + COLUMNS``); ``df.attrs["meta"]`` describes the run.
+    """
+    label, cfgs = plan(suite, configs, haystack)
+    if isinstance(model, (str, Path)):
+        model, tokenizer = load(str(model), tokenizer, device=device, dtype=dtype or torch.float32)
+    elif device is not None or dtype is not None:
+        model = model.to(device=device, dtype=dtype)
+    from headscope.tokenizers import find_tokenizer
+
+    tokenizer = find_tokenizer(model, tokenizer)  # the one given, or the one saved with the model
+    check_tokenizer(model, tokenizer)
+    was_training = model.training
+    model.eval()
+    cuda = next(model.parameters()).device.type == "cuda"
+    ctx = EvalContext(seed=seed, batch_size=batch_size or (32 if cuda else 8),
+                      token_budget=token_budget or (262144 if cuda else 16384), progress=progress,
+                      workers=workers if workers is not None else (min(16, (os.cpu_count() or 2) - 1) if cuda else 0))
+    info = model_info(model)
+    frames, seconds = [], {}
+    try:
+        for name, cfg in cfgs:
+            t0 = time.perf_counter()
+            rows = get_evaluation(name).fn(model, tokenizer, cfg, ctx)
+            seconds[name] = round(time.perf_counter() - t0, 2)
+            frames.append(pd.DataFrame(rows, columns=COLUMNS))
+    finally:
+        model.train(was_training)
+    df = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=COLUMNS)
+    for col, val in zip(RUN_COLUMNS, (info["model"], info["fingerprint"], label, seed)):
+        df.insert(RUN_COLUMNS.index(col), col, val)
+    df.attrs["meta"] = run_meta(info, label, seed, ctx, cfgs, seconds)
+    return df
+
+
+def run_meta(info: dict, label: str, seed: int, ctx: EvalContext, cfgs, seconds: dict) -> dict[str, Any]:
+    import platform
+
+    import transformers
+
+    import headscope
+
+    return {"schema": SCHEMA, "version": headscope.__version__, "suite": label, "seed": seed, **info,
+            "context": dataclasses.asdict(ctx), "configs": {n: dataclasses.asdict(c) for n, c in cfgs},
+            "seconds": seconds, "torch": torch.__version__, "transformers": transformers.__version__,
+            "python": platform.python_version(), "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+
+
+_KEYS = ["evaluation", "metric", "context_length", "n_keys", "family", "size", "phrasing"]
+
+
+def summary(df: pd.DataFrame) -> pd.DataFrame:
+    """Headline numbers: mean value of every metric over depths and positions (per-position loss left out),
+    by evaluation, length, keys, family, size and phrasing; ``n`` sums the prompts behind each."""
+    d = df[(df.status == "ok") & (df.metric != "loss")].copy()
+    keys = [k for k in _KEYS if k in d.columns]
+    d[keys] = d[keys].astype(object).where(d[keys].notna(), "")
+    out = d.groupby(keys, sort=False).agg(value=("value", "mean"), n=("n", "sum")).reset_index()
+    return out
+
+
+def _as_frame(result: Any) -> pd.DataFrame:
+    if isinstance(result, pd.DataFrame):
+        return result
+    from headscope.evaluate.output import read_results
+
+    return read_results(result)
+
+
+def compare(*results: Any, labels: Sequence[str] | None = None, metrics: Sequence[str] = ("accuracy",)):
+    """Several models side by side: ``(table, figure)``. ``results``: DataFrames from ``evaluate`` or result
+    folders / results.json paths. The table has one column per model (every summary metric); the figure
+    shows ``metrics`` (default the generation accuracies) as grouped bars."""
+    if len(results) == 1 and isinstance(results[0], (list, tuple)):
+        results = tuple(results[0])
+    if not results:
+        raise ValueError("compare: give at least one result")
+    frames = [_as_frame(r) for r in results]
+    if labels is None:
+        labels = [str(f["model"].iloc[0]) if "model" in f and len(f) else f"model {i}" for i, f in enumerate(frames)]
+        labels = [Path(x).name or x for x in labels]
+        if len(set(labels)) < len(labels):
+            labels = [f"{x} ({i})" for i, x in enumerate(labels)]
+    if len(labels) != len(frames):
+        raise ValueError(f"compare: {len(labels)} labels for {len(frames)} results")
+    parts = []
+    for lab, f in zip(labels, frames):
+        s = summary(f)
+        s["model"] = lab
+        parts.append(s)
+    long = pd.concat(parts, ignore_index=True)
+    keys = [k for k in _KEYS if k in long.columns]
+    table = long.pivot_table(index=keys, columns="model", values="value", aggfunc="mean", sort=False)
+    table = table[list(labels)]
+    from headscope.evaluate.figures import compare_plot
+
+    sel = table[table.index.get_level_values("metric").isin(list(metrics))]
+    fig = compare_plot(sel if len(sel) else table, title="evaluation side by side: " + ", ".join(labels))
+    return table, fig

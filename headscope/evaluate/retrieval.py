@@ -1,0 +1,249 @@
+"""Retrieval evaluations: single-key NIAH by length x depth, multi-key NIAH by length, template transfer.
+
+Lengths run from short to ``8 x`` the training length; a length past the model's positions, one whose
+prompt cannot be built (the needles alone overflow it) or one that runs out of memory gives rows with
+``status`` "skipped" / "stopped" and a ``note`` saying why (after an out-of-memory stop, longer lengths
+are not tried).
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable
+
+from headscope.evaluate.engine import score_pairs
+from headscope.evaluate.rows import accuracy_rows, row, stop_rows
+from headscope.evaluate.runtime import (EvalContext, check_lengths_fit, context_lengths, free_memory, is_oom)
+
+__all__ = ["NiahEvalConfig", "MultikeyEvalConfig", "TemplateTransferConfig", "niah", "niah_multikey",
+           "template_transfer", "LENGTH_MULTIPLES", "DEPTHS"]
+
+LENGTH_MULTIPLES = (0.125, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0)  # of the training length
+DEPTHS = tuple(round(0.1 * i, 1) for i in range(11))
+
+
+def _check_common(cfg) -> None:
+    if not isinstance(cfg.n, int) or isinstance(cfg.n, bool) or cfg.n < 1:
+        raise ValueError(f"n={cfg.n!r}: give an int >= 1 (prompts per cell)")
+    if any(not isinstance(x, int) or x < 32 for x in cfg.lengths):
+        raise ValueError(f"lengths={cfg.lengths!r}: give ints >= 32 (tokens), or () to use multiples")
+    if not cfg.lengths and (not cfg.multiples or any(not isinstance(m, (int, float)) or m <= 0 for m in cfg.multiples)):
+        raise ValueError(f"multiples={cfg.multiples!r}: give positive multiples of the training length")
+    if not isinstance(cfg.haystack, str) or not cfg.haystack:
+        raise ValueError(f"haystack={cfg.haystack!r}: give 'heldout', 'train', or a text file path")
+
+
+@dataclass(frozen=True)
+class NiahEvalConfig:
+    lengths: tuple[int, ...] = ()  # absolute prompt lengths (tokens); () -> multiples of the training length
+    multiples: tuple[float, ...] = LENGTH_MULTIPLES
+    depths: tuple[float, ...] = DEPTHS
+    n: int = 8  # prompts per (length, depth)
+    haystack: str = "heldout"
+    generate: bool = True
+
+    def __post_init__(self):
+        _check_common(self)
+        if len(self.depths) < 1 or any(not isinstance(d, (int, float)) or not 0 <= d <= 1 for d in self.depths):
+            raise ValueError(f"depths={self.depths!r}: give fractions in [0, 1]")
+
+
+@dataclass(frozen=True)
+class MultikeyEvalConfig:
+    lengths: tuple[int, ...] = ()
+    multiples: tuple[float, ...] = LENGTH_MULTIPLES
+    n_keys: tuple[int, ...] = (2, 4, 8)
+    n: int = 20  # prompts per (length, keys)
+    haystack: str = "heldout"
+    generate: bool = True
+
+    def __post_init__(self):
+        _check_common(self)
+        if not self.n_keys or any(not isinstance(k, int) or not 1 <= k <= 20 for k in self.n_keys):
+            raise ValueError(f"n_keys={self.n_keys!r}: give ints in [1, 20]")
+
+
+@dataclass(frozen=True)
+class TemplateTransferConfig:
+    lengths: tuple[int, ...] = ()
+    multiples: tuple[float, ...] = (0.25, 1.0)
+    phrasings: tuple[str, ...] = ("trained", "code", "pin", "plain")
+    n: int = 20  # prompts per (length, phrasing), needle depths spread evenly
+    haystack: str = "heldout"
+    generate: bool = True
+
+    def __post_init__(self):
+        from headscope.evaluate.phrasings import PHRASINGS
+
+        _check_common(self)
+        bad = [p for p in self.phrasings if p not in PHRASINGS]
+        if not self.phrasings or bad:
+            raise ValueError(f"phrasings={self.phrasings!r}: give names from {sorted(PHRASINGS)}")
+
+
+Cell = tuple[dict[str, Any], str, dict[str, Any], int, int]  # (row fields, task name, task config, n, seed)
+_TOKENIZER: Any = None  # the tokenizer worker processes inherit (fork)
+
+
+def _make_task(name: str, config: dict[str, Any]):
+    if name == "niah_phrased":
+        from headscope.evaluate.phrasings import PhrasedNiahTask
+
+        return PhrasedNiahTask(**config)
+    from headscope.tasks import get_task
+
+    return get_task(name, **config)
+
+
+def _build(part: tuple[str, dict[str, Any], int, int, int, int]) -> list | str:
+    """Samples lo..hi-1 of a cell (task name, config, n, seed), or why they cannot be built (a PairError line)."""
+    from headscope.tasks import PairError
+
+    name, config, n, seed, lo, hi = part
+    try:
+        task = _make_task(name, config)
+        return [task.sample(_TOKENIZER, i, n, seed)[1] for i in range(lo, hi)]
+    except PairError as err:
+        return str(err).splitlines()[0]
+
+
+def build_cells(tokenizer, cells: list[tuple[str, dict[str, Any], int, int]], workers: int) -> list:
+    """Each cell's tokenized pairs (``task.tokenized(tokenizer, n, seed)``), or why they cannot be built.
+
+    With ``workers`` > 0 the cells are cut into parts of a few samples, built in forked worker processes."""
+    global _TOKENIZER
+    parts_per_cell = 1
+    if workers > 0 and cells:
+        parts_per_cell = max(1, -(-2 * workers // len(cells)))  # ~2 parts per worker
+    parts, owner = [], []
+    for c, (name, config, n, seed) in enumerate(cells):
+        k = min(n, parts_per_cell)
+        bounds = [round(n * j / k) for j in range(k + 1)]
+        for lo, hi in zip(bounds, bounds[1:]):
+            parts.append((name, config, n, seed, lo, hi))
+            owner.append(c)
+    _TOKENIZER = tokenizer
+    try:
+        results = None
+        if workers > 0 and len(parts) > 1:
+            import multiprocessing as mp
+            from concurrent.futures import ProcessPoolExecutor
+
+            try:
+                context = mp.get_context("fork")
+            except ValueError:  # no fork on this platform: build here
+                context = None
+            if context is not None:
+                with ProcessPoolExecutor(min(workers, len(parts)), mp_context=context) as pool:
+                    results = list(pool.map(_build, parts))
+        if results is None:
+            results = [_build(p) for p in parts]
+    finally:
+        _TOKENIZER = None
+    out: list = [[] for _ in cells]
+    for c, res in zip(owner, results):
+        if isinstance(out[c], str):
+            continue
+        out[c] = res if isinstance(res, str) else out[c] + res
+    return out
+
+
+def by_length(model, tokenizer, ctx: EvalContext, evaluation: str, lengths: Iterable[int],
+              cells: Callable[[int], list[Cell]], generate: bool,
+              extra: Callable[[int, list, list], list[dict]] | None = None) -> list[dict]:
+    """Rows for each length's cells, shortest first, with clean stops (see the module docstring)."""
+    device = next(model.parameters()).device
+    rows: list[dict] = []
+    stop: tuple[str, str] | None = None
+    for L in lengths:
+        if stop is None and (why := check_lengths_fit(model, L)):
+            stop = ("skipped", why)
+        if stop is not None:
+            for fields, *_ in cells(L):
+                rows += stop_rows(evaluation, fields, stop[0], stop[1], generate)
+            continue
+        done: list[dict] = []
+        built: list[tuple[dict, list]] = []
+        cs = cells(L)
+        for (fields, *_), pairs in zip(cs, build_cells(tokenizer, [tuple(c[1:]) for c in cs], ctx.workers)):
+            if isinstance(pairs, str):
+                done += stop_rows(evaluation, fields, "skipped", pairs, generate)
+            else:
+                built.append((fields, pairs))
+        all_pairs = [p for _, pairs in built for p in pairs]
+        try:  # every cell of this length in one batched pass (one prompt at a time after running out of memory)
+            all_res = _score_or_retry(model, tokenizer, all_pairs, ctx, generate, f"{evaluation} @{L}")
+        except Exception as err:  # noqa: BLE001 - only out-of-memory is handled, the rest re-raised
+            if not is_oom(err):
+                raise
+            free_memory(device)
+            stop = ("stopped", f"out of memory at {L} tokens on {device}: longer lengths not tried")
+            rows += [r for c in cells(L) for r in stop_rows(evaluation, c[0], stop[0], stop[1], generate)]
+            continue
+        at = 0
+        for fields, pairs in built:
+            done += accuracy_rows(evaluation, fields, all_res[at:at + len(pairs)], generate)
+            at += len(pairs)
+        rows += done
+        if extra is not None and all_pairs:
+            rows += extra(L, all_pairs, all_res)
+    return rows
+
+
+def _score_or_retry(model, tokenizer, pairs: list, ctx: EvalContext, generate: bool, desc: str) -> list[dict]:
+    if not pairs:
+        return []
+    try:
+        return score_pairs(model, tokenizer, pairs, ctx, generate=generate, desc=desc)
+    except Exception as err:  # noqa: BLE001
+        if not is_oom(err) or ctx.rows_per_batch(pairs[0].seq_len) == 1:
+            raise
+    free_memory(next(model.parameters()).device)
+    return score_pairs(model, tokenizer, pairs, dataclasses.replace(ctx, batch_size=1), generate=generate, desc=desc)
+
+
+def _cell_seed(seed: int, length: int, index: int) -> int:
+    return seed * 1_000_003 + length * 101 + index
+
+
+def niah(model, tokenizer, cfg: NiahEvalConfig, ctx: EvalContext) -> list[dict]:
+    """Single-key NIAH accuracy by context length x needle depth (+ values never asked in training)."""
+    from headscope.tasks.niah import is_heldout_value
+
+    def cells(L):
+        return [({"context_length": L, "depth": float(d)}, "niah",
+                 {"context_length": L, "depth": float(d), "haystack": cfg.haystack},
+                 cfg.n, _cell_seed(ctx.seed, L, i)) for i, d in enumerate(cfg.depths)]
+
+    def unseen(L, pairs, res):
+        sel = [r for p, r in zip(pairs, res) if is_heldout_value(p.pair.clean_answer)]
+        if not sel:
+            return []
+        key = "gen" if cfg.generate else "tf"
+        return [row("niah", "accuracy_unseen_values", sum(r[key] for r in sel) / len(sel), len(sel),
+                    context_length=L, note="values divisible by 7: never asked in the reference model's training")]
+
+    lengths = context_lengths(model, cfg.lengths, cfg.multiples)
+    return by_length(model, tokenizer, ctx, "niah", lengths, cells, cfg.generate, extra=unseen)
+
+
+def niah_multikey(model, tokenizer, cfg: MultikeyEvalConfig, ctx: EvalContext) -> list[dict]:
+    """Multi-key NIAH (n_keys keyed needles, one asked) accuracy by context length and key count."""
+    def cells(L):
+        return [({"context_length": L, "n_keys": k}, "niah_multikey",
+                 {"context_length": L, "n_keys": k, "depth": "random", "haystack": cfg.haystack},
+                 cfg.n, _cell_seed(ctx.seed, L, 50 + k)) for k in cfg.n_keys]
+
+    lengths = context_lengths(model, cfg.lengths, cfg.multiples)
+    return by_length(model, tokenizer, ctx, "niah_multikey", lengths, cells, cfg.generate)
+
+
+def template_transfer(model, tokenizer, cfg: TemplateTransferConfig, ctx: EvalContext) -> list[dict]:
+    """Single-key NIAH in phrasings other than the trained one ("trained" is the control)."""
+    def cells(L):
+        return [({"context_length": L, "phrasing": p, "family": "trained" if p == "trained" else "transfer"},
+                 "niah_phrased", {"context_length": L, "depth": "uniform", "haystack": cfg.haystack, "phrasing": p},
+                 cfg.n, _cell_seed(ctx.seed, L, 80 + i)) for i, p in enumerate(cfg.phrasings)]
+
+    lengths = context_lengths(model, cfg.lengths, cfg.multiples)
+    return by_length(model, tokenizer, ctx, "template_transfer", lengths, cells, cfg.generate)

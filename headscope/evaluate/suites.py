@@ -1,0 +1,39 @@
+"""The registered evaluations and suites.
+
+    smoke      every evaluation, tiny settings: CPU, < 60 s on the reference model (the tests use it)
+    retrieval  single-key NIAH (length x depth), multi-key NIAH, template transfer
+    reasoning  each reasoning family by size
+    default    everything at full settings (= "full"): lengths from 1/8 to 8x the training length
+"""
+from __future__ import annotations
+
+from headscope.evaluate import measures, retrieval
+from headscope.evaluate.registry import register_evaluation, register_suite
+
+register_evaluation("niah", retrieval.niah, retrieval.NiahEvalConfig,
+                    "single-key needle in a haystack: accuracy by context length x needle depth")
+register_evaluation("niah_multikey", retrieval.niah_multikey, retrieval.MultikeyEvalConfig,
+                    "multi-key needle in a haystack (2, 4, 8 keys) by context length")
+register_evaluation("template_transfer", retrieval.template_transfer, retrieval.TemplateTransferConfig,
+                    "single-key NIAH in needle/question phrasings the model was not trained on")
+register_evaluation("reasoning", measures.reasoning, measures.ReasoningEvalConfig,
+                    "arithmetic, binding, comparison, two-hop: accuracy by family and size")
+register_evaluation("perplexity", measures.perplexity, measures.PerplexityEvalConfig,
+                    "held-out perplexity by context length, loss by position")
+register_evaluation("cost", measures.cost, measures.CostEvalConfig,
+                    "prefill time and peak memory by length, decode time per token, cache bytes")
+
+_SMOKE_LEN = (0.125,)  # of the training length (the reference model: 248 tokens)
+register_suite("smoke", [
+    ("niah", {"multiples": _SMOKE_LEN, "depths": (0.0, 0.5, 1.0), "n": 1}),
+    ("niah_multikey", {"multiples": _SMOKE_LEN, "n_keys": (2, 4), "n": 1}),
+    ("template_transfer", {"multiples": _SMOKE_LEN, "n": 1}),
+    ("reasoning", {"sizes": (), "n": 4}),
+    ("perplexity", {"multiples": (0.0625, 0.125), "n_windows": 2, "bins": 8}),
+    ("cost", {"multiples": (0.0625, 0.125), "repeats": 1, "decode_context": 64, "decode_tokens": 4}),
+])
+register_suite("retrieval", ["niah", "niah_multikey", "template_transfer"])
+register_suite("reasoning", ["reasoning"])
+_ALL = ["niah", "niah_multikey", "template_transfer", "reasoning", "perplexity", "cost"]
+register_suite("default", _ALL)
+register_suite("full", _ALL)
