@@ -177,7 +177,9 @@ class GatedDeltaNetBranch(nn.Module):
         if self.q_norm is not None:
             q, k = qk_norm(self.q_norm, q), qk_norm(self.k_norm, k)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        beta = torch.sigmoid(acc(self.b_proj(x))).to(q.dtype)  # [B, T, H] (q/k/v dtype: bf16 under autocast, as fla needs)
+        # one dtype for the kernel: under bf16 autocast the q/k RMSNorms return float32 while v is bf16 (fla needs one)
+        q, k = q.to(v.dtype), k.to(v.dtype)  # [B, T, H, D]
+        beta = torch.sigmoid(acc(self.b_proj(x))).to(v.dtype)  # [B, T, H]
         g = self.log_decay(x)  # [B, T, H]
         o, state = gated_delta_rule(q, k, v, g, beta, scale=D ** -0.5,
                                     initial_state=cache.state if cache is not None else None,
