@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# The device calls of one session after the training call (experiments/train_hybrid/gpu_h200.sh), back to back on
+# one warm H200 (/tmp/stage and /tmp/site live as long as the machine stays warm), each carrying one GGUF part:
+#   eval      carry [".stage/...part2of4"]                 evaluation harness, full default suite (issue 12)
+#   gputests  carry [".stage/...part3of4", ".whl/fla..."]  pytest -m gpu on the hybrid layers and ops
+#   smollm2   carry [".stage/...part4of4", ".whl/gguf", ".whl/tl", ".whl/plotly"]  the SmolLM2 head report (issue 11)
+#   accuracy  carry [".whl/gguf", ".whl/plotly"]           SmolLM2 task accuracy by length + scoring timings
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export PYTHONUNBUFFERED=1 TRITON_CACHE_AUTOTUNING=1
+OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
+wheels() { [ $# -eq 0 ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site "$@" || exit 1; }
+stage() { for p in .stage/*.part*; do [ -f "$p" ] && bash experiments/stage_gguf.sh put "$p"; done; }
+export PYTHONPATH=/tmp/site:$PWD
+case "$1" in
+eval)
+    stage
+    timeout 300 python3 experiments/bench_evaluate.py --part gpu --device cuda --json "$OUT/bench_gpu.json" \
+        --out /tmp/b/full > "$OUT/bench_gpu.log" 2>&1; tail -30 "$OUT/bench_gpu.log"
+    tar -C /tmp/b -czf "$OUT/eval_full.tgz" full 2>/dev/null ;;
+gputests)
+    wheels .whl/fla_core-*.whl; stage
+    timeout 240 python3 -m pytest -m gpu -q tests/hybrid 2>&1 | tee "$OUT/gpu_tests.log" | tail -25 ;;
+smollm2)
+    wheels .whl/gguf/*.whl .whl/tl/*.whl .whl/plotly/*.whl; stage
+    . /tmp/stage/env.sh || { echo "GGUF not complete: restage"; exit 1; }
+    timeout 450 python3 experiments/report_heads.py --model smollm2-135m --device cuda --dtype bfloat16 --threads 8 \
+        > "$OUT/report_smollm2.log" 2>&1; tail -40 "$OUT/report_smollm2.log"
+    tar -czf "$OUT/smollm2_report.tgz" docs/results/smollm2_135m docs/smollm2_135m_heads.md docs/figures/smollm2_135m_* ;;
+accuracy)
+    wheels .whl/gguf/*.whl .whl/plotly/*.whl
+    . /tmp/stage/env.sh || { echo "GGUF not staged: machine went cold"; exit 1; }
+    timeout 300 python3 experiments/task_accuracy.py --model smollm2-135m --device cuda --dtype bfloat16 --n 20 \
+        --out "$OUT/task_accuracy_smollm2.json" 2>&1 | tail -30
+    timeout 200 python3 experiments/bench_receiver_gpu.py --model smollm2-135m --contexts 2048,8192 --n-pairs 2 \
+        2>&1 | tee "$OUT/bench_receiver_smollm2.log" | tail -20 ;;
+*) echo "usage: gpu_chain.sh eval|gputests|smollm2|accuracy"; exit 2 ;;
+esac
+ls -la "$OUT"
