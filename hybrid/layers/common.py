@@ -9,7 +9,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 __all__ = ["acc", "index_on", "RMSNorm", "RotaryEmbedding", "apply_rope", "MLP", "ShortConv", "log_length_scale",
-           "window_attention"]
+           "window_attention", "grouped_attention"]
 
 
 def acc(x: torch.Tensor) -> torch.Tensor:
@@ -79,15 +79,19 @@ class RotaryEmbedding(nn.Module):
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [B, T, H, D], cos/sin [T, D] -> rotated x [B, T, H, D] (rotate-half convention of HF)."""
-    cos, sin = cos[None, :, None, :], sin[None, :, None, :]  # [1, T, 1, D]
+    """x [B, T, H, D], cos/sin [T, D] (shared positions) or [B, T, D] (per row) -> rotated x [B, T, H, D]
+    (rotate-half convention of HF)."""
+    if cos.dim() == 3:
+        cos, sin = cos[:, :, None, :], sin[:, :, None, :]  # [B, T, 1, D]
+    else:
+        cos, sin = cos[None, :, None, :], sin[None, :, None, :]  # [1, T, 1, D]
     x1, x2 = x.chunk(2, dim=-1)
     return x * cos + torch.cat((-x2, x1), dim=-1) * sin
 
 
 def log_length_scale(positions: torch.Tensor, base: float) -> torch.Tensor:
-    """s_t = log(t + a) / log(a) with t = position + 1 (1-based). positions [T] -> [T] float32."""
-    t = positions.float() + 1.0  # [T]
+    """s_t = log(t + a) / log(a) with t = position + 1 (1-based). positions [T] or [B, T] -> same shape, float32."""
+    t = positions.float() + 1.0  # [T] or [B, T]
     return torch.log(t + base) / math.log(base)
 
 
@@ -194,3 +198,20 @@ def window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: 
     o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                        attn_mask=allowed, scale=scale)  # [B, H, T, D]
     return o.transpose(1, 2)
+
+
+def grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+                      scale: float) -> torch.Tensor:
+    """Masked attention with GQA and no KV copy: the H / K query heads of each KV head become extra query rows.
+
+    q [B, T, H, D]; k, v [B, S, K, D] with H a multiple of K (query head h reads KV head h // (H / K));
+    mask [B, T, S] bool, True where query (b, t) may attend key s. Returns o [B, T, H, D]. A query row whose
+    mask is all False gives NaN (SDPA); callers always leave the query's own key visible."""
+    B, T, H, D = q.shape
+    K = k.shape[2]
+    rep = H // K
+    qg = q.reshape(B, T, K, rep, D).permute(0, 2, 3, 1, 4).reshape(B, K, rep * T, D)  # [B, K, rep*T, D]
+    m = mask[:, None, None].expand(B, 1, rep, T, mask.shape[-1]).reshape(B, 1, rep * T, mask.shape[-1])
+    o = F.scaled_dot_product_attention(qg, k.transpose(1, 2), v.transpose(1, 2), attn_mask=m,
+                                       scale=scale)  # [B, K, rep*T, D]
+    return o.reshape(B, K, rep, T, D).permute(0, 3, 1, 2, 4).reshape(B, T, H, D)
