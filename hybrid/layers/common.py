@@ -9,7 +9,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 __all__ = ["acc", "index_on", "RMSNorm", "RotaryEmbedding", "apply_rope", "MLP", "ShortConv", "log_length_scale",
-           "window_attention", "grouped_attention"]
+           "window_attention", "window_attention_dense", "grouped_attention"]
 
 
 def acc(x: torch.Tensor) -> torch.Tensor:
@@ -184,9 +184,9 @@ class ShortConv(nn.Module):
         return y, xx[:, xx.shape[1] - (W - 1):]
 
 
-def window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int, q_offset: int,
-                     k_offset: int, scale: float) -> torch.Tensor:
-    """Causal sliding-window attention through SDPA with an explicit mask (baseline only: O(T*S) mask).
+def window_attention_dense(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int, q_offset: int,
+                           k_offset: int, scale: float) -> torch.Tensor:
+    """The twin of ``window_attention``: SDPA with an explicit [T, S] mask (O(T*S) memory).
 
     q [B, T, H, D] at absolute positions q_offset.., k/v [B, S, H, D] at k_offset..; each query sees the
     ``window`` most recent keys including itself. Returns o [B, T, H, D].
@@ -198,6 +198,35 @@ def window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: 
     o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                        attn_mask=allowed, scale=scale)  # [B, H, T, D]
     return o.transpose(1, 2)
+
+
+WINDOW_CHUNK_MIN = 256  # query chunk of the windowed kernel: max(window, this) queries per SDPA call
+
+
+def window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int, q_offset: int,
+                     k_offset: int, scale: float) -> torch.Tensor:
+    """Causal sliding-window attention at any length: SDPA over query chunks of C = max(window, 256)
+    positions, each against only the C + window - 1 keys it can see (masks [C, C + window - 1]; memory
+    O(T * (C + window)), never [T, S]). Same function as ``window_attention_dense`` (tested equal).
+
+    q [B, T, H, D] at absolute positions q_offset.., k/v [B, S, H, D] at k_offset..; each query sees the
+    ``window`` most recent keys including itself. Returns o [B, T, H, D].
+    """
+    T, S = q.shape[1], k.shape[1]
+    C = max(window, WINDOW_CHUNK_MIN)
+    if T <= C:
+        # one chunk: keys from the first visible one
+        lo = max(0, q_offset - window + 1 - k_offset)
+        hi = min(S, q_offset + T - k_offset)
+        return window_attention_dense(q, k[:, lo:hi], v[:, lo:hi], window, q_offset, k_offset + lo, scale)
+    outs = []
+    for a in range(0, T, C):
+        qa = q_offset + a  # absolute position of the chunk's first query
+        lo = max(0, qa - window + 1 - k_offset)  # first key any query of the chunk sees
+        hi = min(S, qa + min(C, T - a) - k_offset)  # one past the last key (causal)
+        outs.append(window_attention_dense(q[:, a:a + C], k[:, lo:hi], v[:, lo:hi], window, qa, k_offset + lo,
+                                           scale))  # [B, C, H, D]
+    return torch.cat(outs, 1)  # [B, T, H, D]
 
 
 def grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
