@@ -109,3 +109,30 @@ def test_static_cache_bytes_and_errors():
         prefill(model, [torch.zeros(1, 4, dtype=torch.long)], 1)
     with pytest.raises(NotImplementedError, match="beam"):
         cache.reorder_cache(torch.tensor([1, 0]))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("graph", [False, True])
+def test_gpu_bf16_ragged_decoding_matches_full_forward(graph):
+    """On the GPU in bf16 (fla's fused recurrent kernel, the Triton prologue where they import), eager and
+    CUDA-graph decoding of ragged rows match the full forward within bf16_model."""
+    teacher = tiny_model("qwen3", head_dim=64).to("cuda", torch.bfloat16)
+    model = perturbed(BUILDERS["head"](teacher))
+    torch.manual_seed(4)
+    seqs = [torch.randint(0, 128, (n,), device="cuda") for n in (40, 23, 70)]
+    N = 6
+    cache, logits = prefill(model, [s[:-N] for s in seqs], N)
+    dec = Decoder(model, cache, cuda_graph=graph)
+    assert dec.use_graph is graph
+    steps = [logits.clone()]
+    for i in range(N - 1):
+        ids = torch.stack([s[len(s) - N + i] for s in seqs])[:, None]  # [B, 1]
+        steps.append(dec.step(ids).clone())
+    assert cache.host_lengths == [len(s) - 1 for s in seqs] == cache.lengths.tolist()
+    with torch.no_grad():
+        for b, s in enumerate(seqs):
+            full = model(s[None, :-1], use_cache=False).logits[0, -N:].float()  # [N, V]
+            got = torch.stack([st[b] for st in steps]).float()
+            err = assert_close(f"graph={graph} row {b}", got, full, "bf16_model")
+            print(f"decode graph={graph} row {b}: rel err {err:.2e}")
