@@ -40,6 +40,7 @@ class _Step:
     positions: torch.Tensor | None = None  # [B, T] absolute positions of the new tokens
     rows: torch.Tensor | None = None  # [B, T] row index of each new token
     mask: torch.Tensor | None = None  # [B, T, S] key j visible to query (b, t): j <= positions[b, t]
+    kv_len: torch.Tensor | None = None  # [B] keys the last new token of each row sees (positions[:, -1] + 1)
     S: int = 0  # keys attended: buffer rows 0..S-1
     windowed: dict = field(default_factory=dict)  # window -> [B, T, S] mask
 
@@ -144,6 +145,7 @@ class StaticHybridCache(HybridCache):
         st.rows = torch.arange(self.batch, device=dev)[:, None].expand(self.batch, T)  # [B, T]
         st.S = self.capacity if self.full_width else longest
         st.mask = torch.arange(st.S, device=dev) <= st.positions[..., None]  # [B, T, S]
+        st.kv_len = st.positions[:, -1] + 1  # [B]
         st.windowed = {}
         freqs = st.positions.float()[..., None] * self.inv_freq  # [B, T, D/2]
         emb = torch.cat((freqs, freqs), dim=-1)  # [B, T, D]

@@ -114,6 +114,10 @@ class FullAttentionBranch(nn.Module):
         per-step key mask [B, T, S] (causal per row, window for the token-level baseline; no host sync)."""
         B, T = q.shape[:2]
         keys, values, mask = cache.write_rows(k, v, window=self.window)  # [B, S, K, D] x2, [B, T, S]
+        if T == 1 and self.gqa and self.backend == "auto":  # one token per row: split-KV decode kernel on CUDA
+            from hybrid.ops.decode_attention import decode_attention
+
+            return decode_attention(q, keys, values, cache.step.kv_len, self.head_dim ** -0.5, self.window)
         if not self.gqa:  # irregular head subset: one KV copy per FA head
             idx = index_on(self.kv_of, keys.device)
             keys, values = keys.index_select(2, idx), values.index_select(2, idx)  # [B, S, H, D]
