@@ -42,7 +42,16 @@ class _Step:
     mask: torch.Tensor | None = None  # [B, T, S] key j visible to query (b, t): j <= positions[b, t]
     kv_len: torch.Tensor | None = None  # [B] keys the last new token of each row sees (positions[:, -1] + 1)
     S: int = 0  # keys attended: buffer rows 0..S-1
-    windowed: dict = field(default_factory=dict)  # window -> [B, T, S] mask
+    windowed: dict = field(default_factory=dict)  # per-step values shared by layers: window masks, log scales
+
+    def log_scale(self, base: float, dtype: torch.dtype) -> torch.Tensor:
+        """The FA branch's log-length query scale of the new positions [B, T], once per step and base."""
+        key = ("log_scale", base, dtype)
+        if key not in self.windowed:
+            from hybrid.layers.common import log_length_scale
+
+            self.windowed[key] = log_length_scale(self.positions, base).to(dtype)  # [B, T]
+        return self.windowed[key]
 
     def window_mask(self, window: int | None) -> torch.Tensor:
         if window is None:

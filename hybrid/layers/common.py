@@ -37,10 +37,9 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
+        # = weight * (x32 * rsqrt(mean(x32^2) + eps)).to(dtype), as Qwen3/Llama; one fused norm kernel
+        # instead of five (it matters when decoding one token, where every layer's kernels are tiny)
+        return self.weight * F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype)
 
 
 class RotaryEmbedding(nn.Module):

@@ -79,10 +79,12 @@ class FullAttentionBranch(nn.Module):
             q, k = qk_norm(self.q_norm, q), qk_norm(self.k_norm, k)
         if self.rope:
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        if self.log_scale:  # positions [T] (shared) or [B, T] (per row, preallocated cache)
-            s = log_length_scale(positions, self.log_base).to(q.dtype)  # [T] or [B, T]
+        per_row = cache is not None and getattr(cache, "per_row", False)  # preallocated cache, per-row lengths
+        if self.log_scale:  # positions [T] (shared) or [B, T] (per row: computed once per step for all layers)
+            s = (cache.step.log_scale(self.log_base, q.dtype) if per_row
+                 else log_length_scale(positions, self.log_base).to(q.dtype))  # [B, T] or [T]
             q = q * (s[None, :, None, None] if s.dim() == 1 else s[:, :, None, None])
-        if cache is not None and getattr(cache, "per_row", False):  # preallocated cache, per-row lengths
+        if per_row:
             o = self._attend_rows(q, k, v, cache)  # [B, T, H, D]
             if self.gate_proj is not None:
                 o = o * (2 * torch.sigmoid(self.gate_proj(x))).view(B, T, self.n_heads, D)

@@ -103,7 +103,21 @@ def _kernel():
         tl.store(l_ptr + out, l, mask=rmask)
         tl.store(o_ptr + out[:, None] * D + d[None, :], acc, mask=rmask[:, None])
 
-    return triton, split_kv
+    @triton.jit
+    def combine(o_ptr, m_ptr, l_ptr, out_ptr, NSPLIT, NS: tl.constexpr, D: tl.constexpr):
+        pid = tl.program_id(0)  # b * H + h
+        i = tl.arange(0, NS)
+        d = tl.arange(0, D)
+        ok = i < NSPLIT
+        m = tl.load(m_ptr + pid * NSPLIT + i, mask=ok, other=float("-inf"))
+        l = tl.load(l_ptr + pid * NSPLIT + i, mask=ok, other=0.0)
+        w = tl.exp(m - tl.max(m, 0))  # empty splits (m = -inf) weigh 0
+        w = tl.where(ok, w, 0.0)
+        o = tl.load(o_ptr + (pid * NSPLIT + i)[:, None] * D + d[None, :], mask=ok[:, None], other=0.0)
+        res = tl.sum(o * w[:, None], 0) / tl.sum(l * w, 0)
+        tl.store(out_ptr + pid * D + d, res.to(out_ptr.dtype.element_ty))
+
+    return triton, split_kv, combine
 
 
 def _n_splits(q: torch.Tensor, B: int, K: int, S: int) -> int:
@@ -114,7 +128,7 @@ def _n_splits(q: torch.Tensor, B: int, K: int, S: int) -> int:
 
 def decode_attention_triton(q, k, v, kv_len, scale=None, window=None):
     """Split-KV decode attention (see the module docstring); same function as the twin."""
-    triton, split_kv = _kernel()
+    triton, split_kv, combine = _kernel()
     B, _, H, D = q.shape
     S, K = k.shape[1], k.shape[2]
     rep = H // K
@@ -132,10 +146,9 @@ def decode_attention_triton(q, k, v, kv_len, scale=None, window=None):
                           q.stride(0), q.stride(2), k.stride(0), k.stride(1), k.stride(2), ns,
                           K=K, REP=rep, RP=max(16, triton.next_power_of_2(rep)), D=D, BN=BLOCK_N,
                           WINDOWED=window is not None)
-    M = m_part.amax(-1, keepdim=True)  # [B, H, 1] (finite: every row sees >= 1 key)
-    w = torch.exp(m_part - M)  # [B, H, splits]; empty splits (m = -inf) weigh 0
-    o = (o_part * w[..., None]).sum(2) / (l_part * w).sum(-1, keepdim=True)  # [B, H, D]
-    return o.to(q.dtype)[:, None]  # [B, 1, H, D]
+    o = torch.empty(B, 1, H, D, device=q.device, dtype=q.dtype)  # [B, 1, H, D]
+    combine[(B * H,)](o_part, m_part, l_part, o, ns, NS=max(2, triton.next_power_of_2(ns)), D=D)
+    return o
 
 
 def resolve_backend(backend: str, q: torch.Tensor) -> str:

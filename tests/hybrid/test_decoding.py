@@ -136,3 +136,45 @@ def test_gpu_bf16_ragged_decoding_matches_full_forward(graph):
             got = torch.stack([st[b] for st in steps]).float()
             err = assert_close(f"graph={graph} row {b}", got, full, "bf16_model")
             print(f"decode graph={graph} row {b}: rel err {err:.2e}")
+
+
+INTERPRETED = """
+import torch
+import hybrid.ops.decode_attention as da
+da.resolve_backend = lambda backend, q: "triton"  # the split-KV kernel on CPU tensors (interpreter)
+from model_factories import tiny_model
+from testing_utils import assert_close
+from headscope.mask import HeadMask
+from hybrid.convert import from_mask
+from hybrid.decoding import prefill, Decoder
+teacher = tiny_model("qwen3")
+model = from_mask(teacher, HeadMask.for_model(teacher, [(0, 0), (0, 1), (1, 2), (2, 0)]), prologue_backend="triton")
+with torch.no_grad():
+    for p in model.new_parameters().values():
+        p.add_(torch.randn_like(p) * 0.1)
+seqs = [torch.randint(0, 128, (n,)) for n in (9, 5)]
+cache, logits = prefill(model, [s[:-3] for s in seqs], 3)
+dec = Decoder(model, cache)
+steps = [logits] + [dec.step(torch.stack([s[len(s) - 3 + i] for s in seqs])[:, None]) for i in range(2)]
+for b, s in enumerate(seqs):
+    assert_close(f"row {b}", torch.stack([st[b] for st in steps]), model(s[None, :-1]).logits[0, -3:], "fp32")
+print("OK")
+"""
+
+
+def test_decoding_with_both_triton_kernels_in_cpu_interpreter():
+    """The GPU decode path (Triton prologue + split-KV attention) end to end, in Triton's CPU interpreter."""
+    import os
+    import subprocess
+    import sys
+
+    from hybrid.ops.prologue import triton_available
+
+    if not triton_available():
+        pytest.skip("Triton not importable (the GPU image has it)")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    env["PYTHONPATH"] = os.pathsep.join([root, os.path.join(root, "tests"), os.path.join(root, "tests", "hybrid"),
+                                         env.get("PYTHONPATH", "")])
+    r = subprocess.run([sys.executable, "-c", INTERPRETED], env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0 and "OK" in r.stdout, r.stderr[-3000:]
