@@ -13,11 +13,12 @@ fits --budget-s):
      graph unless --no-cuda-graph, plus a few eager steps for comparison) at 128K then 32K context, batch 8 and 1.
      The cache rows are set to the context length without a prefill (a step's cost depends on the lengths, not
      on the values; the ragged prefill path is tested on the CPU);
-  2. prefill time (logits of the last position only, the cache kept) and peak memory at 128K, 64K, 32K, 16K;
+  2. prefill time (logits of the last position only, the cache kept) and peak memory at 128K, 64K, 32K, 16K
+     (peak_gb: the allocator's peak above the resident weights plus this model's own weights);
   3. cache bytes per sequence at 128K: measured (StaticHybridCache.nbytes) vs the analytic hybrid.cache_nbytes
      and vs (FA KV groups' share x teacher KV + GDN state);
   4. the largest batch that fits at 128K (analytic guess from the free memory, then allocate + one decode step,
-     bisecting on CUDA out-of-memory);
+     bisecting on CUDA out-of-memory), with all three models' weights resident (recorded) for every model;
   5. one layer at 128K, forward with projections: the 7:1 layer (fused Triton prologue, and the PyTorch
      prologue) vs the 16-head full-attention layer (hybrid.benchmark.build_layers, as gpu_hybrid_all.py).
 
@@ -166,9 +167,12 @@ def prefill_row(run: Run, name: str, model, T: int, vocab: int) -> dict:
             torch.cuda.reset_peak_memory_stats()
         out = call()  # first call: compiles / autotunes; also gives the peak
         sync(dev)
-        if dev == "cuda":
-            row["peak_gb"] = round(torch.cuda.max_memory_allocated() / 2**30, 3)
-            row["peak_over_weights_gb"] = round((torch.cuda.max_memory_allocated() - base) / 2**30, 3)
+        if dev == "cuda":  # the three models stay resident: peak_gb counts only this model's own weights
+            own = sum(p.numel() * p.element_size() for p in model.parameters())
+            extra = torch.cuda.max_memory_allocated() - base
+            row["peak_over_weights_gb"] = round(extra / 2**30, 3)
+            row["peak_gb"] = round((extra + own) / 2**30, 3)
+            row["peak_all_resident_gb"] = round(torch.cuda.max_memory_allocated() / 2**30, 3)
         row["cache_bytes"] = out.hybrid_cache.nbytes()["total"]
         del out
         row["ms"] = round(bench_ms(call, dev, target_ms=300.0, max_reps=5, warmup=0), 2)
@@ -268,7 +272,9 @@ def max_batch_section(run: Run, models: dict, ctx: int, vocab: int, mem_cap: int
             mid = (lo + hi) // 2
             lo, hi = (mid, hi) if fits(mid) else (lo, mid)
         row = dict(model=name, context=ctx, max_batch=lo, analytic_guess=int(guess), tried=tried,
-                   free_bytes=int(avail), per_seq_bytes=int(per_seq), hit_limit=lo >= limit)
+                   free_bytes=int(avail), per_seq_bytes=int(per_seq), hit_limit=lo >= limit,
+                   resident_weights_gb=round(sum(p.numel() * p.element_size() for m in models.values()
+                                                 for p in m.parameters()) / 2**30, 2))
         run.data["max_batch"].append(row)
         run.say(f"max batch {name} at {ctx}: {lo} (guess {guess}, tried {tried})")
         run.save()
