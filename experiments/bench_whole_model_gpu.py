@@ -44,7 +44,7 @@ from hybrid.benchmark import Run, bench_ms, build_layers, layer_forward_ms, sync
 from hybrid.cache import cache_nbytes, teacher_cache_nbytes
 from hybrid.convert import from_mask
 from hybrid.decoding import Decoder, StaticHybridCache
-from hybrid.layers.baselines import from_teacher, layerwise_mask
+from hybrid.builders import from_teacher, layerwise_mask
 
 GPU_SHAPE = dict(vocab=151936, C=2048, I=6144, L=28, H=16, K=8, D=128)
 DRY_SHAPE = dict(vocab=256, C=64, I=128, L=4, H=16, K=8, D=16)

@@ -8,7 +8,7 @@ from headscope.mask import HeadMask
 from hybrid.cache import cache_nbytes
 from hybrid.convert import from_mask
 from hybrid.decoding import Decoder, StaticHybridCache, greedy_decode, prefill
-from hybrid.layers.baselines import from_teacher, from_token_level
+from hybrid.builders import from_teacher, from_token_level
 
 from model_factories import tiny_model
 from testing_utils import assert_close

@@ -4,7 +4,7 @@ import torch
 
 import hybrid.layers.common as common
 import hybrid.layers.hybrid_attention as hybrid_attention
-from hybrid.layers.baselines import from_token_level
+from hybrid.builders import from_token_level
 from hybrid.layers.common import window_attention, window_attention_dense
 
 from model_factories import tiny_model
