@@ -25,81 +25,21 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 
+from hybrid.benchmark import Run as _Run, bench_ms, build_layers, layer_config
 from hybrid.cache import cache_nbytes
 from hybrid.config import HybridConfig
 from hybrid.layers.common import RotaryEmbedding
-from hybrid.layers.hybrid_attention import HybridAttention
 from hybrid.ops import parity
 from hybrid.ops.gdn import HOPPER_BWD_ENV, fla_available, hopper_backward_guarded
 
 TOL = 1e-2
 FA_HEADS = [3, 12]  # 2 FA heads on 2 different KV heads; the other 14 heads are GDN (7:1)
 TARGETS = dict(hybrid_over_branches=1.15, fwd_speedup_128k=5.0, fwdbwd_speedup_128k=8.0)
-
-
-class Run:
-    """Wall-clock budget, printing and the incrementally rewritten JSON."""
-
-    def __init__(self, budget_s: float, path: Path, device: str) -> None:
-        self.t0, self.budget, self.path, self.device = time.time(), budget_s, path, device
-        self.data: dict = dict(parity=[], decode_parity=[], timings=[], skipped=[], targets=TARGETS)
-
-    def elapsed(self) -> float:
-        return time.time() - self.t0
-
-    def fits(self, label: str, est_s: float) -> bool:
-        """True if a unit estimated to take est_s seconds still fits the budget; else record it as skipped."""
-        if self.elapsed() + est_s <= self.budget:
-            return True
-        self.data["skipped"].append(label)
-        self.say(f"SKIP {label} (elapsed {self.elapsed():.0f} s + est {est_s:.0f} s > budget {self.budget:.0f} s)")
-        self.save()
-        return False
-
-    def say(self, msg: str) -> None:
-        print(f"[{self.elapsed():6.1f}s] {msg}", flush=True)
-
-    def save(self) -> None:
-        self.data["elapsed_s"] = round(self.elapsed(), 1)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.data, indent=1, default=str))
-        tmp.replace(self.path)
-
-
-def sync(device: str) -> None:
-    if device == "cuda":
-        torch.cuda.synchronize()
-
-
-def bench_ms(fn, device: str, target_ms: float = 250.0, max_reps: int = 20) -> float:
-    """Median ms of fn() after one untimed warm-up call (compiles / autotunes the shape); the number of timed
-    repetitions adapts so one measurement costs about target_ms (at least 3)."""
-    fn()
-    sync(device)
-    times = []
-    for i in range(max_reps):
-        if device == "cuda":
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            fn()
-            b.record()
-            torch.cuda.synchronize()
-            times.append(a.elapsed_time(b))
-        else:
-            t = time.perf_counter()
-            fn()
-            times.append(1e3 * (time.perf_counter() - t))
-        if i >= 2 and sum(times) >= target_ms:
-            break
-    return statistics.median(times)
 
 
 def time_into(run: Run, row: dict, key: str, fn, label: str) -> None:
@@ -110,6 +50,11 @@ def time_into(run: Run, row: dict, key: str, fn, label: str) -> None:
         row[key] = float("nan")
         torch.cuda.empty_cache()
     run.say(f"  {label} {key} = {row[key]} ms")
+
+
+def Run(budget_s: float, path: Path, device: str) -> _Run:
+    """hybrid.benchmark.Run with this script's sections."""
+    return _Run(budget_s, path, device, parity=[], decode_parity=[], timings=[], targets=TARGETS)
 
 
 # ---------------------------------------------------------------- 1. parity
@@ -166,28 +111,6 @@ def decode_parity_section(run: Run, dims: list[int], backend: str) -> None:
 
 
 # ---------------------------------------------------------------- 2. layer timings
-
-
-def layer_config(fa_heads: list[int], shape: dict, **options) -> HybridConfig:
-    C, H, K, D = shape["C"], shape["H"], shape["K"], shape["D"]
-    return HybridConfig(vocab_size=256, hidden_size=C, intermediate_size=4 * C, num_hidden_layers=1,
-                        num_attention_heads=H, num_key_value_heads=K, head_dim=D, qk_norm=True,
-                        rope_parameters={"rope_type": "default", "rope_theta": 1e6}, fa_heads=[fa_heads],
-                        hybrid=options)
-
-
-def build_layers(shape: dict, device: str, dtype: torch.dtype, gdn_backend: str, attn_backend: str):
-    hyb_cfg = layer_config(shape["fa_heads"], shape, gdn_backend=gdn_backend, attn_backend=attn_backend)
-    full_cfg = layer_config(list(range(shape["H"])), shape, allow_degenerate=True, fa_rope=True, fa_log_scale=False,
-                            fa_gate="none", fusion="none", attn_backend=attn_backend)
-    torch.manual_seed(0)
-    hybrid = HybridAttention(hyb_cfg, 0).to(device, dtype)
-    full = HybridAttention(full_cfg, 0).to(device, dtype)  # the teacher's attention: RoPE, GQA, q/k norm, o_proj
-    for m in (hybrid, full):
-        for p in m.parameters():
-            if p.dim() == 2:
-                torch.nn.init.normal_(p, std=0.02)
-    return hyb_cfg, hybrid, full
 
 
 def timing_row(run: Run, T: int, layers, shape: dict, dtype: torch.dtype, fallback_bwd: bool) -> None:

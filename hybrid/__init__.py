@@ -24,6 +24,8 @@ _EXPORTS = {
     "HybridCache": "hybrid.cache",
     "cache_nbytes": "hybrid.cache",
     "teacher_cache_nbytes": "hybrid.cache",
+    "StaticHybridCache": "hybrid.decoding",
+    "greedy_decode": "hybrid.decoding",
     "layerwise_mask": "hybrid.builders",
     "from_layers": "hybrid.builders",
     "from_token_level": "hybrid.builders",

@@ -48,6 +48,14 @@ class LayerCache:
             self.keys, self.values, self.key_start = keys, values, start
         return keys, values, start
 
+    def set_state(self, state: torch.Tensor) -> None:
+        """Store the GDN state [B, H_L, Dk, Dv] after a call (a preallocated cache copies in place)."""
+        self.state = state
+
+    def set_conv(self, conv: tuple[torch.Tensor, ...]) -> None:
+        """Store the short-conv states 3 x [B, W-1, H_L*D] after a call."""
+        self.conv = conv
+
     def nbytes(self) -> dict[str, int]:
         kv = sum(t.numel() * t.element_size() for t in (self.keys, self.values) if t is not None)
         st = self.state.numel() * self.state.element_size() if self.state is not None else 0

@@ -24,6 +24,7 @@ __all__ = ["HybridOptions", "HybridConfig", "HybridConfigError", "GRANULARITIES"
 GRANULARITIES = ("head", "layer", "token")
 FA_GATES = ("sigmoid2", "none")
 DECAYS = ("gdn", "simple")
+PROLOGUE_BACKENDS = ("auto", "torch", "triton")  # hybrid.ops.prologue.BACKENDS (not imported: config stays light)
 
 
 class HybridConfigError(ValueError):
@@ -46,6 +47,7 @@ class HybridOptions:
     decay: str = "gdn"  # "gdn": g = -exp(A_log) * softplus(a_proj(x) + dt_bias); "simple": g = logsigmoid(a_proj(x) + bias)
     gdn_backend: str = "auto"  # passed to hybrid.ops.gated_delta_rule
     attn_backend: str = "auto"  # passed to hybrid.ops.attention
+    prologue_backend: str = "auto"  # GDN q/k norm + RoPE + l2norm: hybrid.ops.prologue ("auto", "torch", "triton")
     # token-level baseline
     window: int = 512  # sliding window of the token-level baseline (keys per query, incl. itself)
     # fusion of head outputs before o_proj
@@ -76,6 +78,8 @@ class HybridOptions:
             bad("fa_gate", f"must be one of {FA_GATES}")
         if self.decay not in DECAYS:
             bad("decay", f"must be one of {DECAYS}")
+        if self.prologue_backend not in PROLOGUE_BACKENDS:
+            bad("prologue_backend", f"must be one of {PROLOGUE_BACKENDS}")
         if not self.log_scale_base > 1:
             bad("log_scale_base", "must be > 1 (s_t = log(t + a) / log(a))")
         if not isinstance(self.conv_size, int) or self.conv_size < 1:

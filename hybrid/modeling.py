@@ -158,21 +158,27 @@ class HybridModel(HybridPreTrainedModel):
         use_cache = self.config.use_cache if use_cache is None else use_cache
         if use_cache and hybrid_cache is None:
             hybrid_cache = HybridCache.empty(self.config.num_hidden_layers)
-        if position_ids is not None:
+        per_row = getattr(hybrid_cache, "per_row", False)  # hybrid.decoding.StaticHybridCache: ragged rows
+        if per_row:
+            positions, cos, sin = hybrid_cache.begin_step(T, x.dtype)  # [B, T], [B, T, D] x2 (no host sync)
+        elif position_ids is not None:
             positions = position_ids.reshape(-1, position_ids.shape[-1])[0].to(x.device)  # [T]
             if positions.numel() != T or (hybrid_cache is not None and int(positions[0]) != past):
                 raise ValueError(f"position_ids must be {past}..{past + T - 1} (contiguous, after the cache); "
                                  f"got {positions.tolist()[:4]}...")
         else:
             positions = torch.arange(past, past + T, device=x.device)  # [T]
-        cos, sin = self.rotary_emb(positions, x.dtype)  # [T, D] each
+        if not per_row:
+            cos, sin = self.rotary_emb(positions, x.dtype)  # [T, D] each
         hidden = [x] if output_hidden_states else None
         for l, layer in enumerate(self.layers):
             x = layer(x, positions, cos, sin, hybrid_cache.layers[l] if hybrid_cache is not None else None)
             if hidden is not None:
                 hidden.append(x)
         x = self.norm(x)
-        if hybrid_cache is not None:
+        if per_row:
+            hybrid_cache.end_step(T)
+        elif hybrid_cache is not None:
             hybrid_cache.seen_tokens = past + T
             hybrid_cache.record(input_ids, inputs_embeds)  # what each row consumed (beam search aligns on it)
         if hidden is not None:

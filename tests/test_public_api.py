@@ -19,7 +19,7 @@ HEADSCOPE_ALL = [
 HYBRID_ALL = [
     "HybridCache", "HybridConfig", "HybridConfigError", "HybridForCausalLM", "HybridModel", "HybridOptions",
     "cache_nbytes", "calibrate_fusion", "from_layers", "from_mask", "from_teacher", "from_token_level",
-    "layerwise_mask", "load", "register", "save", "teacher_cache_nbytes",
+    "layerwise_mask", "load", "register", "save", "teacher_cache_nbytes", "StaticHybridCache", "greedy_decode",
 ]
 
 HYBRID_TRAIN_ALL = [

@@ -9,7 +9,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 __all__ = ["acc", "index_on", "RMSNorm", "RotaryEmbedding", "apply_rope", "MLP", "ShortConv", "log_length_scale",
-           "window_attention"]
+           "window_attention", "window_attention_dense", "grouped_attention"]
 
 
 def acc(x: torch.Tensor) -> torch.Tensor:
@@ -37,10 +37,9 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
+        # = weight * (x32 * rsqrt(mean(x32^2) + eps)).to(dtype), as Qwen3/Llama; one fused norm kernel
+        # instead of five (it matters when decoding one token, where every layer's kernels are tiny)
+        return self.weight * F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype)
 
 
 class RotaryEmbedding(nn.Module):
@@ -79,15 +78,19 @@ class RotaryEmbedding(nn.Module):
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [B, T, H, D], cos/sin [T, D] -> rotated x [B, T, H, D] (rotate-half convention of HF)."""
-    cos, sin = cos[None, :, None, :], sin[None, :, None, :]  # [1, T, 1, D]
+    """x [B, T, H, D], cos/sin [T, D] (shared positions) or [B, T, D] (per row) -> rotated x [B, T, H, D]
+    (rotate-half convention of HF)."""
+    if cos.dim() == 3:
+        cos, sin = cos[:, :, None, :], sin[:, :, None, :]  # [B, T, 1, D]
+    else:
+        cos, sin = cos[None, :, None, :], sin[None, :, None, :]  # [1, T, 1, D]
     x1, x2 = x.chunk(2, dim=-1)
     return x * cos + torch.cat((-x2, x1), dim=-1) * sin
 
 
 def log_length_scale(positions: torch.Tensor, base: float) -> torch.Tensor:
-    """s_t = log(t + a) / log(a) with t = position + 1 (1-based). positions [T] -> [T] float32."""
-    t = positions.float() + 1.0  # [T]
+    """s_t = log(t + a) / log(a) with t = position + 1 (1-based). positions [T] or [B, T] -> same shape, float32."""
+    t = positions.float() + 1.0  # [T] or [B, T]
     return torch.log(t + base) / math.log(base)
 
 
@@ -180,9 +183,9 @@ class ShortConv(nn.Module):
         return y, xx[:, xx.shape[1] - (W - 1):]
 
 
-def window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int, q_offset: int,
-                     k_offset: int, scale: float) -> torch.Tensor:
-    """Causal sliding-window attention through SDPA with an explicit mask (baseline only: O(T*S) mask).
+def window_attention_dense(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int, q_offset: int,
+                           k_offset: int, scale: float) -> torch.Tensor:
+    """The twin of ``window_attention``: SDPA with an explicit [T, S] mask (O(T*S) memory).
 
     q [B, T, H, D] at absolute positions q_offset.., k/v [B, S, H, D] at k_offset..; each query sees the
     ``window`` most recent keys including itself. Returns o [B, T, H, D].
@@ -194,3 +197,49 @@ def window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: 
     o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                        attn_mask=allowed, scale=scale)  # [B, H, T, D]
     return o.transpose(1, 2)
+
+
+WINDOW_CHUNK_MIN = 256  # query chunk of the windowed kernel: max(window, this) queries per SDPA call
+
+
+def window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int, q_offset: int,
+                     k_offset: int, scale: float) -> torch.Tensor:
+    """Causal sliding-window attention at any length: SDPA over query chunks of C = max(window, 256)
+    positions, each against only the C + window - 1 keys it can see (masks [C, C + window - 1]; memory
+    O(T * (C + window)), never [T, S]). Same function as ``window_attention_dense`` (tested equal).
+
+    q [B, T, H, D] at absolute positions q_offset.., k/v [B, S, H, D] at k_offset..; each query sees the
+    ``window`` most recent keys including itself. Returns o [B, T, H, D].
+    """
+    T, S = q.shape[1], k.shape[1]
+    C = max(window, WINDOW_CHUNK_MIN)
+    if T <= C:
+        # one chunk: keys from the first visible one
+        lo = max(0, q_offset - window + 1 - k_offset)
+        hi = min(S, q_offset + T - k_offset)
+        return window_attention_dense(q, k[:, lo:hi], v[:, lo:hi], window, q_offset, k_offset + lo, scale)
+    outs = []
+    for a in range(0, T, C):
+        qa = q_offset + a  # absolute position of the chunk's first query
+        lo = max(0, qa - window + 1 - k_offset)  # first key any query of the chunk sees
+        hi = min(S, qa + min(C, T - a) - k_offset)  # one past the last key (causal)
+        outs.append(window_attention_dense(q[:, a:a + C], k[:, lo:hi], v[:, lo:hi], window, qa, k_offset + lo,
+                                           scale))  # [B, C, H, D]
+    return torch.cat(outs, 1)  # [B, T, H, D]
+
+
+def grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+                      scale: float) -> torch.Tensor:
+    """Masked attention with GQA and no KV copy: the H / K query heads of each KV head become extra query rows.
+
+    q [B, T, H, D]; k, v [B, S, K, D] with H a multiple of K (query head h reads KV head h // (H / K));
+    mask [B, T, S] bool, True where query (b, t) may attend key s. Returns o [B, T, H, D]. A query row whose
+    mask is all False gives NaN (SDPA); callers always leave the query's own key visible."""
+    B, T, H, D = q.shape
+    K = k.shape[2]
+    rep = H // K
+    qg = q.reshape(B, T, K, rep, D).permute(0, 2, 3, 1, 4).reshape(B, K, rep * T, D)  # [B, K, rep*T, D]
+    m = mask[:, None, None].expand(B, 1, rep, T, mask.shape[-1]).reshape(B, 1, rep * T, mask.shape[-1])
+    o = F.scaled_dot_product_attention(qg, k.transpose(1, 2), v.transpose(1, 2), attn_mask=m,
+                                       scale=scale)  # [B, K, rep*T, D]
+    return o.reshape(B, K, rep, T, D).permute(0, 3, 1, 2, 4).reshape(B, T, H, D)

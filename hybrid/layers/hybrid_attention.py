@@ -22,8 +22,8 @@ import torch.nn.functional as F
 
 from hybrid.cache import LayerCache
 from hybrid.config import HybridConfig
-from hybrid.layers.common import (NewLinear, RMSNorm, ShortConv, acc, apply_rope, index_on, log_length_scale,
-                                  mark_new, window_attention)
+from hybrid.layers.common import (NewLinear, RMSNorm, ShortConv, acc, apply_rope, grouped_attention, index_on,
+                                  log_length_scale, mark_new, window_attention)
 from hybrid.layers.fusion import HeadFusion
 
 __all__ = ["FullAttentionBranch", "GatedDeltaNetBranch", "HybridAttention"]
@@ -79,8 +79,16 @@ class FullAttentionBranch(nn.Module):
             q, k = qk_norm(self.q_norm, q), qk_norm(self.k_norm, k)
         if self.rope:
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        if self.log_scale:
-            q = q * log_length_scale(positions, self.log_base).to(q.dtype)[None, :, None, None]
+        per_row = cache is not None and getattr(cache, "per_row", False)  # preallocated cache, per-row lengths
+        if self.log_scale:  # positions [T] (shared) or [B, T] (per row: computed once per step for all layers)
+            s = (cache.step.log_scale(self.log_base, q.dtype) if per_row
+                 else log_length_scale(positions, self.log_base).to(q.dtype))  # [B, T] or [T]
+            q = q * (s[None, :, None, None] if s.dim() == 1 else s[:, :, None, None])
+        if per_row:
+            o = self._attend_rows(q, k, v, cache)  # [B, T, H, D]
+            if self.gate_proj is not None:
+                o = o * (2 * torch.sigmoid(self.gate_proj(x))).view(B, T, self.n_heads, D)
+            return o
         q_offset = int(positions[0]) if T else 0
         k_start = q_offset
         if cache is not None:
@@ -103,6 +111,21 @@ class FullAttentionBranch(nn.Module):
         return o  # [B, T, H, D]
 
 
+    def _attend_rows(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache) -> torch.Tensor:
+        """Write k/v [B, T, K, D] at each row's positions of a preallocated cache and attend with the cache's
+        per-step key mask [B, T, S] (causal per row, window for the token-level baseline; no host sync)."""
+        B, T = q.shape[:2]
+        keys, values, mask = cache.write_rows(k, v, window=self.window)  # [B, S, K, D] x2, [B, T, S]
+        if T == 1 and self.gqa and self.backend == "auto":  # one token per row: split-KV decode kernel on CUDA
+            from hybrid.ops.decode_attention import decode_attention
+
+            return decode_attention(q, keys, values, cache.step.kv_len, self.head_dim ** -0.5, self.window)
+        if not self.gqa:  # irregular head subset: one KV copy per FA head
+            idx = index_on(self.kv_of, keys.device)
+            keys, values = keys.index_select(2, idx), values.index_select(2, idx)  # [B, S, H, D]
+        return grouped_attention(q, keys, values, mask, self.head_dim ** -0.5)
+
+
 class GatedDeltaNetBranch(nn.Module):
     """Gated DeltaNet on the query heads ``heads``: one key/value head per query head (MHA)."""
 
@@ -112,6 +135,7 @@ class GatedDeltaNetBranch(nn.Module):
         opts = config.options
         self.heads, self.n_heads, self.head_dim = list(heads), len(heads), D
         self.decay, self.backend, self.seed = opts.decay, opts.gdn_backend, opts.seed
+        self.prologue_backend = opts.prologue_backend
         HD = self.n_heads * D
         self.q_proj = nn.Linear(C, HD, bias=config.qkv_bias)
         self.k_proj = nn.Linear(C, HD, bias=config.qkv_bias)
@@ -164,6 +188,7 @@ class GatedDeltaNetBranch(nn.Module):
                 cache: LayerCache | None) -> torch.Tensor:
         """x [B, T, C] -> o [B, T, H_L, D]."""
         from hybrid.ops import gated_delta_rule
+        from hybrid.ops.prologue import gdn_qk_prologue
 
         B, T, _ = x.shape
         D, H = self.head_dim, self.n_heads
@@ -172,21 +197,23 @@ class GatedDeltaNetBranch(nn.Module):
             old = cache.conv if cache is not None and cache.conv is not None else (None, None, None)
             (q, sq), (k, sk), (v, sv) = (conv(t, s) for conv, t, s in zip((self.q_conv, self.k_conv, self.v_conv), (q, k, v), old))
             if cache is not None:
-                cache.conv = (sq, sk, sv)
+                cache.set_conv((sq, sk, sv))
         q, k, v = q.view(B, T, H, D), k.view(B, T, H, D), v.view(B, T, H, D)  # [B, T, H, D]
-        if self.q_norm is not None:
-            q, k = qk_norm(self.q_norm, q), qk_norm(self.k_norm, k)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        # one dtype for the kernel: under bf16 autocast the q/k RMSNorms return float32 while v is bf16 (fla needs one)
+        # q/k norm + RoPE + l2-norm in one op (hybrid.ops.prologue: one Triton kernel on CUDA, else PyTorch)
+        norm = self.q_norm is not None
+        q, k = gdn_qk_prologue(q, k, self.q_norm.weight if norm else None, self.k_norm.weight if norm else None,
+                               cos, sin, eps=self.q_norm.eps if norm else 1e-6, norm=norm,
+                               backend=self.prologue_backend)  # [B, T, H, D] each, unit norm
+        # one dtype for the kernel: under bf16 autocast the q/k norms run in float32 while v is bf16 (fla needs one)
         q, k = q.to(v.dtype), k.to(v.dtype)  # [B, T, H, D]
         beta = torch.sigmoid(acc(self.b_proj(x))).to(v.dtype)  # [B, T, H]
         g = self.log_decay(x)  # [B, T, H]
         o, state = gated_delta_rule(q, k, v, g, beta, scale=D ** -0.5,
                                     initial_state=cache.state if cache is not None else None,
-                                    output_final_state=cache is not None, use_qk_l2norm_in_kernel=True,
+                                    output_final_state=cache is not None, use_qk_l2norm_in_kernel=False,
                                     backend=self.backend)
         if cache is not None:
-            cache.state = state  # [B, H, D, D]
+            cache.set_state(state)  # [B, H, D, D] (in place when the cache is preallocated)
         return o  # [B, T, H, D]
 
 

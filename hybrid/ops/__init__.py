@@ -8,18 +8,24 @@ fla nor flash_attn (they load lazily inside the functions that use them).
                                 "fla_recurrent")
     attention                   softmax attention ("auto", "flash", "sdpa", "eager"), GQA, q_offset for decoding
     attention_eager             its naive twin
+    decode_attention            one query per row over a KV buffer with per-row lengths ("triton" split-KV, "torch")
+    gdn_qk_prologue             GDN q/k RMSNorm + RoPE + l2norm ("auto", "torch" twin, "triton" fused fwd+bwd)
 """
 from hybrid.ops.attention import attention, attention_eager
+from hybrid.ops.decode_attention import decode_attention
 from hybrid.ops.gdn import chunk_gated_delta_rule, fla_available, gated_delta_rule
 from hybrid.ops.gdn_chunk import chunk_gated_delta_rule as torch_chunk_gated_delta_rule
 from hybrid.ops.gdn_recurrent import recurrent_gated_delta_rule
+from hybrid.ops.prologue import gdn_qk_prologue
 
 __all__ = [
     "attention",
     "attention_eager",
     "chunk_gated_delta_rule",
+    "decode_attention",
     "fla_available",
     "gated_delta_rule",
+    "gdn_qk_prologue",
     "recurrent_gated_delta_rule",
     "torch_chunk_gated_delta_rule",
 ]

@@ -1,0 +1,300 @@
+"""Fast decoding: a preallocated mixed cache with per-row lengths, ragged prefill, and a CUDA-graph decode step.
+
+    cache, logits = prefill(model, [ids_a, ids_b], max_new_tokens=32)    # ragged prompts, one row each
+    dec = Decoder(model, cache, cuda_graph=None)                          # None: on for CUDA, off on the CPU
+    logits = dec.step(next_ids)                                           # next_ids [B, 1] -> logits [B, V]
+    tokens = greedy_decode(model, [ids_a, ids_b], max_new_tokens=32)      # [B, N] (the two above in a loop)
+
+``StaticHybridCache`` (a ``HybridCache``) holds, per layer, the FA heads' KV heads in a buffer
+[B, S_max, K_F, D] written in place at each row's own positions, the GDN state [B, H_L, D, D] (float32;
+float64 for a float64 model) and the conv states, all allocated once. ``lengths`` [B] (on the device, and
+mirrored on the host) is the number of positions each row holds. A step of T new tokens per row computes the
+positions [B, T], RoPE cos/sin [B, T, D] and the key mask [B, T, S] once for all layers (causal per row, so
+the rows' unused tail is masked: the key-padding mask of ragged rows); the FA branch writes k/v with one
+``index_put_`` and attends with grouped-query SDPA (no KV copy); the GDN branch steps its state (fla's fused
+recurrent kernel on CUDA, ``hybrid.ops.gated_delta_rule`` "auto"). Nothing per layer grows with the context in
+Python, and no step reads a device value on the host, so the step can be captured as a CUDA graph: then every
+step attends over the whole buffer (S = S_max, masked), since a graph has fixed shapes; eagerly S = the
+longest row so far.
+
+Rows are prefilled one at a time (``prefill``: an ordinary forward with a ``HybridCache`` per prompt, copied
+into the row), so no pad token ever enters a GDN state. Token-level baselines keep every position (their
+window is applied by the mask), not a ring buffer.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import torch
+
+from hybrid.cache import HybridCache, LayerCache
+
+__all__ = ["StaticLayerCache", "StaticHybridCache", "Decoder", "prefill", "greedy_decode"]
+
+
+@dataclass
+class _Step:
+    """What one forward step shares across layers (set by StaticHybridCache.begin_step)."""
+
+    positions: torch.Tensor | None = None  # [B, T] absolute positions of the new tokens
+    rows: torch.Tensor | None = None  # [B, T] row index of each new token
+    mask: torch.Tensor | None = None  # [B, T, S] key j visible to query (b, t): j <= positions[b, t]
+    kv_len: torch.Tensor | None = None  # [B] keys the last new token of each row sees (positions[:, -1] + 1)
+    S: int = 0  # keys attended: buffer rows 0..S-1
+    windowed: dict = field(default_factory=dict)  # per-step values shared by layers: window masks, log scales
+
+    def log_scale(self, base: float, dtype: torch.dtype) -> torch.Tensor:
+        """The FA branch's log-length query scale of the new positions [B, T], once per step and base."""
+        key = ("log_scale", base, dtype)
+        if key not in self.windowed:
+            from hybrid.layers.common import log_length_scale
+
+            self.windowed[key] = log_length_scale(self.positions, base).to(dtype)  # [B, T]
+        return self.windowed[key]
+
+    def window_mask(self, window: int | None) -> torch.Tensor:
+        if window is None:
+            return self.mask
+        if window not in self.windowed:
+            j = torch.arange(self.S, device=self.mask.device)  # [S]
+            self.windowed[window] = self.mask & (j > self.positions[..., None] - window)  # [B, T, S]
+        return self.windowed[window]
+
+
+@dataclass
+class StaticLayerCache(LayerCache):
+    """A LayerCache whose tensors are preallocated and updated in place (see the module docstring)."""
+
+    step: _Step | None = None
+    per_row = True
+
+    def write_rows(self, k: torch.Tensor, v: torch.Tensor, window: int | None = None):
+        """k, v [B, T, K_F, D] -> (keys, values [B, S, K_F, D] views of the buffer, mask [B, T, S])."""
+        st = self.step
+        self.keys.index_put_((st.rows, st.positions), k)
+        self.values.index_put_((st.rows, st.positions), v)
+        return self.keys[:, :st.S], self.values[:, :st.S], st.window_mask(window)
+
+    def append_kv(self, k, v, keep=None):  # pragma: no cover - the FA branch uses write_rows for this cache
+        raise RuntimeError("StaticLayerCache is written by write_rows (per-row positions), not append_kv")
+
+    def set_state(self, state: torch.Tensor) -> None:
+        self.state.copy_(state)
+
+    def set_conv(self, conv: tuple[torch.Tensor, ...]) -> None:
+        for dst, src in zip(self.conv, conv):
+            dst.copy_(src)
+
+
+class StaticHybridCache(HybridCache):
+    """Preallocated mixed cache with per-row lengths; build it with ``StaticHybridCache.allocate``."""
+
+    per_row = True
+
+    def __init__(self, layers: list[StaticLayerCache], lengths: torch.Tensor, capacity: int,
+                 inv_freq: torch.Tensor, rope_scaling: float) -> None:
+        super().__init__(layers=layers, seen_tokens=0)
+        self.lengths = lengths  # [B] long, on the device
+        self.host_lengths = [0] * lengths.shape[0]  # the same numbers on the host (no sync to read them)
+        self.capacity = capacity
+        self.inv_freq, self.rope_scaling = inv_freq, rope_scaling  # [D/2] on the device
+        self.full_width = False  # True: attend over all `capacity` rows (fixed shapes, for CUDA graphs)
+        self.step = _Step()
+        for layer in layers:
+            layer.step = self.step
+
+    @classmethod
+    def allocate(cls, model, batch: int, capacity: int, dtype: torch.dtype | None = None,
+                 device: torch.device | str | None = None) -> "StaticHybridCache":
+        """Zeroed buffers for ``batch`` rows of up to ``capacity`` positions each (prompt + new tokens)."""
+        if batch < 1 or capacity < 1:
+            raise ValueError(f"batch={batch} and capacity={capacity} must both be >= 1")
+        p = next(model.parameters())
+        dtype, device = dtype or p.dtype, device or p.device
+        inner = getattr(model, "model", model)
+        cfg = inner.config
+        D = cfg.head_dim
+        st_dtype = torch.float64 if dtype == torch.float64 else torch.float32
+        layers = []
+        for layer in inner.layers:
+            attn = layer.self_attn
+            fa = getattr(attn, "fa", None) or getattr(attn, "swa", None)
+            la = attn.la
+            kf = fa.n_kv if fa is not None else 0
+            hl = la.n_heads if la is not None else 0
+            lc = StaticLayerCache()
+            if kf:
+                lc.keys = torch.zeros(batch, capacity, kf, D, dtype=dtype, device=device)  # [B, S, K_F, D]
+                lc.values = torch.zeros_like(lc.keys)
+            if hl:
+                lc.state = torch.zeros(batch, hl, D, D, dtype=st_dtype, device=device)  # [B, H_L, D, D]
+                if la.convs:
+                    W = la.q_conv.kernel
+                    lc.conv = tuple(torch.zeros(batch, W - 1, hl * D, dtype=dtype, device=device) for _ in range(3))
+            layers.append(lc)
+        inv_freq, scaling = inner.rotary_emb.inv_freq()
+        lengths = torch.zeros(batch, dtype=torch.long, device=device)
+        return cls(layers, lengths, capacity, inv_freq.to(device), scaling)
+
+    @property
+    def batch(self) -> int:
+        return self.lengths.shape[0]
+
+    # ---- one forward step (called by HybridModel.forward) --------------------------------
+    def begin_step(self, T: int, dtype: torch.dtype):
+        """Positions [B, T], cos/sin [B, T, D] of the next T tokens of every row; sets the shared key mask."""
+        longest = max(self.host_lengths) + T
+        if longest > self.capacity:
+            raise ValueError(f"StaticHybridCache: a row would hold {longest} positions but capacity is "
+                             f"{self.capacity}; allocate a larger cache")
+        dev = self.lengths.device
+        st = self.step
+        st.positions = self.lengths[:, None] + torch.arange(T, device=dev)  # [B, T]
+        st.rows = torch.arange(self.batch, device=dev)[:, None].expand(self.batch, T)  # [B, T]
+        st.S = self.capacity if self.full_width else longest
+        st.mask = torch.arange(st.S, device=dev) <= st.positions[..., None]  # [B, T, S]
+        st.kv_len = st.positions[:, -1] + 1  # [B]
+        st.windowed = {}
+        freqs = st.positions.float()[..., None] * self.inv_freq  # [B, T, D/2]
+        emb = torch.cat((freqs, freqs), dim=-1)  # [B, T, D]
+        cos, sin = (emb.cos() * self.rope_scaling).to(dtype), (emb.sin() * self.rope_scaling).to(dtype)
+        return st.positions, cos, sin
+
+    def end_step(self, T: int) -> None:
+        self.lengths += T
+        self.host_lengths = [n + T for n in self.host_lengths]
+        self.seen_tokens = max(self.host_lengths)
+
+    # ---- filling rows --------------------------------------------------------------------
+    def load_row(self, row: int, cache: HybridCache) -> None:
+        """Copy a batch-1 ``HybridCache`` (an ordinary prefill of one prompt) into row ``row``."""
+        n = cache.seen_tokens
+        if n > self.capacity:
+            raise ValueError(f"prompt of {n} positions does not fit capacity {self.capacity}")
+        for dst, src in zip(self.layers, cache.layers):
+            if src.keys is not None:
+                a = src.key_start
+                dst.keys[row, a:a + src.keys.shape[1]] = src.keys[0]
+                dst.values[row, a:a + src.values.shape[1]] = src.values[0]
+            if src.state is not None:
+                dst.state[row] = src.state[0]
+            if src.conv is not None:
+                for d, s in zip(dst.conv, src.conv):
+                    d[row] = s[0]
+        self.lengths[row] = n
+        self.host_lengths[row] = n
+        self.seen_tokens = max(self.host_lengths)
+
+    def snapshot(self) -> dict:
+        """The parts a step changes besides KV rows past each length (states, conv states, lengths)."""
+        return dict(lengths=self.lengths.clone(), host=list(self.host_lengths),
+                    states=[None if l.state is None else l.state.clone() for l in self.layers],
+                    convs=[None if l.conv is None else tuple(c.clone() for c in l.conv) for l in self.layers])
+
+    def restore(self, snap: dict) -> None:
+        self.lengths.copy_(snap["lengths"])
+        self.host_lengths = list(snap["host"])
+        self.seen_tokens = max(self.host_lengths)
+        for l, s, c in zip(self.layers, snap["states"], snap["convs"]):
+            if s is not None:
+                l.state.copy_(s)
+            if c is not None:
+                for d, x in zip(l.conv, c):
+                    d.copy_(x)
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        raise NotImplementedError("StaticHybridCache does not reorder rows (beam search): use HybridCache")
+
+
+@torch.no_grad()
+def prefill(model, prompts: Sequence[torch.Tensor], max_new_tokens: int, capacity: int | None = None):
+    """Prefill each prompt (1-d token ids, any lengths) into its own row of a new StaticHybridCache.
+
+    Returns (cache, logits [B, V] of each prompt's last position)."""
+    if not prompts:
+        raise ValueError("prefill needs at least one prompt")
+    for i, p in enumerate(prompts):
+        if p.dim() != 1 or p.numel() == 0:
+            raise ValueError(f"prompt {i} must be a non-empty 1-d tensor of token ids, got shape {tuple(p.shape)}")
+    need = max(p.numel() for p in prompts) + max_new_tokens
+    cache = StaticHybridCache.allocate(model, len(prompts), capacity or need)
+    last = []
+    for i, p in enumerate(prompts):
+        out = model(p[None], use_cache=True, logits_to_keep=1)
+        cache.load_row(i, out.hybrid_cache)
+        last.append(out.logits[0, -1])  # [V]
+        del out
+    return cache, torch.stack(last)  # [B, V]
+
+
+class Decoder:
+    """Decode steps of one token per row on a StaticHybridCache, optionally replayed as a CUDA graph.
+
+    ``cuda_graph``: None (default) = on when the cache is on CUDA, off otherwise; True on the CPU is an error.
+    The graph is captured at the first step (after ``warmup`` eager steps whose effects are undone), and
+    attends over the whole buffer (fixed shapes)."""
+
+    def __init__(self, model, cache: StaticHybridCache, cuda_graph: bool | None = None, warmup: int = 2) -> None:
+        on_cuda = cache.lengths.is_cuda
+        if cuda_graph and not on_cuda:
+            raise ValueError("cuda_graph=True needs the model and cache on a CUDA device; use cuda_graph=False "
+                             "(or None) on the CPU")
+        self.model, self.cache = model, cache
+        self.use_graph = on_cuda if cuda_graph is None else bool(cuda_graph)
+        self.warmup = warmup
+        self.graph = None
+        self.ids = None  # [B, 1] static input of the graph
+        self.logits = None  # [B, V] static output of the graph
+
+    def _forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.model(ids, hybrid_cache=self.cache, use_cache=True).logits[:, -1]  # [B, V]
+
+    def _capture(self, ids: torch.Tensor) -> None:
+        cache = self.cache
+        cache.full_width = True
+        self.ids = ids.clone()
+        snap = cache.snapshot()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm-up (autotuning, allocator) off the capture stream, then undone
+            for _ in range(self.warmup):
+                self._forward(self.ids)
+                cache.restore(snap)
+        torch.cuda.current_stream().wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self.logits = self._forward(self.ids)
+        cache.restore(snap)  # capture ran end_step's host part once; the device part was only recorded
+
+    @torch.no_grad()
+    def step(self, ids: torch.Tensor) -> torch.Tensor:
+        """ids [B, 1] (one new token per row) -> logits [B, V]; advances every row by one position."""
+        if ids.shape != (self.cache.batch, 1):
+            raise ValueError(f"ids must be [B, 1] = [{self.cache.batch}, 1], got {tuple(ids.shape)}")
+        if not self.use_graph:
+            return self._forward(ids)
+        if max(self.cache.host_lengths) + 1 > self.cache.capacity:
+            raise ValueError(f"StaticHybridCache is full (capacity {self.cache.capacity})")
+        if self.graph is None:
+            self._capture(ids)
+        self.ids.copy_(ids)
+        self.graph.replay()
+        self.cache.host_lengths = [n + 1 for n in self.cache.host_lengths]
+        self.cache.seen_tokens = max(self.cache.host_lengths)
+        return self.logits
+
+
+@torch.no_grad()
+def greedy_decode(model, prompts: Sequence[torch.Tensor], max_new_tokens: int,
+                  cuda_graph: bool | None = None) -> torch.Tensor:
+    """Greedy continuation of ragged prompts, batched: returns the new tokens [B, max_new_tokens]."""
+    cache, logits = prefill(model, prompts, max_new_tokens)
+    dec = Decoder(model, cache, cuda_graph=cuda_graph)
+    out = []
+    nxt = logits.argmax(-1, keepdim=True)  # [B, 1]
+    for i in range(max_new_tokens):
+        out.append(nxt)
+        if i + 1 < max_new_tokens:
+            nxt = dec.step(nxt).argmax(-1, keepdim=True)
+    return torch.cat(out, 1)  # [B, N]

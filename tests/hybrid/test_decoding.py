@@ -1,0 +1,181 @@
+"""hybrid.decoding: the preallocated per-row cache. Ragged batched decoding equals per-sequence decoding and the
+full forward (float64, CPU), for the head-level hybrid, the teacher and the token-level baseline; greedy
+decoding equals generate(); the CUDA-graph switch is off on the CPU; errors."""
+import pytest
+import torch
+
+from headscope.mask import HeadMask
+from hybrid.cache import cache_nbytes
+from hybrid.convert import from_mask
+from hybrid.decoding import Decoder, StaticHybridCache, greedy_decode, prefill
+from hybrid.builders import from_teacher, from_token_level
+
+from model_factories import tiny_model
+from testing_utils import assert_close
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+FA = [(0, 1), (0, 2), (1, 0), (1, 3), (2, 2)]  # layer 0: irregular GQA (heads 1, 2 on KV heads 0, 1)
+
+
+def perturbed(model):
+    with torch.no_grad():
+        for p in model.new_parameters().values():  # off init, so gates, convs and decays matter
+            p.add_(torch.randn_like(p) * 0.1)
+    return model
+
+
+BUILDERS = {
+    "head": lambda t: from_mask(t, HeadMask.for_model(t, FA)),
+    "head_conv_gated": lambda t: from_mask(t, HeadMask.for_model(t, FA), gdn_conv=True, fusion="gated_head"),
+    "head_gated_branch": lambda t: from_mask(t, HeadMask.for_model(t, FA), fusion="gated_branch", decay="simple"),
+    "teacher": lambda t: from_teacher(t),
+    "token": lambda t: from_token_level(t, window=4),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BUILDERS))
+def test_ragged_batched_decoding_equals_full_forward_per_sequence(name):
+    teacher = tiny_model("qwen3", dtype=torch.float64)
+    model = perturbed(BUILDERS[name](teacher))
+    torch.manual_seed(1)
+    seqs = [torch.randint(0, 128, (n,)) for n in (9, 5, 12)]
+    N = 4  # the last N positions of each sequence are decoded one step at a time, all rows together
+    cache, logits = prefill(model, [s[:-N] for s in seqs], N)
+    dec = Decoder(model, cache)
+    assert not dec.use_graph  # CPU: the graph switch is off
+    steps = [logits]  # [B, V] per step
+    for i in range(N - 1):
+        ids = torch.stack([s[len(s) - N + i] for s in seqs])[:, None]  # [B, 1]
+        steps.append(dec.step(ids))
+    assert cache.host_lengths == [len(s) - 1 for s in seqs] == cache.lengths.tolist()
+    for b, s in enumerate(seqs):
+        full = model(s[None, :-1], use_cache=False).logits[0, -N:]  # [N, V]
+        per_seq = [model(s[None, :len(s) - N]).logits[0, -1]]  # the existing per-sequence decoding
+        c = None
+        out = model(s[None, :len(s) - N])
+        c = out.hybrid_cache
+        for i in range(N - 1):
+            j = len(s) - N + i
+            per_seq.append(model(s[None, j:j + 1], hybrid_cache=c).logits[0, -1])
+        got = torch.stack([st[b] for st in steps])  # [N, V]
+        assert_close(f"{name} row {b} vs full forward", got, full, "fp64_exact")
+        assert_close(f"{name} row {b} vs per-sequence decoding", got, torch.stack(per_seq), "fp64_exact")
+
+
+def test_batched_multi_token_step_equals_full_forward():
+    """A T > 1 step on the preallocated cache (rows at different lengths) equals the full forward."""
+    teacher = tiny_model("qwen3", dtype=torch.float64)
+    model = perturbed(BUILDERS["head_conv_gated"](teacher))
+    torch.manual_seed(2)
+    seqs = [torch.randint(0, 128, (n,)) for n in (10, 7)]
+    cache, _ = prefill(model, [s[:-3] for s in seqs], 3)
+    new = torch.stack([s[-3:] for s in seqs])  # [B, 3]
+    with torch.no_grad():
+        logits = model(new, hybrid_cache=cache).logits  # [B, 3, V]
+        for b, s in enumerate(seqs):
+            assert_close(f"row {b}", logits[b], model(s[None], use_cache=False).logits[0, -3:], "fp64_exact")
+
+
+def test_greedy_decode_equals_generate_per_prompt():
+    teacher = tiny_model("qwen3", dtype=torch.float64)
+    model = perturbed(BUILDERS["head"](teacher))
+    torch.manual_seed(3)
+    prompts = [torch.randint(0, 128, (n,)) for n in (6, 3)]
+    tokens = greedy_decode(model, prompts, max_new_tokens=5)  # [B, 5]
+    for b, p in enumerate(prompts):
+        ref = model.generate(p[None], max_new_tokens=5, do_sample=False, min_new_tokens=5)[0, p.numel():]
+        assert tokens[b].tolist() == ref.tolist()
+
+
+def test_static_cache_bytes_and_errors():
+    teacher = tiny_model("qwen3")
+    model = BUILDERS["head"](teacher)
+    cache = StaticHybridCache.allocate(model, batch=2, capacity=20)
+    assert cache.nbytes() == {k: v for k, v in cache_nbytes(model, 20, batch=2, dtype=torch.float32).items()
+                              if k != "teacher"}
+    with pytest.raises(ValueError, match="cuda_graph=True needs"):
+        Decoder(model, cache, cuda_graph=True)
+    assert Decoder(model, cache, cuda_graph=False).use_graph is False
+    dec = Decoder(model, cache)
+    with pytest.raises(ValueError, match=r"ids must be \[B, 1\]"):
+        dec.step(torch.zeros(3, 1, dtype=torch.long))
+    with pytest.raises(ValueError, match="capacity"):
+        prefill(model, [torch.zeros(30, dtype=torch.long)], 1, capacity=20)
+    full, _ = prefill(model, [torch.zeros(4, dtype=torch.long)], 1)
+    dec = Decoder(model, full)
+    dec.step(torch.zeros(1, 1, dtype=torch.long))
+    with pytest.raises(ValueError, match="capacity is 5"):
+        dec.step(torch.zeros(1, 1, dtype=torch.long))
+    with pytest.raises(ValueError, match="non-empty 1-d"):
+        prefill(model, [torch.zeros(1, 4, dtype=torch.long)], 1)
+    with pytest.raises(NotImplementedError, match="beam"):
+        cache.reorder_cache(torch.tensor([1, 0]))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("graph", [False, True])
+def test_gpu_bf16_ragged_decoding_matches_full_forward(graph):
+    """On the GPU in bf16 (fla's fused recurrent kernel, the Triton prologue where they import), eager and
+    CUDA-graph decoding of ragged rows match the full forward within bf16_model."""
+    teacher = tiny_model("qwen3", head_dim=64).to("cuda", torch.bfloat16)
+    model = perturbed(BUILDERS["head"](teacher))
+    torch.manual_seed(4)
+    seqs = [torch.randint(0, 128, (n,), device="cuda") for n in (40, 23, 70)]
+    N = 6
+    cache, logits = prefill(model, [s[:-N] for s in seqs], N)
+    dec = Decoder(model, cache, cuda_graph=graph)
+    assert dec.use_graph is graph
+    steps = [logits.clone()]
+    for i in range(N - 1):
+        ids = torch.stack([s[len(s) - N + i] for s in seqs])[:, None]  # [B, 1]
+        steps.append(dec.step(ids).clone())
+    assert cache.host_lengths == [len(s) - 1 for s in seqs] == cache.lengths.tolist()
+    with torch.no_grad():
+        for b, s in enumerate(seqs):
+            full = model(s[None, :-1], use_cache=False).logits[0, -N:].float()  # [N, V]
+            got = torch.stack([st[b] for st in steps]).float()
+            err = assert_close(f"graph={graph} row {b}", got, full, "bf16_model")
+            print(f"decode graph={graph} row {b}: rel err {err:.2e}")
+
+
+INTERPRETED = """
+import torch
+import hybrid.ops.decode_attention as da
+da.resolve_backend = lambda backend, q: "triton"  # the split-KV kernel on CPU tensors (interpreter)
+from model_factories import tiny_model
+from testing_utils import assert_close
+from headscope.mask import HeadMask
+from hybrid.convert import from_mask
+from hybrid.decoding import prefill, Decoder
+teacher = tiny_model("qwen3")
+model = from_mask(teacher, HeadMask.for_model(teacher, [(0, 0), (0, 1), (1, 2), (2, 0)]), prologue_backend="triton")
+with torch.no_grad():
+    for p in model.new_parameters().values():
+        p.add_(torch.randn_like(p) * 0.1)
+seqs = [torch.randint(0, 128, (n,)) for n in (9, 5)]
+cache, logits = prefill(model, [s[:-3] for s in seqs], 3)
+dec = Decoder(model, cache)
+steps = [logits] + [dec.step(torch.stack([s[len(s) - 3 + i] for s in seqs])[:, None]) for i in range(2)]
+for b, s in enumerate(seqs):
+    assert_close(f"row {b}", torch.stack([st[b] for st in steps]), model(s[None, :-1]).logits[0, -3:], "fp32")
+print("OK")
+"""
+
+
+def test_decoding_with_both_triton_kernels_in_cpu_interpreter():
+    """The GPU decode path (Triton prologue + split-KV attention) end to end, in Triton's CPU interpreter."""
+    import os
+    import subprocess
+    import sys
+
+    from hybrid.ops.prologue import triton_available
+
+    if not triton_available():
+        pytest.skip("Triton not importable (the GPU image has it)")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    env["PYTHONPATH"] = os.pathsep.join([root, os.path.join(root, "tests"), os.path.join(root, "tests", "hybrid"),
+                                         env.get("PYTHONPATH", "")])
+    r = subprocess.run([sys.executable, "-c", INTERPRETED], env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0 and "OK" in r.stdout, r.stderr[-3000:]
