@@ -36,6 +36,9 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 from hybrid.modeling import register as _register  # noqa: E402
+# bound eagerly, not through __getattr__: nnsight adds a `save` method to every object once imported, and a module's
+# __getattr__ only runs when normal lookup fails, so a lazy `hybrid.save` would resolve to nnsight's
+from hybrid.saving import load, save  # noqa: E402
 
 _register()
 

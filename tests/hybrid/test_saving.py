@@ -168,3 +168,12 @@ def test_not_a_hybrid_or_not_a_folder(tmp_path):
     (tmp_path / "f.json").write_text(json.dumps({}))
     with pytest.raises(HybridFolderError, match="is a file, not a folder"):
         hybrid.load(tmp_path / "f.json")
+
+
+def test_hybrid_save_is_ours_after_nnsight_is_imported():
+    """nnsight patches a `save` method onto every object; hybrid.save must stay hybrid's (found in the full suite)."""
+    import nnsight  # noqa: F401
+
+    from hybrid.saving import load, save
+
+    assert hybrid.save is save and hybrid.load is load
