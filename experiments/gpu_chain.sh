@@ -27,7 +27,8 @@ smollm2)
     . /tmp/stage/env.sh || { echo "GGUF not complete: restage"; exit 1; }
     timeout 450 python3 experiments/report_heads.py --model smollm2-135m --device cuda --dtype bfloat16 --threads 8 \
         > "$OUT/report_smollm2.log" 2>&1; tail -40 "$OUT/report_smollm2.log"
-    tar -czf "$OUT/smollm2_report.tgz" docs/results/smollm2_135m docs/smollm2_135m_heads.md docs/figures/smollm2_135m_* ;;
+    run=docs/results; run="$run/smollm2_135m"  # the report writes its run folder here
+    tar -czf "$OUT/smollm2_report.tgz" "$run" docs/smollm2_135m_heads.md docs/figures/smollm2_135m_* ;;
 accuracy)
     wheels .whl/gguf/*.whl .whl/plotly/*.whl
     . /tmp/stage/env.sh || { echo "GGUF not staged: machine went cold"; exit 1; }
