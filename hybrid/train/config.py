@@ -60,7 +60,8 @@ class DataConfig:
     reasoning: float = 0.2  # the reasoning families, packed
     copy: float = 0.1  # repeated snippets (induction data)
     teacher: float = 0.0  # windows of text sampled from the teacher itself (hybrid stages only)
-    teacher_samples: int = 64  # rows sampled from the teacher at each stage start (seeded)
+    teacher_samples: int = 64  # rows sampled from the teacher at each stage start (seeded), in one batch
+    teacher_sample_len: int = 512  # tokens per sampled row; rows are concatenated and windows cut across them
     teacher_temperature: float = 1.0
     answer_weight: float = 5.0  # loss weight of the positions predicting answer tokens
     haystack_weight: float = 1.0  # loss weight of NIAH prompt tokens
@@ -84,6 +85,8 @@ class DataConfig:
             raise TrainConfigError(f"data: the mixture weights {weights} sum to 0; give at least one positive weight")
         if self.teacher_samples < 1:
             _bad("data", "teacher_samples", self.teacher_samples, "must be >= 1")
+        if self.teacher_sample_len < 1:
+            _bad("data", "teacher_sample_len", self.teacher_sample_len, "must be >= 1")
         if not self.teacher_temperature > 0:
             _bad("data", "teacher_temperature", self.teacher_temperature, "must be > 0")
         if self.answer_weight < 0 or self.haystack_weight < 0:

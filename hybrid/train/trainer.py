@@ -201,8 +201,12 @@ class Trainer:
             if self.teacher is None:
                 raise TrainConfigError(f"stages[{s.name}].data.teacher={d.teacher}: teacher-sampled text needs a "
                                        "teacher (hybrid stages only)")
-            teacher_ids = sample_teacher(self.teacher, self.tokenizer, d.teacher_samples, s.seq_len + 1,
-                                         d.teacher_temperature, seed=self.config.seed * 7919 + index)
+            # short rows in one batch: sampling a whole seq_len row per sample cost ~100 s per stage start on the
+            # H200 (sequential decode steps); windows of seq_len are cut across the concatenated rows instead
+            n_rows = max(d.teacher_samples, -(-(s.seq_len + 2) // d.teacher_sample_len))
+            teacher_ids = sample_teacher(self.teacher, self.tokenizer, n_rows, d.teacher_sample_len,
+                                         d.teacher_temperature, seed=self.config.seed * 7919 + index,
+                                         batch_size=n_rows)
         stream = MixtureStream(mixture_config(d, s, self.config.seed), self.tokenizer, self._corpus[d.corpus],
                                stage=f"{index}:{s.name}", teacher_ids=teacher_ids)
         import multiprocessing as mp
