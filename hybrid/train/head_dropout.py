@@ -39,18 +39,14 @@ def head_dropout(model: nn.Module, p: float) -> Iterator[None]:
         return
     from headscope.arch import describe
 
+    from headscope.hooks import hooks, pre
+
     arch = describe(model)
-    handles = []
 
     def hook(module, args):
         if not model.training:
             return None
         return (drop_heads(args[0], arch.n_heads, p),) + tuple(args[1:])
 
-    try:
-        for proj in arch.out_projs:
-            handles.append(proj.register_forward_pre_hook(hook))
+    with hooks(pre(proj, hook) for proj in arch.out_projs):
         yield
-    finally:
-        for h in handles:
-            h.remove()

@@ -1,18 +1,20 @@
 """experiments/reference/train_reference.py is a thin caller of hybrid.train ("pretrain" stage)."""
 from __future__ import annotations
 
-import importlib.util
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
-REF = Path(__file__).resolve().parents[3] / "experiments" / "reference" / "train_reference.py"
+ROOT = Path(__file__).resolve().parents[3]
+REF = ROOT / "experiments" / "reference" / "train_reference.py"
 
 
-def load_script():
-    spec = importlib.util.spec_from_file_location("_train_reference", REF)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+def run_script(*args: str) -> None:
+    """The script as a user runs it (a process of its own; tests never import scripts by path)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    subprocess.run([sys.executable, str(REF), *args], check=True, env=env, cwd=ROOT)
 
 
 def test_tiny_cpu_run_trains_and_saves_a_loadable_model(tmp_path):
@@ -20,11 +22,10 @@ def test_tiny_cpu_run_trains_and_saves_a_loadable_model(tmp_path):
 
     from hybrid.train.logs import read_log
 
-    script = load_script()
     out = tmp_path / "ref"
-    script.main(["--out", str(out), "--device", "cpu", "--tiny", "--max-steps", "6", "--corpus", "heldout",
-                 "--seq-len", "64", "--min-len", "32", "--tokens-per-batch", "256", "--probe-n", "2",
-                 "--probe-every", "6", "--log-every", "1", "--head-drop", "0.05", "--no-progress"])
+    run_script("--out", str(out), "--device", "cpu", "--tiny", "--max-steps", "6", "--corpus", "heldout",
+               "--seq-len", "64", "--min-len", "32", "--tokens-per-batch", "256", "--probe-n", "2",
+               "--probe-every", "6", "--log-every", "1", "--head-drop", "0.05", "--no-progress")
     summary = json.loads((out / "train_summary.json").read_text())
     assert summary["step"] == 6 and "eval_acc_reasoning" in summary
     model = AutoModelForCausalLM.from_pretrained(out)

@@ -1,8 +1,10 @@
 """experiments/train_hybrid/run.py --tiny: the whole GPU pipeline on CPU (mask given, or selected: slow)."""
 from __future__ import annotations
 
-import importlib.util
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -11,11 +13,12 @@ ROOT = Path(__file__).resolve().parents[3]
 SCRIPT = ROOT / "experiments" / "train_hybrid" / "run.py"
 
 
-def load_script():
-    spec = importlib.util.spec_from_file_location("_train_hybrid_run", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+def run_script(*args: str) -> dict:
+    """The script in a process of its own (tests never import scripts by path); returns its results.json."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    subprocess.run([sys.executable, str(SCRIPT), *args], check=True, env=env, cwd=ROOT)
+    out = Path(args[args.index("--out") + 1])
+    return json.loads((out / "results.json").read_text())
 
 
 def kv_group_mask(path: Path) -> Path:
@@ -45,14 +48,14 @@ def check(out: dict, folder: Path) -> None:
 
 def test_tiny_pipeline_with_a_given_mask(tmp_path):
     mask = kv_group_mask(tmp_path / "mask.json")
-    out = load_script().main(["--config", str(ROOT / "experiments/train_hybrid/tiny.toml"), "--out",
-                              str(tmp_path / "o"), "--tiny", "--mask", str(mask), "--n", "1"])
+    out = run_script("--config", str(ROOT / "experiments/train_hybrid/tiny.toml"), "--out", str(tmp_path / "o"),
+                     "--tiny", "--mask", str(mask), "--n", "1")
     check(out, tmp_path / "o")
 
 
 @pytest.mark.slow  # scoring 128 heads twice on CPU: minutes
 def test_tiny_pipeline_selects_its_mask(tmp_path):
-    out = load_script().main(["--config", str(ROOT / "experiments/train_hybrid/tiny.toml"), "--out",
-                              str(tmp_path / "o"), "--tiny", "--n", "1"])
+    out = run_script("--config", str(ROOT / "experiments/train_hybrid/tiny.toml"), "--out", str(tmp_path / "o"),
+                     "--tiny", "--n", "1")
     check(out, tmp_path / "o")
     assert (tmp_path / "o" / "mask.json").exists() and len(out["mask"]["fa_heads"]) == 8
