@@ -409,16 +409,10 @@ class StepBatches(IterableDataset):
 
 
 def tokenize_corpus(tokenizer, text: str, chunk_chars: int = 100_000) -> torch.Tensor:
-    """The whole corpus as one long id tensor ``[N]`` (tokenized in chunks cut at blank lines)."""
-    ids: list[int] = []
-    start = 0
-    while start < len(text):
-        end = min(len(text), start + chunk_chars)
-        cut = text.rfind("\n\n", start, end) if end < len(text) else end
-        end = cut + 2 if cut > start else end
-        ids += tokenizer(text[start:end], add_special_tokens=False)["input_ids"]
-        start = end
-    return torch.tensor(ids, dtype=torch.long)
+    """The whole corpus as one long id tensor ``[N]``: ``headscope.tasks.haystack.tokenize_text`` (one tokenizer)."""
+    from headscope.tasks.haystack import tokenize_text
+
+    return tokenize_text(tokenizer, text, chunk_chars)  # [N]
 
 
 def describe_mixture(cfg: MixtureConfig) -> str:
