@@ -41,3 +41,16 @@ def assert_close(name: str, x: torch.Tensor, ref: torch.Tensor, tol: float | str
     if not err <= tol_value:
         raise AssertionError(f"{name}: relative error {err:.3e} > tolerance {tol_value:.1e} ({tol})")
     return err
+
+
+def run_in_triton_interpreter(code: str) -> None:
+    """Run ``code`` in a fresh Python with TRITON_INTERPRET=1 (Triton kernels on the CPU); it must print "OK"."""
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    env["PYTHONPATH"] = os.pathsep.join([root, os.path.join(root, "tests", "hybrid"), env.get("PYTHONPATH", "")])
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0 and "OK" in r.stdout, r.stderr[-3000:]

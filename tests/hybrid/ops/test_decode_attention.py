@@ -1,9 +1,6 @@
 """Decode attention (one query per row, per-row lengths, GQA, optional window): the SDPA twin vs the eager
 attention per row (float64); the split-KV Triton kernel vs the twin in Triton's CPU interpreter (when Triton
 imports) and on the GPU in bf16 (marked gpu)."""
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
@@ -13,7 +10,7 @@ from hybrid.ops import attention_eager
 from hybrid.ops.decode_attention import decode_attention, decode_attention_reference, resolve_backend
 from hybrid.ops.prologue import triton_available
 
-from testing_utils import assert_close
+from testing_utils import assert_close, run_in_triton_interpreter
 
 
 @pytest.mark.parametrize("H,K,window", [(4, 2, None), (6, 1, None), (4, 4, 3), (8, 2, 40)])
@@ -47,7 +44,7 @@ def test_decode_attention_errors():
 INTERPRETED = textwrap.dedent("""
     import torch
     from hybrid.ops.decode_attention import decode_attention_reference, decode_attention_triton
-    from testing_utils import assert_close
+    from testing_utils import assert_close, run_in_triton_interpreter
     torch.manual_seed(0)
     for B, H, K, D, S, lens, window in [(2, 4, 2, 16, 300, [1, 300], None), (3, 16, 8, 32, 257, [5, 100, 257], None),
                                         (2, 2, 1, 64, 200, [130, 7], 50)]:
@@ -61,11 +58,7 @@ INTERPRETED = textwrap.dedent("""
 
 @pytest.mark.skipif(not triton_available(), reason="Triton not importable (the GPU image has it)")
 def test_split_kv_kernel_in_cpu_interpreter_matches_reference():
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-    env["PYTHONPATH"] = os.pathsep.join([root, os.path.join(root, "tests", "hybrid"), env.get("PYTHONPATH", "")])
-    r = subprocess.run([sys.executable, "-c", INTERPRETED], env=env, capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0 and "OK" in r.stdout, r.stderr[-3000:]
+    run_in_triton_interpreter(INTERPRETED)
 
 
 @pytest.mark.gpu

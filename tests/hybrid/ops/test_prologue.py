@@ -1,9 +1,6 @@
 """GDN prologue (q/k RMSNorm + RoPE + l2norm): the reference twin vs the branch's former unfused path (float64,
 values and gradients), input checks and dispatch; the Triton kernel vs the twin in Triton's CPU interpreter when
 Triton is importable (a subprocess with TRITON_INTERPRET=1), and on the GPU (marked gpu) in bf16."""
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
@@ -15,7 +12,7 @@ from hybrid.layers.hybrid_attention import GatedDeltaNetBranch, qk_norm
 from hybrid.ops import gated_delta_rule
 from hybrid.ops.prologue import gdn_qk_prologue, prologue_reference, resolve_backend, triton_available
 
-from testing_utils import assert_close
+from testing_utils import assert_close, run_in_triton_interpreter
 
 
 def branch_and_inputs(D=16, H_L=3, T=11, B=2, qk=True, seed=0):
@@ -107,7 +104,7 @@ def test_hybrid_option_validates_prologue_backend():
 INTERPRETED = textwrap.dedent("""
     import torch
     from hybrid.ops.prologue import prologue_reference, prologue_triton
-    from testing_utils import assert_close
+    from testing_utils import assert_close, run_in_triton_interpreter
     torch.manual_seed(0)
     for D, per_row, norm in [(16, False, True), (64, True, True), (128, False, False)]:
         B, T, H = 2, 5, 3
@@ -131,11 +128,7 @@ INTERPRETED = textwrap.dedent("""
 
 @pytest.mark.skipif(not triton_available(), reason="Triton not importable (the GPU image has it)")
 def test_triton_kernel_in_cpu_interpreter_matches_reference():
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-    env["PYTHONPATH"] = os.pathsep.join([root, os.path.join(root, "tests", "hybrid"), env.get("PYTHONPATH", "")])
-    r = subprocess.run([sys.executable, "-c", INTERPRETED], env=env, capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0 and "OK" in r.stdout, r.stderr[-3000:]
+    run_in_triton_interpreter(INTERPRETED)
 
 
 @pytest.mark.gpu
