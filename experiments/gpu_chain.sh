@@ -5,6 +5,8 @@
 #   gputests  carry [".stage/...part3of4", ".whl/fla..."]  pytest -m gpu on the hybrid layers and ops
 #   smollm2   carry [".stage/...part4of4", ".whl/gguf", ".whl/tl", ".whl/plotly"]  the SmolLM2 head report (issue 11)
 #   accuracy  carry [".whl/gguf", ".whl/plotly"]           SmolLM2 task accuracy by length + scoring timings
+#   inference carry [".whl/fla_core-0.6.0-py3-none-any.whl"] pytest -m gpu tests/hybrid + the whole-model
+#             benchmark (issue 14; BENCH_S seconds, default 200)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 TRITON_CACHE_AUTOTUNING=1
@@ -36,6 +38,14 @@ accuracy)
         --out "$OUT/task_accuracy_smollm2.json" 2>&1 | tail -30
     timeout 200 python3 experiments/bench_receiver_gpu.py --model smollm2-135m --contexts 2048,8192 --n-pairs 2 \
         2>&1 | tee "$OUT/bench_receiver_smollm2.log" | tail -20 ;;
-*) echo "usage: gpu_chain.sh eval|gputests|smollm2|accuracy"; exit 2 ;;
+inference)
+    wheels .whl/fla_core-*.whl; stage
+    nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+    timeout 170 python3 -m pytest -m gpu -q -p no:cacheprovider --durations=15 tests/hybrid 2>&1 \
+        | tee "$OUT/gpu_tests.log" | tail -40
+    b="${BENCH_S:-200}"
+    timeout $((b + 40)) python3 experiments/bench_whole_model_gpu.py --budget-s "$b" --out "$OUT/bench_whole_model.json" \
+        > "$OUT/bench_whole_model.log" 2>&1; tail -40 "$OUT/bench_whole_model.log" ;;
+*) echo "usage: gpu_chain.sh eval|gputests|smollm2|accuracy|inference"; exit 2 ;;
 esac
 ls -la "$OUT"
