@@ -46,6 +46,7 @@ class HybridOptions:
     conv_size: int = 4
     decay: str = "gdn"  # "gdn": g = -exp(A_log) * softplus(a_proj(x) + dt_bias); "simple": g = logsigmoid(a_proj(x) + bias)
     gdn_backend: str = "auto"  # passed to hybrid.ops.gated_delta_rule
+    gdn_fold_heads: bool = False  # GDN heads folded into the batch: one fla kernel tuning for all head counts
     attn_backend: str = "auto"  # passed to hybrid.ops.attention
     prologue_backend: str = "auto"  # GDN q/k norm + RoPE + l2norm: hybrid.ops.prologue ("auto", "torch", "triton")
     # token-level baseline

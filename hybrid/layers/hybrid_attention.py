@@ -135,6 +135,7 @@ class GatedDeltaNetBranch(nn.Module):
         opts = config.options
         self.heads, self.n_heads, self.head_dim = list(heads), len(heads), D
         self.decay, self.backend, self.seed = opts.decay, opts.gdn_backend, opts.seed
+        self.fold_heads = opts.gdn_fold_heads
         self.prologue_backend = opts.prologue_backend
         HD = self.n_heads * D
         self.q_proj = nn.Linear(C, HD, bias=config.qkv_bias)
@@ -165,13 +166,13 @@ class GatedDeltaNetBranch(nn.Module):
         self.a_proj.reset_new_parameters()
         with torch.no_grad():
             if self.decay == "gdn":  # A ~ U(1, 16), dt ~ logU(1e-3, 1e-1): per-step decay exp(-A dt) in ~[0.2, 1)
-                A = torch.empty(self.n_heads).uniform_(1, 16, generator=gen)
-                dt = torch.exp(torch.rand(self.n_heads, generator=gen) * (math.log(0.1) - math.log(1e-3))
+                A = torch.empty(self.n_heads, device="cpu").uniform_(1, 16, generator=gen)
+                dt = torch.exp(torch.rand(self.n_heads, generator=gen, device="cpu") * (math.log(0.1) - math.log(1e-3))
                                + math.log(1e-3)).clamp(min=1e-4)
                 self.A_log.copy_(torch.log(A))
                 self.dt_bias.copy_(dt + torch.log(-torch.expm1(-dt)))  # inverse softplus
             else:  # sigmoid(a_bias) ~ U(0.9, 0.999): slow decays
-                keep = torch.empty(self.n_heads).uniform_(0.9, 0.999, generator=gen)
+                keep = torch.empty(self.n_heads, device="cpu").uniform_(0.9, 0.999, generator=gen)
                 self.a_bias.copy_(torch.log(keep / (1 - keep)))
             if self.convs:
                 for conv in (self.q_conv, self.k_conv, self.v_conv):
@@ -211,7 +212,7 @@ class GatedDeltaNetBranch(nn.Module):
         o, state = gated_delta_rule(q, k, v, g, beta, scale=D ** -0.5,
                                     initial_state=cache.state if cache is not None else None,
                                     output_final_state=cache is not None, use_qk_l2norm_in_kernel=False,
-                                    backend=self.backend)
+                                    backend=self.backend, fold_heads=self.fold_heads)
         if cache is not None:
             cache.set_state(state)  # [B, H, D, D] (in place when the cache is preallocated)
         return o  # [B, T, H, D]

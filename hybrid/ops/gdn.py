@@ -8,6 +8,11 @@ Backends (all compute the same function, fla's convention; see gdn_recurrent.py)
     "auto"             CUDA + fla: fla_recurrent when no gradient is needed and T <= FLA_RECURRENT_MAX_T,
                        else fla_chunk; otherwise torch_recurrent for T = 1 and torch_chunk beyond.
 
+``fold_heads=True`` runs any backend on heads folded into the batch ([B, T, H, D] -> [B*H, T, 1, D]): the same
+function, but fla's Triton kernels autotune per head count (their keys hold H), and a head-level hybrid has a
+different GDN head count in each layer, so on a fresh GPU every distinct count paid fla's first-call autotuning
+again (about 170 s per (H, D) for forward + backward on the H200). Folded, every layer shares one H = 1 tuning.
+
 The Hopper issue (fla issue 640): fla 0.6.0 raises in backward on Hopper with 3.4.0 <= Triton < 3.7.1, because
 its gated `chunk_bwd_dqkwg` kernel gave wrong results there (guard in fla/ops/common/chunk_o.py). On that
 combination `fla_chunk` keeps fla's forward and, by default, computes the backward by recomputing the chunk
@@ -179,6 +184,25 @@ def resolve_backend(backend: str, q: torch.Tensor, needs_grad: bool) -> str:
     return backend
 
 
+def _fold(x: torch.Tensor | None) -> torch.Tensor | None:
+    """[B, T, H, ...] -> [B*H, T, 1, ...] (heads into the batch)."""
+    if x is None:
+        return None
+    B, T, H = x.shape[:3]
+    return x.transpose(1, 2).reshape(B * H, T, 1, *x.shape[3:])
+
+
+def _folded(fn, q, k, v, g, beta, scale, initial_state, output_final_state, *rest):
+    """Run ``fn`` (a backend, positional order of ``gated_delta_rule``) with heads folded into the batch."""
+    B, T, H = q.shape[:3]
+    h0 = None if initial_state is None else initial_state.reshape(B * H, 1, *initial_state.shape[2:])
+    o, ht = fn(_fold(q), _fold(k), _fold(v), _fold(g.unsqueeze(-1)).squeeze(-1),
+               _fold(beta.unsqueeze(-1)).squeeze(-1), scale, h0, output_final_state, *rest)  # o [B*H, T, 1, Dv]
+    o = o.reshape(B, H, T, o.shape[-1]).transpose(1, 2)  # [B, T, H, Dv]
+    ht = None if ht is None else ht.reshape(B, H, *ht.shape[2:])  # [B, H, Dk, Dv]
+    return o, ht
+
+
 def gated_delta_rule(
     q: torch.Tensor,  # [B, T, H, Dk]
     k: torch.Tensor,  # [B, T, H, Dk]
@@ -192,20 +216,25 @@ def gated_delta_rule(
     chunk_size: int = 64,
     backend: str = "auto",
     allow_unverified_hopper_backward: bool | None = None,
+    fold_heads: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Gated delta rule on the chosen backend. Returns o [B, T, H, Dv] and final state [B, H, Dk, Dv] or None."""
+    """Gated delta rule on the chosen backend. Returns o [B, T, H, Dv] and final state [B, H, Dk, Dv] or None.
+    ``fold_heads``: run on [B*H, T, 1, D] (one kernel tuning for every head count; see the module docstring)."""
     check_gdn_inputs(q, k, v, g, beta, initial_state)
     needs_grad = torch.is_grad_enabled() and any(
         x is not None and x.requires_grad for x in (q, k, v, g, beta, initial_state))
     name = resolve_backend(backend, q, needs_grad)
     args = (q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel, chunk_size)
     if name == "torch_chunk":
-        return torch_chunk_gated_delta_rule(*args)
-    if name == "torch_recurrent":
-        return torch_recurrent_gated_delta_rule(*args)
-    if name == "fla_recurrent":
-        return fla_recurrent_gated_delta_rule(*args)
-    return fla_chunk_gated_delta_rule(*args, allow_unverified_hopper_backward=allow_unverified_hopper_backward)
+        fn = torch_chunk_gated_delta_rule
+    elif name == "torch_recurrent":
+        fn = torch_recurrent_gated_delta_rule
+    elif name == "fla_recurrent":
+        fn = fla_recurrent_gated_delta_rule
+    else:
+        fn = functools.partial(fla_chunk_gated_delta_rule,
+                               allow_unverified_hopper_backward=allow_unverified_hopper_backward)
+    return _folded(fn, *args) if fold_heads and q.shape[2] > 1 else fn(*args)
 
 
 def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,

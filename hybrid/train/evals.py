@@ -38,7 +38,7 @@ def heldout_loss(ctx: EvalContext) -> float:
         ids = tokenize_corpus(ctx.tokenizer, load_haystack("heldout")[:400_000])  # [N]
         T = min(ctx.seq_len, (len(ids) - 1) // max(1, ctx.n_samples))
         g = torch.Generator().manual_seed(10_007 + ctx.seed)
-        starts = torch.randint(0, len(ids) - T - 1, (ctx.n_samples,), generator=g)
+        starts = torch.randint(0, len(ids) - T - 1, (ctx.n_samples,), generator=g, device="cpu")
         ctx.cache[key] = torch.stack([ids[s:s + T] for s in starts.tolist()])  # [n, T]
     rows = ctx.cache[key]
     total, count = 0.0, 0

@@ -125,7 +125,7 @@ def measure_lm(model: nn.Module, batch_size: int, seq_len: int, steps: int = 10,
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else torch.autocast(
         "cpu", enabled=False)
     ids = torch.randint(0, model.config.vocab_size, (batch_size, seq_len),
-                        generator=torch.Generator().manual_seed(1)).to(device)  # [B, T]
+                        generator=torch.Generator().manual_seed(1), device="cpu").to(device)  # [B, T]
     mask = torch.ones_like(ids)  # [B, T]
     for p in model.parameters():
         p.requires_grad_(True)

@@ -268,3 +268,12 @@ def test_fusion_project_bf16_on_gpu_matches_float32(fusion):
         fu16, o16 = copy.deepcopy(fu32).to(torch.bfloat16), copy.deepcopy(o32).to(torch.bfloat16)
         for name, got, want in zip(("out", "d_o_fa", "d_o_la", "d_gamma", "d_W"), run(fu16, o16, torch.bfloat16, fast), ref):
             assert_close(f"{name} fast={fast}", got, want, "bf16_model")
+
+
+def test_gdn_fold_heads_option_gives_the_same_model_output():
+    teacher, model = build()
+    _, folded = build(gdn_fold_heads=True)
+    assert folded.config.options.gdn_fold_heads and folded.model.layers[1].self_attn.la.fold_heads
+    ids = torch.randint(0, teacher.config.vocab_size, (2, 11))  # [B, T]
+    assert_close("fold_heads logits", folded(ids).logits, model(ids).logits, "fp64_exact")
+

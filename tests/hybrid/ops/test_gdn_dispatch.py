@@ -127,3 +127,35 @@ def test_importing_ops_loads_no_optional_kernel_library():
             "('fla', 'flash_attn', 'triton', 'transformer_lens', 'nnsight', 'plotly')]; assert not bad, bad")
     root = str(Path(__file__).resolve().parents[3])
     subprocess.run([sys.executable, "-c", code], check=True, cwd=root)
+
+
+@pytest.mark.parametrize("backend", ["torch_chunk", "torch_recurrent"])
+def test_fold_heads_is_the_same_function_with_gradients(backend):
+    """fold_heads runs [B*H, T, 1, D] (one fla tuning for every head count); values and gradients unchanged."""
+    ref_in = gdn_inputs(B=2, H=3, requires_grad=True)
+    fold_in = [t.detach().clone().requires_grad_(True) for t in ref_in]
+    o_ref, s_ref = gated_delta_rule(*ref_in[:5], initial_state=ref_in[5], output_final_state=True, backend=backend)
+    o, s = gated_delta_rule(*fold_in[:5], initial_state=fold_in[5], output_final_state=True, backend=backend,
+                            fold_heads=True)
+    assert o.shape == o_ref.shape and s.shape == s_ref.shape
+    assert_close("o folded", o, o_ref, "fp64_exact")
+    assert_close("final_state folded", s, s_ref, "fp64_exact")
+    (o_ref.square().sum() + s_ref.sum()).backward()
+    (o.square().sum() + s.sum()).backward()
+    for name, a, b in zip(["q", "k", "v", "g", "beta", "h0"], fold_in, ref_in):
+        assert_close(f"d{name} folded", a.grad, b.grad, "fp64_exact")
+
+
+def test_fold_heads_reaches_the_kernel_with_one_head(monkeypatch):
+    """The backend sees H = 1 (what fla's autotuning keys on), whatever the layer's head count."""
+    seen = []
+
+    def spy(q, *args):
+        seen.append(tuple(q.shape))
+        return torch_chunk_gated_delta_rule(q, *args)
+
+    monkeypatch.setattr(gdn, "torch_chunk_gated_delta_rule", spy)
+    for H in (2, 3):
+        q, k, v, g, beta, h0 = gdn_inputs(B=2, H=H)
+        gated_delta_rule(q, k, v, g, beta, initial_state=h0, backend="torch_chunk", fold_heads=True)
+    assert [s[2] for s in seen] == [1, 1] and [s[0] for s in seen] == [4, 6]
