@@ -15,6 +15,7 @@ wheels() { [ $# -eq 0 ] || python3 -m pip install -q --no-index --no-deps --no-c
     --target /tmp/site "$@" || exit 1; }
 stage() { for p in .stage/*.part*; do [ -f "$p" ] && bash experiments/stage_gguf.sh put "$p"; done; }
 export PYTHONPATH=/tmp/site:$PWD
+bash experiments/triton_cache.sh restore  # autotune results of earlier calls (experiments/gpu_cache)
 case "$1" in
 eval)
     stage
@@ -48,4 +49,5 @@ inference)
         > "$OUT/bench_whole_model.log" 2>&1; tail -40 "$OUT/bench_whole_model.log" ;;
 *) echo "usage: gpu_chain.sh eval|gputests|smollm2|accuracy|inference"; exit 2 ;;
 esac
+bash experiments/triton_cache.sh save "$OUT/triton_autotune_$1.tgz"
 ls -la "$OUT"

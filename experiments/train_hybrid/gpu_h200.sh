@@ -11,6 +11,7 @@ mkdir -p data/corpus
 for f in train heldout; do [ -f data/corpus/$f.txt ] || gunzip -c data/gz/$f.txt.gz > data/corpus/$f.txt; done
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/fla_core-*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD
+bash experiments/triton_cache.sh restore  # autotune results of earlier calls (experiments/gpu_cache)
 for p in .stage/*.part*; do [ -f "$p" ] && mkdir -p /tmp/stage && cp "$p" /tmp/stage/; done  # GGUF parts travel too
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 # 1. fla's unguarded backward at D = 32 against the float32 PyTorch reference
@@ -33,4 +34,5 @@ timeout "${TRAIN_TIMEOUT:-390}" python3 experiments/train_hybrid/run.py --config
     2>&1 | tee "$OUT/train.log" | grep -v "it/s\]$" | tail -60
 cp /tmp/th/results.json /tmp/th/mask.json "$OUT/" 2>/dev/null
 cp /tmp/th/run/log.jsonl /tmp/th/run/training.html "$OUT/" 2>/dev/null
+bash experiments/triton_cache.sh save "$OUT/triton_autotune_train.tgz"
 ls -la "$OUT"
