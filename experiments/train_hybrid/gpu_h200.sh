@@ -12,7 +12,7 @@ for f in train heldout; do [ -f data/corpus/$f.txt ] || gunzip -c data/gz/$f.txt
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/fla_core-*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD
 bash experiments/triton_cache.sh restore  # autotune results of earlier calls (experiments/gpu_cache)
-for p in .stage/*.part*; do [ -f "$p" ] && mkdir -p /tmp/stage && cp "$p" /tmp/stage/; done  # GGUF parts travel too
+for p in .stage/*.part*; do [ -f "$p" ] && bash experiments/stage_gguf.sh put "$p"; done  # GGUF parts travel too
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 # 1. fla's unguarded backward at D = 32 against the float32 PyTorch reference
 if [ "${PARITY:-1}" = 1 ]; then OUT=$OUT/parity timeout 170 python3 experiments/fla_parity_gpu.py --dims 32 --lengths 1024 --gate-normalizers 1.0 \
@@ -30,7 +30,9 @@ s = float(sys.argv[1]); t = open("experiments/train_hybrid/reference.toml").read
 t = re.sub(r"max_minutes = ([0-9.]+)", lambda m: f"max_minutes = {float(m.group(1)) * s:.3f}", t)
 open("/tmp/reference_gpu.toml", "w").write(t)
 PY
-timeout "${TRAIN_TIMEOUT:-390}" python3 experiments/train_hybrid/run.py --config /tmp/reference_gpu.toml --out /tmp/th --n "${N_EVAL:-30}" \
+# RESUME=1 continues the run in /tmp/th (a warm machine after a killed call); otherwise start afresh
+if [ "${RESUME:-0}" = 1 ]; then resume=--resume; else resume=; rm -rf /tmp/th; fi
+timeout "${TRAIN_TIMEOUT:-390}" python3 experiments/train_hybrid/run.py --config /tmp/reference_gpu.toml --out /tmp/th --n "${N_EVAL:-30}" $resume \
     2>&1 | tee "$OUT/train.log" | grep -v "it/s\]$" | tail -60
 cp /tmp/th/results.json /tmp/th/mask.json "$OUT/" 2>/dev/null
 cp /tmp/th/run/log.jsonl /tmp/th/run/training.html "$OUT/" 2>/dev/null
