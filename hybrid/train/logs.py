@@ -30,14 +30,17 @@ class JsonlLog:
 
 
 def read_log(path: Path) -> list[dict[str, Any]]:
-    """The log's records; after a resume, the records of steps redone replace the earlier ones."""
+    """The log's step and evaluation records (events such as stage_start or warmup_step left out); after a
+    resume, the records of steps redone replace the earlier ones."""
     recs: dict[tuple, dict] = {}
     events = []
     for line in Path(path).read_text(encoding="utf-8").splitlines():
         if not line.strip():
             continue
         r = json.loads(line)
-        if "step" in r and "stage" in r:
+        if "event" in r:
+            events.append(r)
+        elif "step" in r and "stage" in r:
             recs[(r["stage_index"], r["step"], "eval" if any(k.startswith("eval_") for k in r) else "train")] = r
         else:
             events.append(r)

@@ -38,13 +38,21 @@ class RunResult:
 
 class _Clock:
     """Progress of a stage in [0, 1]: steps done / steps, or with ``max_minutes`` the larger of that and the
-    fraction of the time budget used (agreed by all processes)."""
+    fraction of the time budget used (agreed by all processes). The first step a process runs in a stage is
+    not counted (``start_after_warmup``): it holds kernel compilation and autotuning (fla's first call took
+    minutes on a bare H200), which would otherwise eat a short stage's budget; its time is logged instead."""
 
     def __init__(self, s: StageConfig, elapsed_before: float, env: DistEnv) -> None:
         self.s, self.before, self.env, self.t0 = s, elapsed_before, env, time.time()
 
     def elapsed(self) -> float:
         return self.before + time.time() - self.t0
+
+    def start_after_warmup(self) -> float:
+        """Restart the budget's clock after the warm-up step; returns that step's seconds."""
+        now = time.time()
+        warm, self.t0 = now - self.t0, now
+        return warm
 
     def progress(self, step: int) -> float:
         p = step / self.s.steps
@@ -267,6 +275,10 @@ class Trainer:
                 n_tok = ids.numel() * env.world
                 tokens += n_tok
                 tok_log += n_tok
+                if step == start + 1:  # compilation + autotuning: logged, not counted in max_minutes or tok/s
+                    self.log.write({"event": "warmup_step", "stage": s.name, "stage_index": index, "step": step,
+                                    "seconds": round(clock.start_after_warmup(), 2)})
+                    t_log, tok_log = time.time(), 0
                 progress = clock.progress(step)
                 stage_end = progress >= 1.0
                 if step % cfg.log_every == 0 or stage_end:

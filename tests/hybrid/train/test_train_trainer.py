@@ -42,7 +42,8 @@ def test_smoke_three_stages_losses_go_down_and_the_saved_hybrid_reloads(tmp_path
     assert [r["stage"] for r in evals] == ["align", "distill", "long"]
     assert (tmp_path / "out" / "training.html").exists()
     log = [json.loads(l) for l in (tmp_path / "out" / "log.jsonl").read_text().splitlines()]
-    assert {"lr", "tok_per_s", "grad_norm", "loss"} <= set(log[1])
+    assert {"lr", "tok_per_s", "grad_norm", "loss"} <= set([r for r in log if "event" not in r][0])
+    assert [r["stage"] for r in log if r.get("event") == "warmup_step"] == ["align", "distill", "long"]
     reloaded = AutoModelForCausalLM.from_pretrained(res.model_path)
     assert HeadMask.from_dict(reloaded.config.head_mask) == HeadMask.from_json(tiny_mask)
     ids = torch.randint(0, 4000, (1, 40))
@@ -162,3 +163,30 @@ def test_stage_option_runs_one_stage_after_the_earlier_ones(tmp_path, tiny_teach
         run(cfg, stage=2)
     with pytest.raises(ValueError, match="stages 1..3"):
         run(cfg, stage=4)
+
+
+def test_the_warmup_step_is_logged_and_not_counted_in_max_minutes(tmp_path, tiny_teacher_dir, tiny_mask,
+                                                                   monkeypatch):
+    """A first step slower than the whole budget (kernel autotuning on a bare GPU) must not end the stage."""
+    import dataclasses
+
+    from hybrid.train import stages as stages_mod
+
+    align = stages_mod.STAGES["align"]
+    calls = []
+
+    def slow_first(*args, **kw):
+        calls.append(1)
+        if len(calls) == 1:
+            time.sleep(1.5)
+        return align.loss(*args, **kw)
+
+    monkeypatch.setitem(stages_mod.STAGES, "align", dataclasses.replace(align, loss=slow_first))
+    cfg = tiny_config(tmp_path / "out", tiny_teacher_dir, tiny_mask,
+                      stages=[stage("align", steps=10_000, max_minutes=0.02)])  # 1.2 s budget
+    run(cfg)
+    log = [json.loads(l) for l in (tmp_path / "out" / "log.jsonl").read_text().splitlines()]
+    warm = [r for r in log if r.get("event") == "warmup_step"]
+    assert len(warm) == 1 and warm[0]["seconds"] >= 1.5 and warm[0]["step"] == 1
+    assert len(calls) > 3  # steps ran after the warm-up inside the 1.2 s budget
+    assert len(calls) < 10_000  # and the budget still ended the stage
