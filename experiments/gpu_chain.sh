@@ -6,7 +6,7 @@
 #   smollm2   carry [".stage/...part4of4", ".whl/gguf", ".whl/tl", ".whl/plotly"]  the SmolLM2 head report (issue 11)
 #   accuracy  carry [".whl/gguf", ".whl/plotly"]           SmolLM2 task accuracy by length + scoring timings
 #   inference carry [".whl/fla_core-0.6.0-py3-none-any.whl"] pytest -m gpu tests/hybrid + the whole-model
-#             benchmark (issue 14; BENCH_S seconds, default 200)
+#             benchmark (issue 14; BENCH_S seconds, default 200; TESTS, TESTS_S: which GPU tests, how long)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 TRITON_CACHE_AUTOTUNING=1
@@ -42,7 +42,7 @@ accuracy)
 inference)
     wheels .whl/fla_core-*.whl; stage
     nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
-    timeout 170 python3 -m pytest -m gpu -q -p no:cacheprovider --durations=15 tests/hybrid 2>&1 \
+    timeout "${TESTS_S:-170}" python3 -m pytest -m gpu -q -p no:cacheprovider --durations=15 ${TESTS:-tests/hybrid} 2>&1 \
         | tee "$OUT/gpu_tests.log" | tail -40
     b="${BENCH_S:-200}"
     timeout $((b + 40)) python3 experiments/bench_whole_model_gpu.py --budget-s "$b" --out "$OUT/bench_whole_model.json" \
