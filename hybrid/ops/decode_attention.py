@@ -68,7 +68,7 @@ def _kernel():
                  D: tl.constexpr, BN: tl.constexpr, WINDOWED: tl.constexpr):
         pid = tl.program_id(0)  # b * K + kv head
         sp = tl.program_id(1)  # split
-        b = pid // K
+        b = (pid // K).to(tl.int64)  # int64: b * skb passes 2**31 (e.g. 17 rows x 128K keys x 8 KV heads x 128)
         kh = pid % K
         n = tl.load(len_ptr + b)  # keys of this row
         lo = sp * chunk

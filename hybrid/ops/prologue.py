@@ -86,7 +86,8 @@ def _kernels():
     def fwd(x_ptr, w_ptr, cos_ptr, sin_ptr, y_ptr, N, H, T, cos_sb, eps, l2eps,
             HALF: tl.constexpr, BLOCK: tl.constexpr, NORM: tl.constexpr):
         pid = tl.program_id(0)
-        rows = pid * BLOCK + tl.arange(0, BLOCK)  # [BLOCK] rows of [N, D], N = B*T*H
+        rows = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)  # [BLOCK] rows of [N, D], N = B*T*H (int64: N*D
+        # passes 2**31 at B*T*H*D, e.g. batch 8 at 128K tokens x 16 heads x 128)
         cols = tl.arange(0, HALF)  # [HALF]
         ok = rows < N
         tok = rows // H  # b*T + t
@@ -128,7 +129,7 @@ def _kernels():
         dw1 = tl.zeros([HALF], dtype=tl.float32)
         dw2 = tl.zeros([HALF], dtype=tl.float32)
         for i in range(0, n_iter):  # persistent: program pid walks blocks pid, pid + G, ... (masked past N)
-            rows = (pid + i * G) * BLOCK + tl.arange(0, BLOCK)
+            rows = (pid + i * G).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)  # int64 offsets, as in fwd
             ok = rows < N
             tok = rows // H
             t = tok % T

@@ -76,3 +76,23 @@ def test_split_kv_kernel_bf16_matches_float32_reference(D, H, K, window):
     ref = decode_attention_reference(q.float(), k.float(), v.float(), kl, None, window)
     err = assert_close(f"D={D} H={H} K={K}", decode_attention_triton(q, k, v, kl, None, window), ref, "bf16_kernel")
     print(f"decode attention D={D} H={H} K={K} window={window}: {err:.2e}")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not (torch.cuda.is_available() and triton_available()), reason="needs CUDA and Triton")
+def test_split_kv_kernel_offsets_past_2_31_elements():
+    """17 rows x 128K keys x 8 KV heads x 128 = 2.3e9 elements per buffer: row offsets must be int64 (the
+    whole-model benchmark's largest-batch search hit an illegal memory access here with int32 offsets)."""
+    from hybrid.ops.decode_attention import decode_attention_triton
+
+    B, S, K, H, D = 17, 131072, 8, 16, 128
+    assert B * S * K * D > 2 ** 31
+    torch.manual_seed(0)
+    k = torch.empty(B, S, K, D, device="cuda", dtype=torch.bfloat16).normal_()  # [B, S, K, D] 4.6 GB
+    v = torch.empty_like(k).normal_()  # [B, S, K, D]
+    q = torch.randn(B, 1, H, D, device="cuda").bfloat16()  # [B, 1, H, D]
+    kl = torch.full((B,), S, device="cuda")  # [B]
+    got = decode_attention_triton(q, k, v, kl)  # [B, 1, H, D]
+    for b in (0, B - 1):  # the first row and the last (past 2**31)
+        ref = decode_attention_reference(q[b:b + 1].float(), k[b:b + 1].float(), v[b:b + 1].float(), kl[b:b + 1])
+        assert_close(f"row {b}", got[b:b + 1], ref, "bf16_kernel")

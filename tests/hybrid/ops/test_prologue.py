@@ -163,3 +163,31 @@ def test_triton_prologue_bf16_matches_float32_reference(D, per_row):
     for name, a, b in zip(["q", "k", "dq", "dk", "dwq", "dwk"], got, ref):
         err = assert_close(f"D={D} per_row={per_row} {name}", a, b, "bf16_kernel")
         print(f"prologue D={D} per_row={per_row} {name}: {err:.2e}")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not (torch.cuda.is_available() and triton_available()), reason="needs CUDA and Triton")
+def test_triton_prologue_offsets_past_2_31_elements():
+    """B * T * H * D past 2**31 (batch 8 at 128K tokens x 16 heads x 128 is 2.1e9): int64 row offsets, forward
+    and backward; checked on the last tokens against the reference."""
+    from hybrid.ops.prologue import prologue_triton
+
+    B, T, H, D = 1, 1_100_000, 16, 128
+    assert B * T * H * D > 2 ** 31
+    dev = "cuda"
+    torch.manual_seed(1)
+    q = torch.randn(B, T, H, D, device=dev, dtype=torch.bfloat16).requires_grad_(True)  # [B, T, H, D] 4.5 GB
+    w = (1 + 0.2 * torch.randn(D, device=dev)).bfloat16()  # [D]
+    inv = 1.0 / (1e6 ** (torch.arange(0, D, 2, device=dev).float() / D))
+    ang = torch.arange(T, device=dev).float()[:, None] * inv
+    ang = torch.cat([ang, ang], -1)  # [T, D]
+    cos, sin = ang.cos().bfloat16(), ang.sin().bfloat16()
+    yq, _ = prologue_triton(q, q[:, :1].detach(), w, w, cos, sin, 1e-6, True)  # [B, T, H, D]
+    (gq,) = torch.autograd.grad(yq[:, -64:].float().sum(), q)  # [B, T, H, D]
+    tail = q[:, -64:].detach().float().requires_grad_(True)  # [B, 64, H, D]
+    ref, _ = prologue_reference(tail, tail[:, :1], w.float(), w.float(), cos[-64:].float(), sin[-64:].float(), 1e-6,
+                                True)
+    (gref,) = torch.autograd.grad(ref.sum(), tail)
+    assert_close("last tokens", yq[:, -64:], ref, "bf16_kernel")
+    assert_close("last tokens' grad", gq[:, -64:], gref, "bf16_kernel")
+    assert gq[:, :-64].abs().max() == 0
