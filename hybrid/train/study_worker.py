@@ -88,8 +88,12 @@ def train_variant(folder: Path, key: str) -> dict:
 
     done = folder / "train_done.json"
     if done.exists():
-        print(f"[{key}] training done earlier: skipped", flush=True)
-        return json.loads(done.read_text())
+        if (folder / "run" / "hybrid" / "config.json").exists():
+            print(f"[{key}] training done earlier: skipped", flush=True)
+            return json.loads(done.read_text())
+        print(f"[{key}] trained earlier but the saved hybrid is missing (a folder restored without weights?): "
+              "training again", flush=True)
+        done.unlink()
     cfg = TrainConfig.from_file(folder / "train.json")
     resume = latest_checkpoint(Path(cfg.out)) is not None
     print(f"[{key}] training {'(resumed from ' + latest_checkpoint(Path(cfg.out)).path.name + ')' if resume else ''}"
