@@ -419,6 +419,10 @@ def run_study(cfg: StudyConfig, *, out: str | Path | None = None, only: tuple[st
     scores = None
     write_text(out / "study.json", json.dumps(cfg.to_dict(), indent=1))
     parallel = cfg.parallel if parallel is None else parallel
+    stages = ", ".join(f"{s['name']} {s['steps']} x {s['batch_size']} x {s['seq_len']}" for s in cfg.train["stages"])
+    print(f"[studies] {len(todo)} variant run(s) to do of {sum(len(cfg.seeds_of(s)) for s in specs)} on {device}, "
+          f"{parallel or 'all'} at a time; stages (steps x rows x tokens, steps scale {cfg.steps_scale:g}): {stages}",
+          flush=True)
     jobs: list[_Job] = []
     queue: list[_Job] = []
 
@@ -459,6 +463,10 @@ def run_study(cfg: StudyConfig, *, out: str | Path | None = None, only: tuple[st
                     job.log.close()
                     print(f"[studies] {job.key} {job.status} after {(time.time() - job.started) / 60:.2f} min",
                           flush=True)
+                    if job.proc.returncode != 0:
+                        log = (variant_dir(out, job.spec.name, job.seed) / "worker.log").read_text(errors="replace")
+                        tail = [x for x in log.splitlines() if x.strip()][-12:]
+                        print("\n".join(f"[studies]   {job.key} | {x}" for x in tail), flush=True)
                 else:
                     _report(job, out)
                     _check_eval_timeout(job, out, timeout_s)

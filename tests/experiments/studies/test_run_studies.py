@@ -85,3 +85,19 @@ def test_dry_run_trains_evaluates_and_resumes(tmp_path):
     assert log.count("eval niah@120") == 1  # items written before the kill are not run again
     assert "layerwise-7to1 seed 0: done earlier, skipped" in again.stdout
     assert runs(out)["global-kv"]["status"] == "done" and (d / "run" / "hybrid" / "config.json").exists()
+
+
+@pytest.mark.slow  # ~1 minute: 50 training steps on CPU, stopped, then continued
+def test_a_study_stopped_mid_training_continues_from_its_checkpoint(tmp_path):
+    out = tmp_path / "st"
+    args = ("--config", str(CONFIG), "--out", str(out), "--dry-run", "--only", "global-kv", "--steps-scale", "10")
+    stopped = script(RUN, *args, "--deadline-s", "15", check=False)  # align 20, distill 20, long 10 steps
+    assert stopped.returncode == 3 and "deadline 15 s reached" in stopped.stdout
+    assert "global-kv/seed0: training unfinished" in stopped.stdout
+    ckpts = out / "variants" / "global-kv" / "seed0" / "run" / "checkpoints"
+    latest = (ckpts / "LATEST").read_text().strip()  # checkpoint_every = 1 in the dry run
+    script(RUN, *args)  # the same command continues
+    log = (out / "variants" / "global-kv" / "seed0" / "worker.log").read_text()
+    assert f"resumed from {latest}" in log
+    r = runs(out)["global-kv"]
+    assert r["status"] == "done" and r["train"]["stages"]["long"]["steps"] == 10
