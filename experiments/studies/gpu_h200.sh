@@ -41,7 +41,7 @@ tail -n +1 -f "$OUT/studies.log" --pid=$pid | grep --line-buffered -E "^\[studie
 wait $pid; rc=$?
 sleep 1
 echo "run_studies exit $rc (0: all finished, 3: unfinished, rerun to continue; 124: hard timeout)"
-python3 experiments/studies/render_studies.py --run "$RUN" --out "$OUT" --source docs/results/studies_reference_h200 \
+python3 experiments/studies/render_studies.py --run "$RUN" --out "$OUT" --source "${SOURCE:-studies_run.tgz of this call}" \
     > "$OUT/tables.log" 2>&1 || tail -5 "$OUT/tables.log"
 tar -czf "$OUT/studies_run.tgz" -C "$RUN" --exclude=checkpoints --exclude=hybrid --exclude='*.html' \
     --exclude='*.safetensors' --exclude='*.pt' . 2>/dev/null
