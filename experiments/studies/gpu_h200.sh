@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # One H200 call: issue 15's studies 2-5 on the reference teacher, every variant trained and evaluated side by side
 # (experiments/studies/run_studies.py, one process per variant), stopped by its own deadline before the call's
-# limit, results tarred to $OUT (6 files, flat).
+# limit, results to $OUT (6 files, flat: studies.log, studies.json, tables.md, studies.html, studies_run.tgz,
+# triton_autotune_studies.tgz). The main process tunes fla's kernels once before the hybrids' workers start
+# (run_study's warm-up; with the autotune results of experiments/gpu_cache restored it only compiles).
 #   device call: carry [".whl/fla_core-0.6.0-py3-none-any.whl", "data/gz"], timeout_s 600,
 #   command "STEPS_SCALE=1 bash experiments/studies/gpu_h200.sh"
 # Resume: the same command again on the warm machine continues (the study folder runs/studies is an ignored path
@@ -22,7 +24,8 @@ for f in train heldout; do [ -f data/corpus/$f.txt ] || gunzip -c data/gz/$f.txt
 [ -d /tmp/site/fla ] || python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site \
     .whl/fla_core-0.6.0-py3-none-any.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD
-for p in .stage/*.part*; do [ -f "$p" ] && mkdir -p /tmp/stage && cp "$p" /tmp/stage/; done  # GGUF parts travel too
+bash experiments/triton_cache.sh restore  # autotune results of earlier calls (experiments/gpu_cache)
+for p in .stage/*.part*; do [ -f "$p" ] && bash experiments/stage_gguf.sh put "$p"; done  # GGUF parts travel too
 # fla's Hopper backward at head dim 32: verified against the float32 reference on the H200 on 2026-12-01
 # (docs/results/session5_h200/fla_parity_d32.log) and listed in hybrid.ops.gdn.HOPPER_BWD_VERIFIED_DIMS; the
 # variable only keeps an older checkout from falling back to the slow torch-chunk backward
@@ -46,4 +49,5 @@ python3 experiments/studies/render_studies.py --run "$RUN" --out "$OUT" --source
 tar -czf "$OUT/studies_run.tgz" -C "$RUN" --exclude=checkpoints --exclude=hybrid --exclude='*.html' \
     --exclude='*.safetensors' --exclude='*.pt' . 2>/dev/null
 rm -f "$OUT/tables.log"
+bash experiments/triton_cache.sh save "$OUT/triton_autotune_studies.tgz"  # for experiments/gpu_cache
 ls -la "$OUT"; echo "total $(( $(date +%s) - t0 )) s"

@@ -81,6 +81,7 @@ class StudyConfig:
     train_length: int = 0  # the teacher's training length (0: headscope.evaluate.training_length(teacher))
     steps_scale: float = 1.0  # already applied to train.stages; recorded
     dry_run: bool = False
+    warmup: bool = True  # on CUDA: tune fla's kernels once in the main process before the hybrids' workers start
     scores: dict = field(default_factory=lambda: {"n_samples": 16, "context_length": 1024, "haystack": "heldout"})
     hybrid: dict = field(default_factory=dict)  # HybridOptions shared by every variant
     eval: dict = field(default_factory=dict)
@@ -270,6 +271,38 @@ def _prepare(cfg: StudyConfig, out: Path, spec: VariantSpec, seed: int, teacher,
     return True
 
 
+def warm_kernels(teacher, tokenizer, options: dict, seq_len: int = 128) -> None:
+    """One forward + backward (bf16 autocast on CUDA) and one NIAH prompt (prefill + greedy decode) of a hybrid
+    whose layer l keeps l % H FA heads, so every GDN head count appears: fla's Triton kernels compile and autotune
+    once, in this process, and write their choices to the Triton cache (fla caches autotuning results) before the
+    workers start; without it every worker process tunes the same kernels at once."""
+    import torch
+
+    import headscope.evaluate as hev
+    from headscope.mask import HeadMask, model_shape
+    from hybrid.convert import from_mask
+
+    s = model_shape(teacher)
+    L, H = s["num_hidden_layers"], s["num_attention_heads"]
+    heads = [(l, h) for l in range(L) for h in range(l % H)]
+    if not heads:
+        heads = [(0, 0)]
+    device = next(teacher.parameters()).device
+    model = from_mask(teacher, HeadMask.for_model(teacher, heads), **{**options, "allow_degenerate": True}).train()
+    ac = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else torch.autocast("cpu",
+                                                                                                   enabled=False)
+    x = torch.randint(0, teacher.config.vocab_size, (1, seq_len), device=device)  # [1, T]
+    with ac:
+        logits = model(input_ids=x).logits  # [1, T, V]
+    logits.float().logsumexp(-1).mean().backward()
+    model.eval()
+    with ac:
+        hev.evaluate(model, ["niah"], tokenizer=tokenizer, configs={"niah": {"lengths": (max(64, seq_len),),
+                                                                              "depths": (0.5,), "n": 1}},
+                     progress=False, workers=0)
+    del model
+
+
 def cfg_steps_scale(out: Path) -> Any:
     try:
         return json.loads((Path(out) / "study.json").read_text()).get("steps_scale")
@@ -432,7 +465,18 @@ def run_study(cfg: StudyConfig, *, out: str | Path | None = None, only: tuple[st
             jobs.append(job)
             _launch(job, out)
 
-    for s, seed in todo:  # the variants that need no scores start first
+    for s, seed in todo:  # the teacher's evaluation first (no GDN kernels), ...
+        if not s.trains and _prepare(cfg, out, s, seed, teacher, None):
+            queue.append(_Job(s, seed))
+    launch_ready()
+    hybrids = [(s, seed) for s, seed in todo if s.trains]
+    if hybrids and cfg.warmup and device.type == "cuda":  # ... then fla's kernels tuned once, here, not per process
+        tw = time.time()
+        warm_kernels(teacher.to(device), tok, cfg.hybrid)
+        teacher.to("cpu")
+        print(f"[studies] kernels warmed up in {time.time() - tw:.1f} s (fla autotuning cached for the workers)",
+              flush=True)
+    for s, seed in hybrids:  # ... then the variants that need no scores
         if not s.needs_scores and _prepare(cfg, out, s, seed, teacher, None):
             queue.append(_Job(s, seed))
     launch_ready()

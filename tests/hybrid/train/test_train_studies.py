@@ -150,3 +150,22 @@ def test_markdown_block_says_how_it_was_made_and_fills_the_docs(tmp_path):
     doc.write_text("no markers")
     with pytest.raises(ValueError, match="markers"):
         update_docs(doc, block)
+
+
+def test_kernel_warmup_runs_a_hybrid_with_every_gdn_head_count(monkeypatch):
+    """On the CPU it runs the torch twins; what it must do is build the hybrid and run training and decoding."""
+    import hybrid.convert
+    from headscope.reference import load_model
+    from hybrid.train.studies import warm_kernels
+
+    teacher, tok = load_model("default", device="cpu")
+    built = []
+    real = hybrid.convert.from_mask
+
+    def spy(t, mask, **kw):
+        built.append(mask)
+        return real(t, mask, **kw)
+
+    monkeypatch.setattr(hybrid.convert, "from_mask", spy)
+    warm_kernels(teacher, tok, {"gdn_fold_heads": True}, seq_len=64)
+    assert [len(built[0].fa_in_layer(l)) for l in range(8)] == list(range(8))
