@@ -8,7 +8,8 @@
 #   command "STEPS_SCALE=1 bash experiments/studies/gpu_h200.sh"
 # Resume: the same command again on the warm machine continues (the study folder runs/studies is an ignored path
 # of the repository, kept between calls): finished variants are skipped, training resumes from checkpoints,
-# evaluation from the next item. Keep STEPS_SCALE the same (a changed budget over existing checkpoints is refused).
+# evaluation from the next item. Keep STEPS_SCALE the same (a changed budget over existing checkpoints is refused;
+# RESTART_CHANGED=1 trains those variants again from the start with the new budget).
 # On a fresh machine, RESTORE=<a studies_run.tgz of an earlier call, carried> restores the finished variants first.
 # Env: STEPS_SCALE (every stage's steps, all variants alike; default 1), JOB_S (seconds this script may use,
 # default 520), ONLY / STUDIES (subsets, comma-separated), RUN (the study folder).
@@ -37,7 +38,7 @@ deadline=$(( JOB_S - ($(date +%s) - t0) - 45 ))  # 45 s left for stopping the wo
 echo "setup $(( $(date +%s) - t0 )) s; study deadline ${deadline} s; STEPS_SCALE=${STEPS_SCALE:-1}"
 timeout $(( deadline + 30 )) python3 experiments/studies/run_studies.py --config experiments/studies/reference.toml \
     --out "$RUN" --deadline-s "$deadline" --steps-scale "${STEPS_SCALE:-1}" --status-every 30 \
-    ${ONLY:+--only "$ONLY"} ${STUDIES:+--studies "$STUDIES"} \
+    ${ONLY:+--only "$ONLY"} ${STUDIES:+--studies "$STUDIES"} ${RESTART_CHANGED:+--restart-changed} \
     > "$OUT/studies.log" 2>&1 &
 pid=$!
 tail -n +1 -f "$OUT/studies.log" --pid=$pid | grep --line-buffered -E "^\[studies\]|rror|Traceback" &

@@ -32,6 +32,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--parallel", type=int, default=None, help="variants in flight at once (0: all)")
     ap.add_argument("--deadline-s", type=float, default=float(os.environ.get("DEADLINE_S", "0")),
                     help="stop every worker after this many seconds (0: none); rerun to continue")
+    ap.add_argument("--restart-changed", action="store_true",
+                    help="a started variant whose training config changed (another --steps-scale) trains again from "
+                         "the start, instead of being refused")
     ap.add_argument("--status-every", type=float, default=30.0, help="seconds between status lines")
     a = ap.parse_args(argv)
 
@@ -43,7 +46,8 @@ def main(argv: list[str] | None = None) -> int:
             f"  [STEPS_SCALE={a.steps_scale:g}]" if a.steps_scale != 1 else "")
         result = run_study(cfg, out=a.out, only=tuple(x for x in a.only.split(",") if x),
                            studies=tuple(int(x) for x in a.studies.split(",") if x), parallel=a.parallel,
-                           deadline_s=a.deadline_s, status_every=a.status_every, command=command)
+                           deadline_s=a.deadline_s, status_every=a.status_every, command=command,
+                           restart_changed=a.restart_changed)
     except StudyError as err:
         print(f"run_studies: error: {err}", file=sys.stderr)
         return 2

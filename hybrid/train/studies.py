@@ -234,7 +234,8 @@ def eval_items(cfg: StudyConfig, train_length: int) -> list[tuple[str, str, dict
 
 # ---- preparing a variant (main process) -------------------------------------------------------------------
 
-def _prepare(cfg: StudyConfig, out: Path, spec: VariantSpec, seed: int, teacher, scores) -> bool:
+def _prepare(cfg: StudyConfig, out: Path, spec: VariantSpec, seed: int, teacher, scores,
+             restart_changed: bool = False) -> bool:
     """Write the variant's folder (variant.json, mask.json, train.json); False when it is infeasible."""
     from headscope.io import write_text
     from hybrid.train.checkpoint import latest_checkpoint
@@ -262,11 +263,21 @@ def _prepare(cfg: StudyConfig, out: Path, spec: VariantSpec, seed: int, teacher,
         from hybrid.train.config import TrainConfig
 
         old = TrainConfig.from_file(old_file)
-        if old.fingerprint() != tc.fingerprint():
+        if old.fingerprint() != tc.fingerprint() and restart_changed:
+            import shutil
+
+            print(f"[studies] {spec.name} seed {seed}: the training config changed; its training restarts from the "
+                  "teacher (--restart-changed)", flush=True)
+            shutil.rmtree(d / "run")
+            for f in ("train_done.json", "progress.json"):
+                (d / f).unlink(missing_ok=True)
+            shutil.rmtree(d / "eval", ignore_errors=True)
+        elif old.fingerprint() != tc.fingerprint():
             olds = [s.steps for s in old.stages]
             raise StudyError(f"{d}: trained with another config (stage steps {olds}, now "
                              f"{[s.steps for s in tc.stages]}); rerun with the same --steps-scale (the study was "
-                             f"run with {cfg_steps_scale(out)}) and settings, or use another --out")
+                             f"run with {cfg_steps_scale(out)}) and settings, pass --restart-changed to train the "
+                             "changed variants again from the start, or use another --out")
     write_text(old_file, new)
     return True
 
@@ -418,9 +429,11 @@ def _record_call(out: Path, call: dict) -> None:
 
 def run_study(cfg: StudyConfig, *, out: str | Path | None = None, only: tuple[str, ...] = (),
               studies: tuple[int, ...] = (), parallel: int | None = None, deadline_s: float = 0.0,
-              status_every: float = 30.0, command: str = "") -> dict:
+              status_every: float = 30.0, command: str = "", restart_changed: bool = False) -> dict:
     """Prepare, train and evaluate every unfinished variant x seed (see the module docstring); stops the workers
-    at ``deadline_s`` seconds (0: none) so that the same command continues later. Returns ``collect(out)``."""
+    at ``deadline_s`` seconds (0: none) so that the same command continues later; ``restart_changed`` trains a
+    started variant whose training config changed (e.g. another steps scale) again from the start instead of
+    refusing. Returns ``collect(out)``."""
     import torch
 
     from headscope.io import write_text
@@ -466,18 +479,22 @@ def run_study(cfg: StudyConfig, *, out: str | Path | None = None, only: tuple[st
             _launch(job, out)
 
     for s, seed in todo:  # the teacher's evaluation first (no GDN kernels), ...
-        if not s.trains and _prepare(cfg, out, s, seed, teacher, None):
+        if not s.trains and _prepare(cfg, out, s, seed, teacher, None, restart_changed):
             queue.append(_Job(s, seed))
     launch_ready()
     hybrids = [(s, seed) for s, seed in todo if s.trains]
     if hybrids and cfg.warmup and device.type == "cuda":  # ... then fla's kernels tuned once, here, not per process
         tw = time.time()
-        warm_kernels(teacher.to(device), tok, cfg.hybrid)
+        try:
+            warm_kernels(teacher.to(device), tok, cfg.hybrid)
+            print(f"[studies] kernels warmed up in {time.time() - tw:.1f} s (fla autotuning cached for the workers)",
+                  flush=True)
+        except Exception as err:  # noqa: BLE001 - the workers then tune for themselves; the study goes on
+            print(f"[studies] kernel warm-up failed after {time.time() - tw:.1f} s ({type(err).__name__}: {err}); "
+                  "the workers tune fla's kernels themselves", flush=True)
         teacher.to("cpu")
-        print(f"[studies] kernels warmed up in {time.time() - tw:.1f} s (fla autotuning cached for the workers)",
-              flush=True)
     for s, seed in hybrids:  # ... then the variants that need no scores
-        if not s.needs_scores and _prepare(cfg, out, s, seed, teacher, None):
+        if not s.needs_scores and _prepare(cfg, out, s, seed, teacher, None, restart_changed):
             queue.append(_Job(s, seed))
     launch_ready()
     later = [(s, seed) for s, seed in todo if s.needs_scores]
@@ -492,7 +509,7 @@ def run_study(cfg: StudyConfig, *, out: str | Path | None = None, only: tuple[st
         teacher.to("cpu")
         print(f"[studies] teacher scores ready ({time.time() - ts:.1f} s; {out / 'scores.json'})", flush=True)
         for s, seed in later:
-            if _prepare(cfg, out, s, seed, teacher, scores):
+            if _prepare(cfg, out, s, seed, teacher, scores, restart_changed):
                 queue.append(_Job(s, seed))
     del teacher
     timeout_s = float(cfg.eval_setting("timeout_s"))

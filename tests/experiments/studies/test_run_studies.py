@@ -85,6 +85,14 @@ def test_dry_run_trains_evaluates_and_resumes(tmp_path):
     assert log.count("eval niah@120") == 1  # items written before the kill are not run again
     assert "layerwise-7to1 seed 0: done earlier, skipped" in again.stdout
     assert runs(out)["global-kv"]["status"] == "done" and (d / "run" / "hybrid" / "config.json").exists()
+    # unfinished under another budget: --restart-changed trains it again from the teacher with the new steps
+    (d / "result.json").unlink()
+    script(RUN, "--config", str(CONFIG), "--out", str(out), "--dry-run", "--steps-scale", "2", "--only",
+           "global-kv", "--restart-changed")
+    r = runs(out)["global-kv"]
+    assert r["status"] == "done" and r["train"]["stages"]["distill"]["steps"] == 4
+    starts = [x for x in (d / "worker.log").read_text().splitlines() if x.startswith("[global-kv/seed0] training")]
+    assert "resumed" not in starts[-1] and "('distill', 4, 128, 1)" in starts[-1]  # from the teacher, not resumed
 
 
 @pytest.mark.slow  # ~1 minute: 50 training steps on CPU, stopped, then continued
