@@ -466,8 +466,11 @@ def run_study(cfg: StudyConfig, *, out: str | Path | None = None, only: tuple[st
     write_text(out / "study.json", json.dumps(cfg.to_dict(), indent=1))
     parallel = cfg.parallel if parallel is None else parallel
     stages = ", ".join(f"{s['name']} {s['steps']} x {s['batch_size']} x {s['seq_len']}" for s in cfg.train["stages"])
+    tokens = sum(s["steps"] * s["batch_size"] * s["seq_len"] for s in cfg.train["stages"])
+    n_train = sum(1 for s, _ in todo if s.trains)
     print(f"[studies] {len(todo)} variant run(s) to do of {sum(len(cfg.seeds_of(s)) for s in specs)} on {device}, "
-          f"{parallel or 'all'} at a time; stages (steps x rows x tokens, steps scale {cfg.steps_scale:g}): {stages}",
+          f"{parallel or 'all'} at a time; stages (steps x rows x tokens, steps scale {cfg.steps_scale:g}): {stages}; "
+          f"{tokens / 1e6:.2f}M training tokens per variant, {n_train * tokens / 1e6:.1f}M for the {n_train} to train",
           flush=True)
     jobs: list[_Job] = []
     queue: list[_Job] = []
