@@ -21,18 +21,6 @@ from pathlib import Path
 import torch
 
 
-def make_mask(teacher, tokenizer, fraction: float, n_samples: int, context_length: int, device):
-    """Score NIAH + reasoning, fuse, keep the top ``fraction`` of KV groups (all their query heads) as FA."""
-    from headscope.api import score
-    from headscope.fusion import fuse
-    from headscope.selection import select
-
-    tasks = {"niah": score(teacher, "niah", tokenizer=tokenizer, n_samples=n_samples, device=device,
-                           context_length=context_length, haystack="heldout"),
-             "reasoning": score(teacher, "reasoning", tokenizer=tokenizer, n_samples=n_samples, device=device)}
-    return select(fuse(tasks), fraction=fraction, unit="kv_group", model=teacher)
-
-
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", required=True, help="hybrid.train TOML (teacher, stages, data)")
@@ -55,6 +43,7 @@ def main(argv: list[str] | None = None) -> dict:
     from hybrid.train import TrainConfig, run
     from hybrid.train.evals import compare
     from hybrid.train.throughput import measure_distill, measure_lm
+    from hybrid.train.variants import make_mask
 
     a.out.mkdir(parents=True, exist_ok=True)
     overrides = {"out": str(a.out / "run")} | ({"device": a.device} if a.device else {})
@@ -69,7 +58,7 @@ def main(argv: list[str] | None = None) -> dict:
     t0 = time.time()
     if a.mask is None and not (a.out / "mask.json").exists():
         mask = make_mask(teacher, tok, a.fraction, n_samples=2 if a.tiny else 16,
-                         context_length=120 if a.tiny else 1024, device=device)
+                         context_length=120 if a.tiny else 1024, device=device, scores_path=a.out / "scores.json")
         write_text(a.out / "mask.json", mask.to_json())
     mask = HeadMask.from_json(base.mask)
     mask_seconds = time.time() - t0

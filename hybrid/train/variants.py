@@ -1,0 +1,253 @@
+"""What a study trains: the teacher's selection scores (computed once), and variants, each a recipe for a head
+mask plus hybrid options, by kind (a named registry ``VARIANT_KINDS``; a new kind is one entry + a test).
+
+    scores = selection_scores(teacher, tok, path="runs/studies/scores.json")   # NIAH + reasoning, fused; cached
+    spec = VariantSpec(name="global-kv", kind="select", strategy="global", unit="kv_group", fraction=1 / 8)
+    built = build_variant(spec, teacher, scores=scores, seed=0)   # built.mask, built.options, built.info
+
+Kinds:
+- "select": ``headscope.select(scores, strategy=..., unit=..., fraction=... | ratio=... | k=...)``; strategies
+  that ignore scores (the random and fixed baselines) get none, so they need no scoring. ``unit="head"`` counts
+  the budget in FA query heads, ``unit="kv_group"`` in whole KV groups (the KV cache share). A budget the strategy
+  cannot meet exactly (e.g. one FA unit per layer with fewer units than layers) is infeasible: ``build_variant``
+  raises ``InfeasibleVariant`` naming why.
+- "layerwise": whole FA layers evenly spaced (``hybrid.builders.layerwise_mask``, ratio "LA:FA"),
+  ``granularity="layer"``.
+- "token": every head sliding-window attention (``window`` keys) + Gated DeltaNet (``granularity="token"``).
+- "teacher": no hybrid; the teacher itself (evaluated, not trained).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from headscope.registry import Registry
+
+__all__ = ["VariantSpec", "VariantKind", "BuiltVariant", "InfeasibleVariant", "VARIANT_KINDS", "build_variant",
+           "selection_scores", "make_mask", "mask_shares"]
+
+
+class InfeasibleVariant(ValueError):
+    """A variant whose budget its strategy cannot meet on this teacher (the message says why)."""
+
+
+@dataclass(frozen=True)
+class VariantSpec:
+    """One variant of a study: a name, the studies it belongs to, its kind and the kind's fields, and hybrid
+    options (``hybrid.HybridOptions`` fields) on top of the study's shared ones."""
+
+    name: str
+    kind: str = "select"
+    studies: tuple[int, ...] = ()
+    label: str = ""  # a longer description for tables (default: the name)
+    strategy: str = "global"  # kind "select": a name in headscope.selection.STRATEGIES
+    unit: str = "head"  # kind "select": "head" (FA query heads) or "kv_group" (KV cache share)
+    fraction: float | None = None  # kind "select": the budget (one of fraction / ratio / k)
+    ratio: str | None = None  # "select" (LA:FA budget) or "layerwise" (LA:FA layers, e.g. "3:1")
+    k: int | None = None
+    window: int = 512  # kind "token": keys per query of the sliding window (its KV cache holds window - 1)
+    hybrid: dict = field(default_factory=dict)  # HybridOptions overrides of this variant
+
+    def __post_init__(self) -> None:
+        def bad(name: str, why: str) -> None:
+            raise ValueError(f"variant {self.name!r}: {name}={getattr(self, name)!r}: {why}")
+
+        if not isinstance(self.name, str) or not self.name or not self.name.replace("-", "").replace(
+                "_", "").replace(".", "").isalnum():
+            raise ValueError(f"variant name {self.name!r}: give a non-empty word (letters, digits, '-', '_', '.'), "
+                             "it names a folder")
+        if self.kind not in VARIANT_KINDS:
+            bad("kind", f"not one of {list(VARIANT_KINDS)}")
+        object.__setattr__(self, "studies", tuple(int(s) for s in self.studies))
+        if not isinstance(self.hybrid, dict):
+            bad("hybrid", "give a table of hybrid.HybridOptions fields")
+        if self.kind == "select":
+            from headscope.selection import STRATEGIES, UNITS
+
+            if self.strategy not in STRATEGIES:
+                bad("strategy", f"not a selection strategy; known: {list(STRATEGIES)}")
+            if self.unit not in UNITS:
+                bad("unit", f"must be one of {UNITS}")
+            given = [n for n in ("fraction", "ratio", "k") if getattr(self, n) is not None]
+            if len(given) != 1:
+                raise ValueError(f"variant {self.name!r}: give exactly one budget of fraction / ratio / k "
+                                 f"(got {given or 'none'})")
+        if self.kind == "layerwise" and self.ratio is None:
+            bad("ratio", "a layer-wise variant needs ratio='LA:FA' (e.g. '3:1')")
+        if self.kind == "token" and (not isinstance(self.window, int) or self.window < 2):
+            bad("window", "give an int >= 2 (keys per query, the query included)")
+
+    @property
+    def needs_scores(self) -> bool:
+        return VARIANT_KINDS[self.kind].needs_scores(self)
+
+    @property
+    def trains(self) -> bool:
+        return self.kind != "teacher"
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["studies"] = list(self.studies)
+        return d
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "VariantSpec":
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"variant {data.get('name')!r}: unknown field(s) {unknown}; known: {sorted(known)}")
+        return cls(**data)
+
+
+@dataclass
+class BuiltVariant:
+    mask: Any  # a headscope.HeadMask, or None for the teacher
+    options: dict[str, Any]  # HybridOptions overrides (granularity, window, ...) added by the kind
+    info: dict[str, Any]  # FA query-head share, KV share at the training length, layers with FA, ...
+
+
+@dataclass(frozen=True)
+class VariantKind:
+    build: Callable[[VariantSpec, Any, Any, int], tuple[Any, dict[str, Any]]]  # (spec, teacher, scores, seed)
+    needs_scores: Callable[[VariantSpec], bool] = lambda spec: False
+    doc: str = ""
+
+
+VARIANT_KINDS: Registry[VariantKind] = Registry("variant kind")
+
+
+def _select(spec: VariantSpec, teacher, scores, seed: int):
+    from headscope.mask import model_shape
+    from headscope.selection import STRATEGIES, select
+
+    entry = STRATEGIES.entry(spec.strategy)
+    if entry.uses_scores:
+        if scores is None:
+            raise ValueError(f"variant {spec.name!r}: strategy {spec.strategy!r} ranks heads: give scores")
+        src = scores
+    else:  # the baselines ignore the scores: an all-zero map, so they need no scoring
+        s = model_shape(teacher)
+        src = torch.zeros(s["num_hidden_layers"], s["num_attention_heads"])  # [L, H]
+    try:
+        mask = select(src, fraction=spec.fraction, ratio=spec.ratio, k=spec.k, strategy=spec.strategy, unit=spec.unit,
+                      seed=seed if not entry.uses_scores else None, model=teacher)
+    except ValueError as err:
+        raise InfeasibleVariant(str(err)) from None
+    want = mask.settings.get("k_budget", mask.settings["k"])
+    per = mask.n_heads // mask.n_kv_heads if spec.unit == "kv_group" else 1
+    if len(mask.fa_heads) != want * per:  # e.g. fixed_ratio: the same units in every layer overshoot the budget
+        what = "KV groups" if spec.unit == "kv_group" else "query heads"
+        raise InfeasibleVariant(f"strategy {spec.strategy!r} keeps {len(mask.fa_heads) // per} {what}, not the "
+                                f"budget's {want}: it cannot meet this budget on this model "
+                                f"({mask.n_layers} layers x {mask.n_heads // per} {what})")
+    return mask, {}
+
+
+def _layerwise(spec: VariantSpec, teacher, scores, seed: int):
+    from hybrid.builders import layerwise_mask
+
+    return layerwise_mask(teacher, spec.ratio), {"granularity": "layer"}
+
+
+def _token(spec: VariantSpec, teacher, scores, seed: int):
+    from headscope.mask import HeadMask
+
+    mask = HeadMask.for_model(teacher, [], settings={"strategy": "token", "window": spec.window})
+    return mask, {"granularity": "token", "window": spec.window}
+
+
+def _teacher(spec: VariantSpec, teacher, scores, seed: int):
+    return None, {}
+
+
+def _uses_scores(spec: VariantSpec) -> bool:
+    from headscope.selection import STRATEGIES
+
+    return STRATEGIES.entry(spec.strategy).uses_scores
+
+
+VARIANT_KINDS.register("select", VariantKind(_select, _uses_scores, "headscope.select by strategy and unit"))
+VARIANT_KINDS.register("layerwise", VariantKind(_layerwise, doc="whole FA layers (hybrid.builders.layerwise_mask)"))
+VARIANT_KINDS.register("token", VariantKind(_token, doc="sliding-window attention + GDN on every head"))
+VARIANT_KINDS.register("teacher", VariantKind(_teacher, doc="the teacher itself, evaluated only"))
+
+
+def mask_shares(teacher, mask, options: dict[str, Any], train_length: int) -> dict[str, Any]:
+    """FA query-head share, KV cache share at ``train_length`` tokens (``hybrid.cache_nbytes``: the FA branch's
+    keys/values, or the sliding window's), GDN state bytes, and the layers holding an FA head."""
+    from headscope.mask import model_shape
+    from hybrid.cache import cache_nbytes, teacher_cache_nbytes
+    from hybrid.config import HybridOptions
+    from hybrid.convert import hybrid_config
+
+    s = model_shape(teacher)
+    L, H = s["num_hidden_layers"], s["num_attention_heads"]
+    if mask is None:
+        return {"fa_query_share": 1.0, "kv_share": 1.0, "n_fa_heads": L * H, "layers_with_fa": L,
+                "gdn_state_bytes": 0, "kv_bytes": teacher_cache_nbytes(teacher, train_length)}
+    opts = HybridOptions.from_dict({**options, "allow_degenerate": True})
+    fa = [[] for _ in range(L)] if opts.granularity == "token" else [list(mask.fa_in_layer(l)) for l in range(L)]
+    cfg = hybrid_config(teacher, fa, opts)
+    c = cache_nbytes(cfg, train_length)
+    n_fa = sum(len(x) for x in fa)
+    return {"fa_query_share": n_fa / (L * H), "kv_share": c["fa_kv"] / c["teacher"], "n_fa_heads": n_fa,
+            "layers_with_fa": sum(1 for x in fa if x), "gdn_state_bytes": c["gdn_state"], "kv_bytes": c["fa_kv"],
+            "fa_heads": [h.to_list() for h in mask.fa_heads]}
+
+
+def build_variant(spec: VariantSpec, teacher, *, scores=None, seed: int = 0, base_options: dict | None = None,
+                  train_length: int = 2048) -> BuiltVariant:
+    """The variant's mask (None for the teacher), its hybrid options (the study's ``base_options``, then the
+    kind's, then the spec's own) and its shares; raises ``InfeasibleVariant`` when the budget cannot be met."""
+    mask, kind_options = VARIANT_KINDS.entry(spec.kind, who="variant kind").build(spec, teacher, scores, seed)
+    options = {"seed": seed, **(base_options or {}), **kind_options, **spec.hybrid}  # seed: the new parameters' init
+    info = mask_shares(teacher, mask, options, train_length)
+    if mask is not None:
+        info["ratio"] = mask.ratio
+        info["settings"] = json.loads(json.dumps(mask.settings, default=str))
+    return BuiltVariant(mask, options if spec.trains else {}, info)
+
+
+# ---- the teacher's scores (NIAH + reasoning receiver scores, fused) -----------------------------------------
+
+def selection_scores(teacher, tokenizer, *, n_samples: int = 16, context_length: int = 1024,
+                     haystack: str = "heldout", device=None, path: str | Path | None = None, progress: bool = True):
+    """The fused NIAH + reasoning receiver scores of ``teacher`` (``headscope.score`` per task, ``fuse``).
+
+    With ``path``: loaded from there when it holds scores of this teacher with these settings, else computed and
+    written there (so a study's variants, and a resumed study, score the teacher once)."""
+    from headscope.api import score
+    from headscope.fusion import fuse
+    from headscope.io import write_text
+    from headscope.mask import config_fingerprint
+    from headscope.results import HeadScores
+
+    key = {"teacher": config_fingerprint(teacher), "n_samples": n_samples, "context_length": context_length,
+           "haystack": haystack, "tasks": ["niah", "reasoning"]}
+    if path is not None and Path(path).exists():
+        cached = HeadScores.from_json(path)
+        if cached.settings.get("study_key") == key:
+            return cached
+    tasks = {"niah": score(teacher, "niah", tokenizer=tokenizer, n_samples=n_samples, device=device,
+                           context_length=context_length, haystack=haystack, progress=progress),
+             "reasoning": score(teacher, "reasoning", tokenizer=tokenizer, n_samples=n_samples, device=device,
+                                progress=progress)}
+    fused = fuse(tasks)
+    fused.settings["study_key"] = key
+    if path is not None:
+        write_text(path, fused.to_json())
+    return fused
+
+
+def make_mask(teacher, tokenizer, fraction: float, n_samples: int, context_length: int, device,
+              scores_path: str | Path | None = None):
+    """Score NIAH + reasoning, fuse, keep the top ``fraction`` of KV groups (all their query heads) as FA."""
+    from headscope.selection import select
+
+    scores = selection_scores(teacher, tokenizer, n_samples=n_samples, context_length=context_length, device=device,
+                              path=scores_path)
+    return select(scores, fraction=fraction, unit="kv_group", model=teacher)

@@ -1,0 +1,171 @@
+"""hybrid.train.studies / study_metrics: the study config (dry-run merge, steps scale, refusals), the evaluation
+items' order, the headline metrics and tables from evaluation rows, the docs block."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from hybrid.train.studies import StudyConfig, StudyError, eval_items
+from hybrid.train.study_metrics import BEGIN, END, headline, markdown_block, study_table, to_markdown, update_docs
+
+ROOT = Path(__file__).resolve().parents[3]
+CONFIG = ROOT / "experiments" / "studies" / "reference.toml"
+
+MINIMAL = """
+[train]
+[[train.stages]]
+name = "align"
+steps = 10
+lr = 1e-3
+seq_len = 64
+warmup_steps = 4
+[[train.stages]]
+name = "distill"
+steps = 30
+lr = 1e-3
+seq_len = 64
+decay_steps = 20
+[[variants]]
+name = "a"
+fraction = 0.125
+"""
+
+
+def write(tmp_path, text: str) -> Path:
+    p = tmp_path / "s.toml"
+    p.write_text(text)
+    return p
+
+
+def test_reference_config_loads_and_scales_every_stage_alike():
+    cfg = StudyConfig.from_file(CONFIG)
+    assert {v.name for v in cfg.variants} >= {"teacher", "global-kv", "layerwise-7to1", "token-swa257", "fa-rope"}
+    assert {s for v in cfg.variants for s in v.studies} == {2, 3, 4, 5}
+    half = StudyConfig.from_file(CONFIG, steps_scale=0.5)
+    assert [s["steps"] for s in half.train["stages"]] == [round(s["steps"] / 2) for s in cfg.train["stages"]]
+    assert half.steps_scale == 0.5 and not half.dry_run
+    dry = StudyConfig.from_file(CONFIG, dry_run=True)
+    assert dry.dry_run and dry.device == "cpu" and len(dry.variants) == 5
+    assert [s["steps"] for s in dry.train["stages"]] == [2, 2, 1]
+    assert dry.train["data"]["corpus"] == "heldout" and dry.train["data"]["fast_niah"]  # merged, not replaced
+
+
+def test_steps_scale_keeps_warmup_and_decay_inside_the_stage(tmp_path):
+    cfg = StudyConfig.from_file(write(tmp_path, MINIMAL), steps_scale=0.1)
+    a, d = cfg.train["stages"]
+    assert (a["steps"], a["warmup_steps"]) == (1, 1) and (d["steps"], d["decay_steps"]) == (3, 2)
+
+
+@pytest.mark.parametrize("extra, match", [
+    ("color = 1\n", "unknown field"),
+    ("[eval]\nfoo = 1\n", r"\[eval\]: unknown"),
+    ("[eval.niah]\nn = 0\n", r"\[eval.niah\]"),
+    ("[scores]\nsamples = 3\n", r"\[scores\]"),
+    ("seeds = []\n", "seeds"),
+    ("[[variants]]\nname = \"a\"\nfraction = 0.25\n", "used twice"),
+])
+def test_bad_configs_are_refused(tmp_path, extra, match):
+    text = extra + MINIMAL if not extra.startswith("[") else MINIMAL + extra
+    with pytest.raises(StudyError, match=match):
+        StudyConfig.from_file(write(tmp_path, text))
+
+
+def test_train_fields_set_by_the_study_are_refused(tmp_path):
+    with pytest.raises(StudyError, match=r"\[train\]\.mask"):
+        StudyConfig.from_file(write(tmp_path, MINIMAL.replace("[train]\n", "[train]\nmask = \"m.json\"\n")))
+    with pytest.raises(StudyError, match="lr"):  # a bad stage is refused by hybrid.train's own checks
+        StudyConfig.from_file(write(tmp_path, MINIMAL.replace("lr = 1e-3", "lr = -1", 1)))
+    with pytest.raises(StudyError, match="steps_scale"):
+        StudyConfig.from_file(write(tmp_path, MINIMAL), steps_scale=0)
+    with pytest.raises(StudyError, match="no \\[dry_run\\]"):
+        StudyConfig.from_file(write(tmp_path, MINIMAL), dry_run=True)
+
+
+def test_eval_items_run_short_retrieval_first_and_long_niah_last():
+    cfg = StudyConfig.from_file(CONFIG)
+    items = eval_items(cfg, 2048)
+    assert [n for n, *_ in items] == ["niah@2040", "niah_multikey", "reasoning", "perplexity", "niah@4088",
+                                     "niah@8184", "niah@16376"]
+    assert items[0][2]["lengths"] == (2040,) and "multiples" not in items[0][2]
+    assert dict((n, c) for n, _, c in items)["perplexity"]["lengths"] == (2048,)
+
+
+def rows():
+    r = []
+    for L, accs in ((2040, (1.0, 0.5)), (4088, (0.0, 0.5))):
+        r += [{"evaluation": "niah", "metric": "accuracy", "value": a, "context_length": L, "status": "ok"} for a in accs]
+    r.append({"evaluation": "niah", "metric": "accuracy", "value": None, "context_length": 8184, "status": "stopped"})
+    r += [{"evaluation": "niah_multikey", "metric": "accuracy", "value": 0.25, "context_length": 2040, "status": "ok"}]
+    r += [{"evaluation": "reasoning", "metric": "accuracy", "value": v, "family": f, "status": "ok"}
+          for f, v in (("binding", 1.0), ("binding", 0.0), ("two_hop", 1.0))]
+    r += [{"evaluation": "reasoning", "metric": "accuracy_teacher_forced", "value": 0.0, "family": "two_hop",
+           "status": "ok"}]
+    r += [{"evaluation": "perplexity", "metric": "perplexity", "value": 9.0, "context_length": 2048, "status": "ok"}]
+    return r
+
+
+def test_headline_metrics_from_rows():
+    h = headline(rows(), 2048)
+    assert h["niah"] == {"2040": 0.75, "4088": 0.25}  # the stopped 8184 row is no number
+    assert h["multikey"] == 0.25 and h["reasoning_by_family"] == {"binding": 0.5, "two_hop": 1.0}
+    assert h["reasoning"] == 0.75 and h["ppl"] == 9.0
+
+
+def collected(dry_run=False):
+    cfg = StudyConfig.from_file(CONFIG).to_dict()
+    cfg.update(train_length=2048, dry_run=dry_run)
+    info = {"kv_share": 0.125, "fa_query_share": 0.125, "layers_with_fa": 3, "gdn_state_bytes": 229376}
+    runs = [{"name": "global-kv", "seed": s, "variant": next(v for v in cfg["variants"] if v["name"] == "global-kv"),
+             "status": "done", "info": info, "train": {"capped": False}, "eval_items": {},
+             "metrics": headline(rows(), 2048)} for s in (0, 1)]
+    runs[1]["metrics"] = {**runs[1]["metrics"], "multikey": 0.75}
+    runs.append({"name": "gplm-kv", "seed": 0, "variant": {}, "status": "infeasible", "reason": "needs k >= 8"})
+    calls = [{"device": "cuda", "gpu": "NVIDIA H200", "seconds": 300.0, "finished": True, "command": "x"}]
+    return {"config": cfg, "calls": calls, "runs": runs}
+
+
+def test_study_table_rows_seeds_and_statuses():
+    t = study_table(collected(), 2)
+    row = t.set_index("variant").loc["global-kv"]
+    assert row["NIAH 2040 (1x)"] == "0.75 ± 0.00" and row["NIAH 4088 (2x)"] == "0.25 ± 0.00"
+    assert row["multi-key"] == "0.50 ± 0.35" and row["KV share"] == "0.125" and row["status"] == "done"
+    assert row["what"] == "global, 1/8 of the KV groups"
+    assert t.set_index("variant").loc["gplm-kv"]["status"] == "infeasible: needs k >= 8"
+    assert t.set_index("variant").loc["teacher"]["status"] == "not run yet"
+    assert "GDN state (KiB)" in study_table(collected(), 3).columns
+    md = to_markdown(t)
+    assert md.splitlines()[0].startswith("| variant | what | NIAH 2040 (1x)") and len(md.splitlines()) == len(t) + 2
+
+
+def test_markdown_block_says_how_it_was_made_and_fills_the_docs(tmp_path):
+    block = markdown_block(collected(), command="bash experiments/studies/gpu_h200.sh")
+    assert "5.0 GPU minutes" in block and "seeds [0]" in block and "### Study 5" in block
+    assert "not a result" not in block and "not a result" in markdown_block(collected(True), command="c")
+    doc = tmp_path / "results.md"
+    doc.write_text(f"# Results\n{BEGIN}\nplaceholder\n{END}\ntail\n")
+    update_docs(doc, block)
+    text = doc.read_text()
+    assert "placeholder" not in text and text.endswith(f"{END}\ntail\n") and "### Study 2" in text
+    doc.write_text("no markers")
+    with pytest.raises(ValueError, match="markers"):
+        update_docs(doc, block)
+
+
+def test_kernel_warmup_runs_a_hybrid_with_every_gdn_head_count(monkeypatch):
+    """On the CPU it runs the torch twins; what it must do is build the hybrid and run training and decoding."""
+    import hybrid.convert
+    from headscope.reference import load_model
+    from hybrid.train.studies import warm_kernels
+
+    teacher, tok = load_model("default", device="cpu")
+    built = []
+    real = hybrid.convert.from_mask
+
+    def spy(t, mask, **kw):
+        built.append(mask)
+        return real(t, mask, **kw)
+
+    monkeypatch.setattr(hybrid.convert, "from_mask", spy)
+    warm_kernels(teacher, tok, {"gdn_fold_heads": True}, seq_len=64)
+    assert [len(built[0].fa_in_layer(l)) for l in range(8)] == list(range(8))
