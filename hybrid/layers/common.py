@@ -43,14 +43,16 @@ def fused_linear(owner: nn.Module, name: str, linears, x: torch.Tensor, groups=N
     (new storage, dtype/device, or an in-place update: an optimizer step bumps ``_version``). Each output
     column is the same dot product as the separate Linear's (a bias of 0 is added where a Linear has none).
     Used by the decode step (T = 1), where a step is bound by the number of kernels, not bytes: under
-    autograd (training) it falls back to the separate Linears, so no gradient ever flows through the copy."""
+    autograd (training), or when a Linear carries forward hooks (e.g. headscope's interventions), it falls back
+    to the separate Linears, so no gradient ever flows through the copy and every hook still runs."""
     sizes = [lin.out_features for lin in linears]
     if groups is not None:
         if sum(groups) != len(linears):
             raise ValueError(f"fused_linear: groups={tuple(groups)} must add up to the {len(linears)} Linears")
         bounds = [sum(groups[:i]) for i in range(len(groups) + 1)]
         sizes = [sum(sizes[a:b]) for a, b in zip(bounds, bounds[1:])]
-    if torch.is_grad_enabled() and any(p.requires_grad for lin in linears for p in lin.parameters()):
+    if (any(lin._forward_hooks or lin._forward_pre_hooks for lin in linears)  # hooks (interventions) must run
+            or torch.is_grad_enabled() and any(p.requires_grad for lin in linears for p in lin.parameters())):
         outs = [lin(x) for lin in linears]
         if groups is None:
             return outs

@@ -61,6 +61,12 @@ def test_fused_linear_equals_the_separate_linears_and_follows_updates():
     out = fused_linear(owner, "p", lins, x)  # under autograd: the separate Linears, gradients reach them
     out[1].sum().backward()
     assert lins[1].weight.grad is not None
+    seen = []
+    handle = lins[2].register_forward_hook(lambda m, i, o: seen.append(o))
+    with torch.no_grad():
+        fused_linear(owner, "p", lins, x)  # a hooked Linear: the separate Linears run, so the hook sees its output
+    handle.remove()
+    assert len(seen) == 1
     with pytest.raises(ValueError, match="groups"):
         fused_linear(owner, "p", lins, x, groups=(1, 1))
 
