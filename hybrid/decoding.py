@@ -10,8 +10,9 @@
 float64 for a float64 model) and the conv states, all allocated once. ``lengths`` [B] (on the device, and
 mirrored on the host) is the number of positions each row holds. A step of T new tokens per row computes the
 positions [B, T], RoPE cos/sin [B, T, D] and the key mask [B, T, S] once for all layers (causal per row, so
-the rows' unused tail is masked: the key-padding mask of ragged rows); the FA branch writes k/v with one
-``index_put_`` and attends with grouped-query SDPA (no KV copy); the GDN branch steps its state (fla's fused
+the rows' unused tail is masked: the key-padding mask of ragged rows); each branch computes its projections
+with one matmul on concatenated weights (``fuse_projections``: a weight copy built at the first step, kept on
+the branch until a weight changes); the FA branch writes k/v with one ``index_put_`` and attends with grouped-query SDPA (no KV copy); the GDN branch steps its state (fla's fused
 recurrent kernel on CUDA, ``hybrid.ops.gated_delta_rule`` "auto"). Nothing per layer grows with the context in
 Python, and no step reads a device value on the host, so the step can be captured as a CUDA graph: then every
 step attends over the whole buffer (S = S_max, masked), since a graph has fixed shapes; eagerly S = the
@@ -68,6 +69,7 @@ class StaticLayerCache(LayerCache):
 
     step: _Step | None = None
     per_row = True
+    fuse_projections: bool = True  # StaticHybridCache.fuse_projections (set for all layers there)
 
     def write_rows(self, k: torch.Tensor, v: torch.Tensor, window: int | None = None):
         """k, v [B, T, K_F, D] -> (keys, values [B, S, K_F, D] views of the buffer, mask [B, T, S])."""
@@ -140,6 +142,18 @@ class StaticHybridCache(HybridCache):
     @property
     def batch(self) -> int:
         return self.lengths.shape[0]
+
+    @property
+    def fuse_projections(self) -> bool:
+        """Steps on this cache compute each branch's projections as one matmul on concatenated weights
+        (``hybrid.layers.common.fused_linear``: fewer kernels per step; the same dot products, whose summation
+        order a BLAS may change in the last bit). Default True; set False for the separate Linears."""
+        return all(l.fuse_projections for l in self.layers)
+
+    @fuse_projections.setter
+    def fuse_projections(self, on: bool) -> None:
+        for l in self.layers:
+            l.fuse_projections = bool(on)
 
     # ---- one forward step (called by HybridModel.forward) --------------------------------
     def begin_step(self, T: int, dtype: torch.dtype):

@@ -8,7 +8,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-__all__ = ["acc", "index_on", "RMSNorm", "RotaryEmbedding", "apply_rope", "MLP", "ShortConv", "log_length_scale",
+__all__ = ["acc", "index_on", "fused_linear", "inference_constant", "RMSNorm", "RotaryEmbedding", "apply_rope", "MLP", "ShortConv", "log_length_scale",
            "window_attention", "window_attention_dense", "grouped_attention"]
 
 
@@ -28,6 +28,65 @@ def index_on(heads: tuple[int, ...], device: torch.device) -> torch.Tensor:
     return _INDEX_CACHE[key]
 
 
+def _param_key(params) -> tuple:
+    """What identifies the current values of ``params``: storage, in-place version, dtype, device."""
+    return tuple((p.data_ptr(), p._version, p.dtype, p.device) for p in params)
+
+
+def fused_linear(owner: nn.Module, name: str, linears, x: torch.Tensor, groups=None) -> list[torch.Tensor]:
+    """``[lin(x) for lin in linears]`` with ONE matmul (inference): x [..., C] -> outputs [..., N_i] (views).
+    ``groups`` (counts of consecutive Linears, e.g. (1, 1, 2)): return one output per group instead, the
+    group's Linears' outputs side by side (``torch.cat`` of them, as one view).
+
+    The weights are concatenated along the output dim once and kept on ``owner`` (a plain attribute, not a
+    parameter or buffer: the state dict is unchanged); the copy is rebuilt when any weight or bias changes
+    (new storage, dtype/device, or an in-place update: an optimizer step bumps ``_version``). Each output
+    column is the same dot product as the separate Linear's (a bias of 0 is added where a Linear has none).
+    Used by the decode step (T = 1), where a step is bound by the number of kernels, not bytes: under
+    autograd (training), or when a Linear carries forward hooks (e.g. headscope's interventions), it falls back
+    to the separate Linears, so no gradient ever flows through the copy and every hook still runs."""
+    sizes = [lin.out_features for lin in linears]
+    if groups is not None:
+        if sum(groups) != len(linears):
+            raise ValueError(f"fused_linear: groups={tuple(groups)} must add up to the {len(linears)} Linears")
+        bounds = [sum(groups[:i]) for i in range(len(groups) + 1)]
+        sizes = [sum(sizes[a:b]) for a, b in zip(bounds, bounds[1:])]
+    if (any(lin._forward_hooks or lin._forward_pre_hooks for lin in linears)  # hooks (interventions) must run
+            or torch.is_grad_enabled() and any(p.requires_grad for lin in linears for p in lin.parameters())):
+        outs = [lin(x) for lin in linears]
+        if groups is None:
+            return outs
+        return [torch.cat(outs[a:b], -1) if b - a > 1 else outs[a] for a, b in zip(bounds, bounds[1:])]
+    params = [p for lin in linears for p in (lin.weight, lin.bias) if p is not None]
+    key = _param_key(params)
+    store = owner.__dict__.setdefault("_fused_linears", {})
+    hit = store.get(name)
+    if hit is None or hit[0] != key:
+        with torch.no_grad():
+            w = torch.cat([lin.weight for lin in linears], 0)  # [sum N_i, C]
+            b = None
+            if any(lin.bias is not None for lin in linears):
+                b = torch.cat([lin.bias if lin.bias is not None else lin.weight.new_zeros(lin.out_features)
+                               for lin in linears])  # [sum N_i]
+        hit = store[name] = (key, w, b)
+    y = F.linear(x, hit[1], hit[2])  # [..., sum N_i]
+    return list(y.split(sizes, dim=-1))
+
+
+def inference_constant(owner: nn.Module, name: str, params, fn):
+    """``fn()`` (a function of ``params`` only) cached on ``owner`` while no gradient is needed and the params
+    are unchanged (same key as ``fused_linear``); under autograd it is recomputed every call."""
+    if torch.is_grad_enabled() and any(p.requires_grad for p in params):
+        return fn()
+    key = _param_key(params)
+    store = owner.__dict__.setdefault("_inference_constants", {})
+    hit = store.get(name)
+    if hit is None or hit[0] != key:
+        with torch.no_grad():
+            hit = store[name] = (key, fn())
+    return hit[1]
+
+
 class RMSNorm(nn.Module):
     """RMSNorm over the last dim, computed in float32 (same numerics as Llama/Qwen3's)."""
 
@@ -38,7 +97,11 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # = weight * (x32 * rsqrt(mean(x32^2) + eps)).to(dtype), as Qwen3/Llama; one fused norm kernel
-        # instead of five (it matters when decoding one token, where every layer's kernels are tiny)
+        # instead of five (it matters when decoding one token, where every layer's kernels are tiny). Half
+        # types: F.rms_norm accumulates in float32 and rounds once, the same values without the two casts;
+        # float64 is normalised in float32 (as the HF teacher does), so it keeps them.
+        if x.dtype in (torch.float16, torch.bfloat16):
+            return self.weight * F.rms_norm(x, (x.shape[-1],), eps=self.eps)
         return self.weight * F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype)
 
 

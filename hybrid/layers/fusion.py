@@ -125,6 +125,16 @@ class HeadFusion(nn.Module):
         la = [h for h in range(n_heads) if h not in set(fa)]
         self.fa_heads, self.la_heads = tuple(fa), tuple(la)
         self.branch_of_head = tuple(0 if h in set(fa) else 1 for h in range(n_heads))  # [H]: 0 FA, 1 GDN
+        # runs of consecutive heads of one branch, in head order: (is_fa, first, last + 1) in that branch's outputs
+        runs, seen = [], [0, 0]
+        for h in range(n_heads):
+            br = self.branch_of_head[h]
+            if runs and runs[-1][0] == (br == 0):
+                runs[-1][2] += 1
+            else:
+                runs.append([br == 0, seen[br], seen[br] + 1])
+            seen[br] += 1
+        self.runs = tuple(tuple(r) for r in runs)
         self.gamma = nn.Parameter(torch.full((n_heads,), float(gamma_init))) if self.spec.norm else None  # [H]
         self.gate_name = self.spec.gate_name
         if self.spec.gate is not None:
@@ -157,10 +167,14 @@ class HeadFusion(nn.Module):
             return o_fa  # [B, T, H, D] every head FA, already in order
         if o_fa is None:
             return o_la
+        o_la = o_la.to(o_fa.dtype)
+        if len(self.runs) <= 4:  # heads in a few runs (e.g. whole KV groups): one cat of slices (one kernel)
+            parts = [(o_fa if fa else o_la)[:, :, a:b] for fa, a, b in self.runs]  # [B, T, h, D] each
+            return torch.cat(parts, 2)  # [B, T, H, D]
         B, T = o_fa.shape[:2]
         z = o_fa.new_empty(B, T, self.n_heads, self.head_dim)  # [B, T, H, D]
         z.index_copy_(2, index_on(self.fa_heads, z.device), o_fa)
-        z.index_copy_(2, index_on(self.la_heads, z.device), o_la.to(o_fa.dtype))
+        z.index_copy_(2, index_on(self.la_heads, z.device), o_la)
         return z
 
     def forward(self, x: torch.Tensor, o_fa: torch.Tensor | None, o_la: torch.Tensor | None) -> torch.Tensor:

@@ -22,8 +22,8 @@ import torch.nn.functional as F
 
 from hybrid.cache import LayerCache
 from hybrid.config import HybridConfig
-from hybrid.layers.common import (NewLinear, RMSNorm, ShortConv, acc, apply_rope, grouped_attention, index_on,
-                                  log_length_scale, mark_new, window_attention)
+from hybrid.layers.common import (NewLinear, RMSNorm, ShortConv, acc, apply_rope, fused_linear, grouped_attention,
+                                  index_on, inference_constant, log_length_scale, mark_new, window_attention)
 from hybrid.layers.fusion import HeadFusion
 
 __all__ = ["FullAttentionBranch", "GatedDeltaNetBranch", "HybridAttention"]
@@ -72,14 +72,21 @@ class FullAttentionBranch(nn.Module):
         """x [B, T, C], positions [T] absolute -> o [B, T, H_F, D] (gated)."""
         B, T, _ = x.shape
         D = self.head_dim
-        q = self.q_proj(x).view(B, T, self.n_heads, D)  # [B, T, H, D]
-        k = self.k_proj(x).view(B, T, self.n_kv, D)  # [B, T, K, D]
-        v = self.v_proj(x).view(B, T, self.n_kv, D)  # [B, T, K, D]
+        per_row = cache is not None and getattr(cache, "per_row", False)  # preallocated cache, per-row lengths
+        gate = None  # [B, T, H*D] gate logits when computed with q/k/v
+        if per_row and cache.fuse_projections:  # decoding: q/k/v (and the gate) as one matmul (common.fused_linear)
+            lins = (self.q_proj, self.k_proj, self.v_proj) + ((self.gate_proj,) if self.gate_proj is not None else ())
+            q, k, v, *rest = fused_linear(self, "qkv_gate", lins, x)  # [B, T, H*D], [B, T, K*D] x2, [B, T, H*D]
+            gate = rest[0] if rest else None
+        else:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q = q.view(B, T, self.n_heads, D)  # [B, T, H, D]
+        k = k.view(B, T, self.n_kv, D)  # [B, T, K, D]
+        v = v.view(B, T, self.n_kv, D)  # [B, T, K, D]
         if self.q_norm is not None:
             q, k = qk_norm(self.q_norm, q), qk_norm(self.k_norm, k)
         if self.rope:
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        per_row = cache is not None and getattr(cache, "per_row", False)  # preallocated cache, per-row lengths
         if self.log_scale:  # positions [T] (shared) or [B, T] (per row: computed once per step for all layers)
             s = (cache.step.log_scale(self.log_base, q.dtype) if per_row
                  else log_length_scale(positions, self.log_base).to(q.dtype))  # [B, T] or [T]
@@ -87,7 +94,8 @@ class FullAttentionBranch(nn.Module):
         if per_row:
             o = self._attend_rows(q, k, v, cache)  # [B, T, H, D]
             if self.gate_proj is not None:
-                o = o * (2 * torch.sigmoid(self.gate_proj(x))).view(B, T, self.n_heads, D)
+                gate = self.gate_proj(x) if gate is None else gate  # [B, T, H*D]
+                o = o * (2 * torch.sigmoid(gate)).view(B, T, self.n_heads, D)
             return o
         q_offset = int(positions[0]) if T else 0
         k_start = q_offset
@@ -178,12 +186,17 @@ class GatedDeltaNetBranch(nn.Module):
                 for conv in (self.q_conv, self.k_conv, self.v_conv):
                     conv.reset_parameters()
 
-    def log_decay(self, x: torch.Tensor) -> torch.Tensor:
-        """x [B, T, C] -> g [B, T, H] (float32 for half inputs), log decay <= 0."""
-        a = acc(self.a_proj(x))  # [B, T, H]
+    def log_decay(self, x: torch.Tensor, a: torch.Tensor | None = None) -> torch.Tensor:
+        """x [B, T, C] -> g [B, T, H] (float32 for half inputs), log decay <= 0. ``a``: a_proj(x) if computed.
+
+        The parameter-only factors (-exp(A_log), the float32 biases) are kept between calls while no
+        gradient is needed (``inference_constant``: four fewer kernels per decode step, same values)."""
+        a = acc(self.a_proj(x) if a is None else a)  # [B, T, H]
         if self.decay == "gdn":
-            return -acc(self.A_log).exp() * F.softplus(a + acc(self.dt_bias))
-        return F.logsigmoid(a + acc(self.a_bias))
+            neg_A = inference_constant(self, "neg_A", (self.A_log,), lambda: -acc(self.A_log).exp())  # [H]
+            dt_bias = inference_constant(self, "dt_bias", (self.dt_bias,), lambda: acc(self.dt_bias))  # [H]
+            return neg_A * F.softplus(a + dt_bias)
+        return F.logsigmoid(a + inference_constant(self, "a_bias", (self.a_bias,), lambda: acc(self.a_bias)))
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 cache: LayerCache | None) -> torch.Tensor:
@@ -193,7 +206,19 @@ class GatedDeltaNetBranch(nn.Module):
 
         B, T, _ = x.shape
         D, H = self.head_dim, self.n_heads
-        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)  # [B, T, H*D] each
+        per_row = cache is not None and getattr(cache, "per_row", False)  # decoding on a preallocated cache
+        per_row = per_row and cache.fuse_projections  # its switch for one matmul per branch (fused_linear)
+        b = a = None  # [B, T, H] b_proj(x), a_proj(x) (float32 for half types) when computed with the others
+        if per_row and B * T == 1:  # one token: all five projections as one matmul (views stay contiguous)
+            q, k, v, ba = fused_linear(self, "qkvba", (self.q_proj, self.k_proj, self.v_proj, self.b_proj,
+                                                       self.a_proj), x, groups=(1, 1, 1, 2))  # [B, T, 2H] last
+        else:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)  # [B, T, H*D] each
+            ba = None
+            if per_row:  # rows > 1: q/k/v separate (a slice of a fused output would be copied by the kernels)
+                ba = fused_linear(self, "ba", (self.b_proj, self.a_proj), x, groups=(2,))[0]  # [B, T, 2H]
+        if ba is not None:
+            b, a = acc(ba).split(H, dim=-1)  # [B, T, H] x2: one cast for both
         if self.convs:
             old = cache.conv if cache is not None and cache.conv is not None else (None, None, None)
             (q, sq), (k, sk), (v, sv) = (conv(t, s) for conv, t, s in zip((self.q_conv, self.k_conv, self.v_conv), (q, k, v), old))
@@ -207,8 +232,8 @@ class GatedDeltaNetBranch(nn.Module):
                                backend=self.prologue_backend)  # [B, T, H, D] each, unit norm
         # one dtype for the kernel: under bf16 autocast the q/k norms run in float32 while v is bf16 (fla needs one)
         q, k = q.to(v.dtype), k.to(v.dtype)  # [B, T, H, D]
-        beta = torch.sigmoid(acc(self.b_proj(x))).to(v.dtype)  # [B, T, H]
-        g = self.log_decay(x)  # [B, T, H]
+        beta = torch.sigmoid(acc(self.b_proj(x) if b is None else b)).to(v.dtype)  # [B, T, H]
+        g = self.log_decay(x, a)  # [B, T, H]
         o, state = gated_delta_rule(q, k, v, g, beta, scale=D ** -0.5,
                                     initial_state=cache.state if cache is not None else None,
                                     output_final_state=cache is not None, use_qk_l2norm_in_kernel=False,
