@@ -180,7 +180,12 @@ def main() -> None:
     if a.json:
         write_text(a.json, json.dumps(result, indent=1, default=str))
     if a.out:
-        save_results(df, a.out, overwrite=True)
+        import importlib.util
+
+        figures = importlib.util.find_spec("plotly") is not None  # a bare GPU machine has none: rows only
+        if not figures:
+            print("plotly is not installed: the result folder gets no figures", file=sys.stderr)
+        save_results(df, a.out, overwrite=True, figures=figures)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,6 @@ every evaluation, the package version, torch/transformers versions and the secon
 from __future__ import annotations
 
 import dataclasses
-import os
 import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -109,7 +108,7 @@ def evaluate(model: Any, suite: str | Sequence[str] = "retrieval", tokenizer: An
     progress: progress bars, and a start and a done line with seconds per evaluation and per length (stderr).
     Returns the rows (columns ``RUN_COLUMNS + COLUMNS``); ``df.attrs["meta"]`` describes the run.
     """
-    from headscope.evaluate.building import prompt_builder
+    from headscope.evaluate.building import default_workers, prompt_builder
 
     label, cfgs = plan(suite, configs, haystack)
     for name, v in (("budget_s", budget_s), ("time_limit_s", time_limit_s)):
@@ -128,7 +127,7 @@ def evaluate(model: Any, suite: str | Sequence[str] = "retrieval", tokenizer: An
     cuda = next(model.parameters()).device.type == "cuda"
     ctx = EvalContext(seed=seed, batch_size=batch_size or (32 if cuda else 8),
                       token_budget=token_budget or (262144 if cuda else 16384), progress=progress,
-                      workers=workers if workers is not None else (min(16, (os.cpu_count() or 2) - 1) if cuda else 0),
+                      workers=workers if workers is not None else default_workers(cuda),
                       budget_s=budget_s)
     info = model_info(model)
     frames, seconds = [], {}
@@ -171,7 +170,8 @@ def run_meta(info: dict, label: str, seed: int, ctx: EvalContext, cfgs, seconds:
     import headscope
 
     return {"schema": SCHEMA, "version": headscope.__version__, "suite": label, "seed": seed, **info,
-            "context": {k: v for k, v in dataclasses.asdict(ctx).items() if k != "deadline"}, "configs": {n: dataclasses.asdict(c) for n, c in cfgs},
+            "context": {k: v for k, v in dataclasses.asdict(ctx).items() if k != "deadline"},
+            "configs": {n: dataclasses.asdict(c) for n, c in cfgs},
             "seconds": seconds, "torch": torch.__version__, "transformers": transformers.__version__,
             "python": platform.python_version(), "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
 

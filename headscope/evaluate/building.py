@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
+import os
 import pickle
 import sys
 import warnings
@@ -32,13 +33,22 @@ from typing import Any, Iterator, Sequence
 
 import torch
 
-__all__ = ["PromptBuilder", "BuildJob", "prompt_builder", "build_cells", "Cell"]
+__all__ = ["PromptBuilder", "BuildJob", "prompt_builder", "build_cells", "default_workers", "Cell"]
 
 Cell = tuple[str, dict[str, Any], int, int]  # (task name, task config, n samples, seed)
 Part = tuple[str, dict[str, Any], int, int, int, int]  # a cell's samples lo..hi-1
 _TOKENIZER: Any = None  # the tokenizer of this process's builds (a worker's: unpickled by _init_worker)
 _ACTIVE: contextvars.ContextVar["PromptBuilder | None"] = contextvars.ContextVar("headscope_prompt_builder",
                                                                                  default=None)
+
+
+def default_workers(cuda: bool) -> int:
+    """Worker processes by default: with a GPU, one per CPU core this process may use but one, at most 16
+    (building prompts is CPU work that would leave the GPU idle); on a CPU none (the cores score)."""
+    if not cuda:
+        return 0
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 2)
+    return max(0, min(16, cores - 1))
 
 
 def _make_task(name: str, config: dict[str, Any]):
@@ -142,16 +152,29 @@ class BuildJob:
 
     def __init__(self, builder: "PromptBuilder", cells: Sequence[Cell], futures: list | None, owner: list[int],
                  parts: list[Part]):
-        self._builder, self._cells, self._futures, self._owner, self._parts = builder, list(cells), futures, owner, parts
+        self._builder, self._cells, self._futures = builder, list(cells), futures
+        self._owner, self._parts = owner, parts
         self._result: list | None = None
 
-    def result(self) -> list:
+    def result(self, timeout: float | None = None) -> list:
+        """Per cell: its pairs, or why it cannot be built. ``timeout``: seconds to wait for the workers at most
+        (``concurrent.futures.TimeoutError`` after that; in this process the building is not interrupted)."""
         if self._result is None:
             res = None
             if self._futures is not None:
+                import time
+                from concurrent.futures import TimeoutError
                 from concurrent.futures.process import BrokenProcessPool
 
                 try:
+                    if timeout is not None:
+                        end = time.monotonic() + timeout
+                        try:
+                            for f in self._futures:
+                                f.result(timeout=max(0.0, end - time.monotonic()))
+                        except TimeoutError:
+                            self._builder._stuck = True  # close() does not wait for these workers
+                            raise
                     res = [f.result() for f in self._futures]
                     res = [r if isinstance(r, str) else [_unpack(p) for p in r] for r in res]
                 except BrokenProcessPool as err:
@@ -175,6 +198,7 @@ class PromptBuilder:
             raise ValueError(f"workers={workers!r}: give an int >= 0")
         self.tokenizer, self.workers, self.requested = tokenizer, workers, workers
         self._pool = None
+        self._stuck = False  # a result timed out: close() ends the workers instead of waiting for them
         self._tok_bytes: bytes | None = None
         if workers > 0:
             try:
@@ -227,9 +251,16 @@ class PromptBuilder:
         return self.submit(cells).result()
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
-            self._pool = None
+        pool, self._pool = self._pool, None
+        if pool is None:
+            return
+        if not self._stuck:
+            pool.shutdown(wait=True, cancel_futures=True)
+            return
+        procs = list((getattr(pool, "_processes", None) or {}).values())
+        pool.shutdown(wait=False, cancel_futures=True)
+        for proc in procs:  # still building what nobody waits for any more
+            proc.terminate()
 
     def __enter__(self) -> "PromptBuilder":
         return self

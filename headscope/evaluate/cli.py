@@ -3,6 +3,7 @@
     headscope eval --model default --suite smoke --out results/smoke
     headscope eval --model runs/hybrid --tokenizer default --suite retrieval --out results/hybrid --overwrite
     headscope eval --model default --suite default --out results/full --set niah.n=20 --set cost.repeats=5
+    headscope eval --model default --suite default --out results/full --budget 60 --time-limit 300  # bounded
 """
 from __future__ import annotations
 

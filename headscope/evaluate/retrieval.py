@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from concurrent.futures import TimeoutError as FuturesTimeout
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
@@ -126,9 +127,17 @@ def by_length(model, tokenizer, ctx: EvalContext, evaluation: str, lengths: Iter
             nxt = lengths[k + 1] if k + 1 < len(lengths) else None
             if builder.workers and nxt is not None and runnable(nxt):  # built in the workers meanwhile
                 jobs[nxt] = builder.submit([tuple(c[1:]) for c in cells(nxt)])
+            try:
+                per_cell = job.result(timeout=ctx.seconds_left())
+            except FuturesTimeout:
+                stop = ("skipped", ctx.budget_note(f"{evaluation} at {L} tokens and longer"))
+                rows += stopped(L, *stop)
+                ctx.log(f"{evaluation} @{L}: budget spent waiting {time.perf_counter() - t0:.1f} s for the prompts "
+                        "from the workers; this length and longer ones skipped")
+                continue
             done: list[dict] = []
             built: list[tuple[dict, list]] = []
-            for (fields, *_), pairs in zip(cs, job.result()):
+            for (fields, *_), pairs in zip(cs, per_cell):
                 if isinstance(pairs, str):
                     done += stop_rows(evaluation, fields, "skipped", pairs, generate)
                 else:

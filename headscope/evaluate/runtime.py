@@ -63,6 +63,10 @@ class EvalContext:
     def rows_per_batch(self, length: int) -> int:
         return max(1, min(self.batch_size, self.token_budget // max(1, length)))
 
+    def seconds_left(self) -> float | None:
+        """Seconds until the deadline (0 once passed), or None without one."""
+        return None if self.deadline is None else max(0.0, self.deadline - time.monotonic())
+
     def over_budget(self) -> bool:
         return self.deadline is not None and time.monotonic() >= self.deadline
 

@@ -4,6 +4,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -52,16 +53,17 @@ def test_spawned_workers_build_what_this_process_builds(tok):
 
 def test_a_script_without_main_guard_is_not_rerun_by_the_workers(tmp_path):
     script = tmp_path / "unguarded.py"
-    script.write_text(textwrap.dedent(f"""
+    script.write_text(textwrap.dedent("""
         print("TOP-LEVEL RAN", flush=True)
         from char_tokenizer import char_tokenizer
         from headscope.evaluate.building import build_cells
-        cells = [("niah", {{"context_length": 200, "depth": d, "haystack": "heldout"}}, 2, 1) for d in (0.0, 1.0)]
+        cells = [("niah", {"context_length": 200, "depth": d, "haystack": "heldout"}, 2, 1) for d in (0.0, 1.0)]
         out = build_cells(char_tokenizer(), cells, workers=2)
         print("BUILT", [x if isinstance(x, str) else len(x) for x in out], flush=True)
     """))
+    path = os.pathsep.join([str(REPO), str(REPO / "tests" / "headscope")])
     res = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
-                         env={**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests" / "headscope")])})
+                         env={**os.environ, "PYTHONPATH": path})
     assert res.returncode == 0, res.stderr[-3000:]
     assert res.stdout.count("TOP-LEVEL RAN") == 1, res.stdout  # the workers did not run the script again
     assert "BUILT [2, 2]" in res.stdout
@@ -121,3 +123,37 @@ def test_prompt_builder_shares_the_active_builder(tok):
 def test_bad_worker_count():
     with pytest.raises(ValueError, match="workers=-1"):
         PromptBuilder(None, workers=-1)
+
+
+def _fifo_cells(tmp_path, length=200):
+    fifo = tmp_path / "haystack.txt"
+    os.mkfifo(fifo)  # opening it blocks until a writer comes: a worker that never finishes
+    return [("niah", {"context_length": length, "depth": d, "haystack": str(fifo)}, 1, 0) for d in (0.0, 1.0)]
+
+
+def test_stuck_workers_time_out_and_are_ended(tok, tmp_path):
+    from concurrent.futures import TimeoutError
+
+    builder = PromptBuilder(tok, workers=2)
+    job = builder.submit(_fifo_cells(tmp_path))
+    with pytest.raises(TimeoutError):
+        job.result(timeout=1.0)
+    procs = list(builder._pool._processes.values())
+    t0 = time.monotonic()
+    builder.close()  # does not wait for the stuck workers: it ends them
+    for p in procs:
+        p.join(20)
+        assert not p.is_alive()
+    assert time.monotonic() - t0 < 20
+
+
+def test_evaluate_with_stuck_workers_ends_within_its_budget(tok, tmp_path):
+    import headscope
+    from model_factories import tiny_model
+
+    fifo = _fifo_cells(tmp_path)[0][1]["haystack"]
+    cfg = {"niah": {"lengths": (200,), "depths": (0.0, 1.0), "n": 1, "haystack": fifo}}
+    t0 = time.monotonic()
+    df = headscope.evaluate(tiny_model("qwen3"), "niah", tok, configs=cfg, workers=2, budget_s=2, progress=False)
+    assert time.monotonic() - t0 < 30
+    assert (df.status == "skipped").all() and df.note.str.startswith("budget:").all() and len(df) == 4
