@@ -5,13 +5,23 @@
     python experiments/bench_evaluate.py --part long          # CPU: NIAH at 2x, 4x, 8x the training length
     python experiments/bench_evaluate.py --part smoke         # CPU: the smoke suite, timed (< 60 s)
     python experiments/bench_evaluate.py --part gpu --device cuda   # the full default suite, timed (H200: < 2 min)
+    python experiments/bench_evaluate.py --part gpu --n-scale 0.1 --set niah.multiples=[0.125,0.25]   # CPU try-out
 
-Every part prints a table and, with --json, writes its rows and timing (headscope.io).
+Every part prints a table and, with --json, writes its rows and timing (headscope.io); the JSON is rewritten
+after each evaluation ("partial": true until the end), so a run cut short still leaves what it measured.
+Progress: a start and a done line per evaluation and per length, with seconds, on stderr (flushed).
+--budget / --time-limit bound the wall time: what is not reached becomes "skipped" rows (note "budget: ...").
+Stalls: faulthandler is on (a SIGABRT, e.g. from `timeout -s ABRT`, dumps every thread's Python stack), and
+--watchdog S dumps them every S seconds while no evaluation finishes.
 """
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
+import os
+import platform
+import sys
 import time
 
 import torch
@@ -45,7 +55,10 @@ def part_configs(part: str, n_scale: float, gpu: bool = False) -> tuple[list[str
     if part == "smoke":
         return ["smoke"], {}
     if part == "gpu":
-        return ["default"], {}
+        if n_scale == 1.0:
+            return ["default"], {}
+        return ["default"], {"niah": {"n": n(8)}, "niah_multikey": {"n": n(20)}, "template_transfer": {"n": n(20)},
+                             "reasoning": {"n": n(50)}, "perplexity": {"n_windows": n(16)}}
     raise SystemExit(f"unknown --part {part!r}")
 
 
@@ -71,6 +84,18 @@ def report_recorded(df) -> list[tuple[str, float, str]]:
     return out
 
 
+def environment(device: str) -> str:
+    import multiprocessing as mp
+
+    import transformers
+
+    gpu = ""
+    if device.startswith("cuda") and torch.cuda.is_available():
+        gpu = f", {torch.cuda.get_device_name()} (CUDA {torch.version.cuda})"
+    return (f"python {platform.python_version()}, torch {torch.__version__}, transformers {transformers.__version__}, "
+            f"{os.cpu_count()} CPUs, default start method {mp.get_start_method(allow_none=True) or 'unset'}{gpu}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--part", default="recorded", choices=["recorded", "transfer", "long", "smoke", "gpu"])
@@ -80,26 +105,62 @@ def main() -> None:
     ap.add_argument("--n-scale", type=float, default=1.0, help="scale every prompt count (e.g. 0.5 on a busy CPU)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--json", default=None, help="write rows, summary and timing here")
+    ap.add_argument("--workers", type=int, default=None,
+                    help="spawned processes that build NIAH prompts (default: GPU min(16, cores - 1), CPU 0)")
+    ap.add_argument("--set", action="append", default=[], metavar="EVAL.FIELD=VALUE",
+                    help="config override as in headscope eval, e.g. niah.multiples=[0.125,0.25] (repeatable)")
+    ap.add_argument("--budget", type=float, default=None, metavar="SECONDS",
+                    help="seconds each evaluation may take (what is not reached: 'skipped' rows, note 'budget: ...')")
+    ap.add_argument("--time-limit", type=float, default=None, metavar="SECONDS",
+                    help="seconds the whole evaluation may take (model loading excluded)")
+    ap.add_argument("--watchdog", type=float, default=0, metavar="SECONDS",
+                    help="dump every thread's stack each SECONDS while no evaluation finishes (0: off)")
+    ap.add_argument("--json", default=None, help="write rows, summary and timing here (after each evaluation)")
     ap.add_argument("--out", default=None, help="also write a result folder (headscope eval's format)")
     a = ap.parse_args()
 
+    faulthandler.enable(all_threads=True)  # SIGABRT / SIGSEGV: every thread's Python stack on stderr
     import pandas as pd
 
     import headscope
     from headscope.evaluate import save_results, summary
+    from headscope.evaluate.cli import parse_overrides
     from headscope.io import write_text
 
+    print(f"bench_evaluate --part {a.part}: {environment(a.device)}", file=sys.stderr, flush=True)
     torch.set_num_threads(a.threads)
     t0 = time.perf_counter()
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[a.dtype]
     model, tok = headscope.evaluate.load(a.model, device=a.device, dtype=dtype)
     t_load = time.perf_counter() - t0
+    print(f"loaded {a.model!r} in {t_load:.1f} s", file=sys.stderr, flush=True)
     suite, configs = part_configs(a.part, a.n_scale, gpu=a.device.startswith("cuda"))
+    for name, over in parse_overrides(a.set).items():
+        configs[name] = {**configs.get(name, {}), **over}
+    if a.watchdog > 0:
+        faulthandler.dump_traceback_later(a.watchdog, repeat=True)
     t1 = time.perf_counter()
+
+    def result_of(df, partial: bool) -> dict:
+        s = summary(df)
+        skipped = df[df.note.fillna("").astype(str).str.startswith("budget:")]
+        return {"part": a.part, "partial": partial, "seconds": round(time.perf_counter() - t1, 2),
+                "load_seconds": round(t_load, 2), "done": list(df.attrs["meta"]["seconds"]),
+                "skipped_for_budget": skipped[["evaluation", "context_length", "family", "note"]]
+                .drop_duplicates().to_dict("records"),
+                "meta": df.attrs["meta"], "summary": s.to_dict("records")}
+
+    def on_evaluation(name: str, df) -> None:
+        if a.watchdog > 0:
+            faulthandler.dump_traceback_later(a.watchdog, repeat=True)  # re-armed: progress was made
+        if a.json:
+            write_text(a.json, json.dumps(result_of(df, partial=True), indent=1, default=str))
+
     df = headscope.evaluate(model, suite[0] if len(suite) == 1 else suite, tok, configs=configs, seed=a.seed,
-                            progress=True)
+                            progress=True, workers=a.workers, budget_s=a.budget, time_limit_s=a.time_limit,
+                            on_evaluation=on_evaluation)
     seconds = time.perf_counter() - t1
+    faulthandler.cancel_dump_traceback_later()
     s = summary(df)
     with pd.option_context("display.max_rows", 400, "display.width", 200):
         print(s.to_string(index=False))
@@ -108,8 +169,7 @@ def main() -> None:
             print(bad.drop_duplicates(["evaluation", "context_length", "note"]).to_string(index=False))
     print(f"\n{a.part}: {seconds:.1f} s of evaluation (+ {t_load:.1f} s loading) on {a.device}, "
           f"per evaluation {df.attrs['meta']['seconds']}")
-    result = {"part": a.part, "seconds": round(seconds, 2), "load_seconds": round(t_load, 2),
-              "meta": df.attrs["meta"], "summary": s.to_dict("records")}
+    result = result_of(df, partial=False)
     if a.part == "recorded":
         print("\nvs docs/reference_model.md (seed 123 / seed 7):")
         rows = report_recorded(df)
@@ -120,7 +180,12 @@ def main() -> None:
     if a.json:
         write_text(a.json, json.dumps(result, indent=1, default=str))
     if a.out:
-        save_results(df, a.out, overwrite=True)
+        import importlib.util
+
+        figures = importlib.util.find_spec("plotly") is not None  # a bare GPU machine has none: rows only
+        if not figures:
+            print("plotly is not installed: the result folder gets no figures", file=sys.stderr)
+        save_results(df, a.out, overwrite=True, figures=figures)
 
 
 if __name__ == "__main__":

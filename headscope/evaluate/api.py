@@ -6,10 +6,9 @@ every evaluation, the package version, torch/transformers versions and the secon
 from __future__ import annotations
 
 import dataclasses
-import os
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import pandas as pd
 import torch
@@ -92,17 +91,29 @@ def plan(suite: str | Sequence[str], configs: dict[str, dict[str, Any]] | None =
 def evaluate(model: Any, suite: str | Sequence[str] = "retrieval", tokenizer: Any = None, *, seed: int = 0,
              configs: dict[str, dict[str, Any]] | None = None, haystack: str | None = None,
              batch_size: int | None = None, token_budget: int | None = None, device: str | None = None,
-             dtype: torch.dtype | None = None, progress: bool = True, workers: int | None = None) -> pd.DataFrame:
+             dtype: torch.dtype | None = None, progress: bool = True, workers: int | None = None,
+             budget_s: float | None = None, time_limit_s: float | None = None,
+             on_evaluation: Callable[[str, pd.DataFrame], None] | None = None) -> pd.DataFrame:
     """Run ``suite`` (a suite name, one evaluation name, or a list of evaluation names) on ``model``.
 
     model: a causal LM (a hybrid included) or "default" / a local folder (loaded with its tokenizer).
     tokenizer: the model's; None finds the one saved with the model (``headscope.tokenizers.find_tokenizer``).
     configs: per-evaluation config overrides, ``{"niah": {"n": 4, "lengths": (512,)}}``.
     haystack: a text file (or "heldout" / "train") for every NIAH haystack and the perplexity text.
-    workers: processes that build NIAH prompts (default: on a GPU min(16, CPU cores - 1), on a CPU 0).
+    workers: spawned processes that build NIAH prompts (default: on a GPU min(16, CPU cores - 1), on a CPU 0).
+    budget_s: seconds each evaluation may take; time_limit_s: seconds the whole run may take. What is not reached
+      in time is not run: its rows have status "skipped" and a note starting with "budget:". A batch that has
+      started finishes, so an evaluation can overrun its budget by one batch.
+    on_evaluation: called after each evaluation with its name and the rows so far (e.g. to save partial results).
+    progress: progress bars, and a start and a done line with seconds per evaluation and per length (stderr).
     Returns the rows (columns ``RUN_COLUMNS + COLUMNS``); ``df.attrs["meta"]`` describes the run.
     """
+    from headscope.evaluate.building import default_workers, prompt_builder
+
     label, cfgs = plan(suite, configs, haystack)
+    for name, v in (("budget_s", budget_s), ("time_limit_s", time_limit_s)):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0):
+            raise ValueError(f"{name}={v!r}: give seconds > 0, or None for no limit")
     if isinstance(model, (str, Path)):
         model, tokenizer = load(str(model), tokenizer, device=device, dtype=dtype or torch.float32)
     elif device is not None or dtype is not None:
@@ -116,22 +127,39 @@ def evaluate(model: Any, suite: str | Sequence[str] = "retrieval", tokenizer: An
     cuda = next(model.parameters()).device.type == "cuda"
     ctx = EvalContext(seed=seed, batch_size=batch_size or (32 if cuda else 8),
                       token_budget=token_budget or (262144 if cuda else 16384), progress=progress,
-                      workers=workers if workers is not None else (min(16, (os.cpu_count() or 2) - 1) if cuda else 0))
+                      workers=workers if workers is not None else default_workers(cuda),
+                      budget_s=budget_s)
     info = model_info(model)
     frames, seconds = [], {}
+    start = time.monotonic()
+    run_end = None if time_limit_s is None else start + time_limit_s
+
+    def rows_so_far() -> pd.DataFrame:
+        df = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=COLUMNS)
+        for col, val in zip(RUN_COLUMNS, (info["model"], info["fingerprint"], label, seed)):
+            df.insert(RUN_COLUMNS.index(col), col, val)
+        df.attrs["meta"] = run_meta(info, label, seed, ctx, cfgs, seconds)
+        return df
+
     try:
-        for name, cfg in cfgs:
-            t0 = time.perf_counter()
-            rows = get_evaluation(name).fn(model, tokenizer, cfg, ctx)
-            seconds[name] = round(time.perf_counter() - t0, 2)
-            frames.append(pd.DataFrame(rows, columns=COLUMNS))
+        with prompt_builder(tokenizer, ctx.workers, activate=True):
+            for i, (name, cfg) in enumerate(cfgs):
+                t0 = time.monotonic()
+                ends = [x for x in (None if budget_s is None else t0 + budget_s, run_end) if x is not None]
+                ectx = dataclasses.replace(ctx, deadline=min(ends) if ends else None)
+                ctx.log(f"{name}: start (evaluation {i + 1} of {len(cfgs)}, {time.monotonic() - start:.1f} s into "
+                        "the run)")
+                rows = get_evaluation(name).fn(model, tokenizer, cfg, ectx)
+                seconds[name] = round(time.monotonic() - t0, 2)
+                frames.append(pd.DataFrame(rows, columns=COLUMNS))
+                skipped = sum(1 for r in rows if str(r.get("note") or "").startswith("budget:"))
+                ctx.log(f"{name}: done in {seconds[name]:.1f} s ({len(rows)} rows"
+                        + (f", {skipped} skipped for the time budget" if skipped else "") + ")")
+                if on_evaluation is not None:
+                    on_evaluation(name, rows_so_far())
     finally:
         model.train(was_training)
-    df = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=COLUMNS)
-    for col, val in zip(RUN_COLUMNS, (info["model"], info["fingerprint"], label, seed)):
-        df.insert(RUN_COLUMNS.index(col), col, val)
-    df.attrs["meta"] = run_meta(info, label, seed, ctx, cfgs, seconds)
-    return df
+    return rows_so_far()
 
 
 def run_meta(info: dict, label: str, seed: int, ctx: EvalContext, cfgs, seconds: dict) -> dict[str, Any]:
@@ -142,7 +170,8 @@ def run_meta(info: dict, label: str, seed: int, ctx: EvalContext, cfgs, seconds:
     import headscope
 
     return {"schema": SCHEMA, "version": headscope.__version__, "suite": label, "seed": seed, **info,
-            "context": dataclasses.asdict(ctx), "configs": {n: dataclasses.asdict(c) for n, c in cfgs},
+            "context": {k: v for k, v in dataclasses.asdict(ctx).items() if k != "deadline"},
+            "configs": {n: dataclasses.asdict(c) for n, c in cfgs},
             "seconds": seconds, "torch": torch.__version__, "transformers": transformers.__version__,
             "python": platform.python_version(), "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
 

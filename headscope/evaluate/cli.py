@@ -3,6 +3,7 @@
     headscope eval --model default --suite smoke --out results/smoke
     headscope eval --model runs/hybrid --tokenizer default --suite retrieval --out results/hybrid --overwrite
     headscope eval --model default --suite default --out results/full --set niah.n=20 --set cost.repeats=5
+    headscope eval --model default --suite default --out results/full --budget 60 --time-limit 300  # bounded
 """
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import sys
 import time
 from typing import Any
 
-__all__ = ["add_parser", "cmd_eval"]
+__all__ = ["add_parser", "cmd_eval", "parse_overrides"]
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -35,13 +36,19 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--device", default=None, help="cpu, cuda, ... (default: cuda if available)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--workers", type=int, default=None,
-                   help="processes that build NIAH prompts (default: GPU min(16, cores - 1), CPU 0)")
+                   help="spawned processes that build NIAH prompts (default: GPU min(16, cores - 1), CPU 0)")
+    p.add_argument("--budget", type=float, default=None, metavar="SECONDS",
+                   help="seconds each evaluation may take; lengths/families not reached are 'skipped' rows "
+                        "(note 'budget: ...')")
+    p.add_argument("--time-limit", type=float, default=None, metavar="SECONDS",
+                   help="seconds the whole suite may take (the same 'skipped' rows for what is not reached)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=cmd_eval)
     return p
 
 
-def _overrides(items: list[str]) -> dict[str, dict[str, Any]]:
+def parse_overrides(items: list[str]) -> dict[str, dict[str, Any]]:
+    """``["niah.n=20", "niah.lengths=[512,2040]"]`` -> ``{"niah": {"n": 20, "lengths": [512, 2040]}}`` (JSON values)."""
     out: dict[str, dict[str, Any]] = {}
     for item in items:
         if "=" not in item or "." not in item.split("=", 1)[0]:
@@ -65,14 +72,15 @@ def cmd_eval(args: argparse.Namespace) -> None:
     t0 = time.time()
     check_output_dir(args.out, args.overwrite)  # before loading anything
     suite = args.suite[0] if len(args.suite) == 1 else args.suite
-    configs = _overrides(args.set)
+    configs = parse_overrides(args.set)
     plan(suite, configs, args.haystack)  # names and configs checked before the model loads
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[args.dtype]
     tok = args.tokenizer
     print(f"loading {args.model!r}", file=sys.stderr, flush=True)
     model, tokenizer = load(args.model, tok, device=args.device, dtype=dtype)
     df = evaluate(model, suite, tokenizer, seed=args.seed, configs=configs, haystack=args.haystack,
-                  batch_size=args.batch_size, progress=not args.quiet, workers=args.workers)
+                  batch_size=args.batch_size, progress=not args.quiet, workers=args.workers, budget_s=args.budget,
+                  time_limit_s=args.time_limit)
     out = save_results(df, args.out, overwrite=args.overwrite)
     s = summary(df)
     with __import__("pandas").option_context("display.max_rows", 200, "display.width", 160):

@@ -92,7 +92,8 @@ def score_pairs(model: nn.Module, tokenizer: Any, pairs: Sequence, ctx: EvalCont
                 desc: str | None = None) -> list[dict[str, Any]]:
     """Per pair: ``{"tf": bool, "gen": bool | None, "prompt_tokens": int, "generated": str | None}``.
 
-    Each pair is a ``TokenizedPair`` (clean prompt + gold answer). See the module docstring.
+    Each pair is a ``TokenizedPair`` (clean prompt + gold answer). See the module docstring. Raises
+    ``BudgetExceeded`` before a batch once ``ctx.deadline`` has passed.
     """
     from tqdm.auto import tqdm
 
@@ -101,7 +102,9 @@ def score_pairs(model: nn.Module, tokenizer: Any, pairs: Sequence, ctx: EvalCont
     key, keep = cache_keyword(model), keeps_logits(model)
     out: list[dict[str, Any]] = [{} for _ in pairs]
     batches = _groups(pairs, padding, ctx.rows_per_batch)
-    for idx in tqdm(batches, desc=desc or "scoring", disable=not ctx.progress or len(batches) < 2, leave=False):
+    for k, idx in enumerate(tqdm(batches, desc=desc or "scoring", disable=not ctx.progress or len(batches) < 2,
+                                 leave=False)):
+        ctx.check_budget(f"{desc or 'scoring'} (batch {k + 1} of {len(batches)})")
         prompts = [pairs[i].clean_ids[: int(pairs[i].answer_pos[0]) + 1] for i in idx]
         B, T = len(idx), max(len(p) for p in prompts)
         ids = torch.full((B, T), pad, dtype=torch.long)  # [B, T]
@@ -166,6 +169,7 @@ def window_losses(model: nn.Module, windows: torch.Tensor, ctx: EvalContext, des
     step = ctx.rows_per_batch(T1)
     out = torch.empty(N, T1 - 1)  # [N, T]
     for s in tqdm(range(0, N, step), desc=desc, disable=not ctx.progress or N <= step, leave=False):
+        ctx.check_budget(f"{desc} (windows {s + 1}.. of {N})")
         x = windows[s:s + step].to(device)  # [b, T+1]
         h = model(input_ids=x[:, :-1], use_cache=False).logits  # [b, T, V]
         for b in range(x.shape[0]):  # one row at a time keeps the float32 copy small

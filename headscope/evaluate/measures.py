@@ -10,8 +10,8 @@ import torch
 
 from headscope.evaluate.engine import score_pairs, tensor_bytes, window_losses
 from headscope.evaluate.rows import accuracy_rows, row, stop_rows
-from headscope.evaluate.runtime import (EvalContext, cache_keyword, check_lengths_fit, free_memory, is_oom,
-                                        keeps_logits, training_length)
+from headscope.evaluate.runtime import (BudgetExceeded, EvalContext, cache_keyword, check_lengths_fit, free_memory,
+                                        is_oom, keeps_logits, training_length)
 
 __all__ = ["ReasoningEvalConfig", "PerplexityEvalConfig", "CostEvalConfig", "reasoning", "perplexity", "cost",
            "FAMILY_SIZE_FIELD"]
@@ -48,13 +48,23 @@ class ReasoningEvalConfig:
 
 
 def reasoning(model, tokenizer, cfg: ReasoningEvalConfig, ctx: EvalContext) -> list[dict]:
-    """Accuracy of each reasoning family, by its size (items in the prompt) where it has one."""
+    """Accuracy of each reasoning family, by its size (items in the prompt) where it has one; the sizes of one
+    family are scored in one batched pass. Once the time budget is spent the remaining families are skipped."""
     from headscope.tasks import PairError, get_task
 
     sizes = dict(cfg.sizes)
-    rows, built = [], []
+    rows = []
     for j, fam in enumerate(cfg.families):
-        for size in sizes.get(fam) or (None,):
+        fam_sizes = sizes.get(fam) or (None,)
+        if ctx.over_budget():
+            rows += [r for size in fam_sizes for r in stop_rows("reasoning", {"family": fam, "size": size}, "skipped",
+                                                                ctx.budget_note(f"reasoning family {fam}"),
+                                                                cfg.generate)]
+            continue
+        t0 = time.perf_counter()
+        ctx.log(f"reasoning {fam}: start (sizes {list(fam_sizes)}, {cfg.n} prompts each)")
+        built = []
+        for size in fam_sizes:
             fields = {"family": fam, "size": size}
             kw = {} if size is None else {FAMILY_SIZE_FIELD[fam]: size}
             try:
@@ -62,14 +72,25 @@ def reasoning(model, tokenizer, cfg: ReasoningEvalConfig, ctx: EvalContext) -> l
                                                                     seed=ctx.seed * 1009 + j * 31 + (size or 0))))
             except (PairError, ValueError) as err:
                 rows += stop_rows("reasoning", fields, "skipped", str(err).splitlines()[0], cfg.generate)
-    pairs = [p for _, ps in built for p in ps]
-    res = score_pairs(model, tokenizer, pairs, ctx, generate=cfg.generate, desc="reasoning") if pairs else []
-    at = 0
-    for fields, ps in built:
-        part = res[at:at + len(ps)]
-        at += len(ps)
-        tokens = sum(r["prompt_tokens"] for r in part) / len(part)
-        rows += accuracy_rows("reasoning", {**fields, "context_length": int(round(tokens))}, part, cfg.generate)
+        pairs = [p for _, ps in built for p in ps]
+        t_built = time.perf_counter() - t0
+        try:
+            res = score_pairs(model, tokenizer, pairs, ctx, generate=cfg.generate, desc=f"reasoning {fam}") \
+                if pairs else []
+        except BudgetExceeded:
+            rows += [r for fields, _ in built for r in stop_rows("reasoning", fields, "skipped",
+                                                                 ctx.budget_note(f"reasoning family {fam}"),
+                                                                 cfg.generate)]
+            ctx.log(f"reasoning {fam}: budget spent after {time.perf_counter() - t0:.1f} s; skipped")
+            continue
+        at = 0
+        for fields, ps in built:
+            part = res[at:at + len(ps)]
+            at += len(ps)
+            tokens = sum(r["prompt_tokens"] for r in part) / len(part)
+            rows += accuracy_rows("reasoning", {**fields, "context_length": int(round(tokens))}, part, cfg.generate)
+        ctx.log(f"reasoning {fam}: done in {time.perf_counter() - t0:.1f} s ({len(pairs)} prompts, built in "
+                f"{t_built:.1f} s)")
     return rows
 
 
@@ -103,10 +124,12 @@ def perplexity(model, tokenizer, cfg: PerplexityEvalConfig, ctx: EvalContext) ->
     for L in lengths:
         fields = {"context_length": L}
         n_win = min(cfg.n_windows, (len(ids) - 1) // L)
+        if stop is None and ctx.over_budget():
+            stop = ctx.budget_note(f"perplexity at {L} tokens and longer")
         why = stop or check_lengths_fit(model, L, extra=0) or (
             None if n_win >= 1 else f"the text has {len(ids)} tokens, too few for one {L}-token window")
         if why:
-            status = "stopped" if stop else "skipped"
+            status = "stopped" if stop and not stop.startswith("budget:") else "skipped"
             stop = stop or (why if "positions" in why else None)
             rows.append(row("perplexity", "perplexity", None, 0, status=status, note=why, **fields))
             continue
@@ -116,8 +139,16 @@ def perplexity(model, tokenizer, cfg: PerplexityEvalConfig, ctx: EvalContext) ->
         else:
             starts = [i * L for i in range(n_win)]
         windows = torch.stack([ids[s:s + L + 1] for s in starts])  # [W, L+1]
+        t0 = time.perf_counter()
+        ctx.log(f"perplexity @{L}: start ({n_win} windows)")
         try:
             loss = window_losses(model, windows, ctx, desc=f"perplexity @{L}")  # [W, L]
+        except BudgetExceeded:
+            stop = ctx.budget_note(f"perplexity at {L} tokens and longer")
+            rows.append(row("perplexity", "perplexity", None, 0, status="skipped", note=stop, **fields))
+            ctx.log(f"perplexity @{L}: budget spent after {time.perf_counter() - t0:.1f} s; this length and longer "
+                    "ones skipped")
+            continue
         except Exception as err:  # noqa: BLE001
             if not is_oom(err):
                 raise
@@ -125,6 +156,7 @@ def perplexity(model, tokenizer, cfg: PerplexityEvalConfig, ctx: EvalContext) ->
             stop = f"out of memory at {L} tokens on {device}: longer lengths not tried"
             rows.append(row("perplexity", "perplexity", None, 0, status="stopped", note=stop, **fields))
             continue
+        ctx.log(f"perplexity @{L}: done in {time.perf_counter() - t0:.1f} s")
         rows.append(row("perplexity", "perplexity", math.exp(float(loss.mean())), n_win, **fields))
         per_pos = loss.mean(0)  # [L]
         edges = sorted({int(round(L * (b + 1) / cfg.bins)) for b in range(cfg.bins)})
@@ -180,14 +212,19 @@ def cost(model, tokenizer, cfg: CostEvalConfig, ctx: EvalContext) -> list[dict]:
     rows, stop = [], None
     for L in lengths:
         fields = {"context_length": L}
+        if stop is None and ctx.over_budget():
+            stop = ctx.budget_note(f"cost at {L} tokens and longer")
         why = stop or check_lengths_fit(model, L, extra=0) or (
             f"CPU: lengths above cpu_max_length={cfg.cpu_max_length} are measured on a GPU only"
             if not cuda and L > cfg.cpu_max_length else None)
         if why:
+            status = "stopped" if stop and not stop.startswith("budget:") else "skipped"
             for m in ("prefill_seconds", "peak_memory_bytes"):
-                rows.append(row("cost", m, None, 0, status="stopped" if stop else "skipped", note=why, **fields))
+                rows.append(row("cost", m, None, 0, status=status, note=why, **fields))
             continue
         ids = ids_all[:L][None].to(device)  # [1, L]
+        t_len = time.perf_counter()
+        ctx.log(f"cost @{L}: start ({cfg.repeats} + 1 prefills)")
         try:
             times = []
             for _ in range(cfg.repeats + 1):  # the first call warms up
@@ -209,6 +246,7 @@ def cost(model, tokenizer, cfg: CostEvalConfig, ctx: EvalContext) -> list[dict]:
             for m in ("prefill_seconds", "peak_memory_bytes"):
                 rows.append(row("cost", m, None, 0, status="stopped", note=stop, **fields))
             continue
+        ctx.log(f"cost @{L}: done in {time.perf_counter() - t_len:.1f} s")
         rows.append(row("cost", "prefill_seconds", statistics.median(times[1:]), cfg.repeats, **fields))
         rows.append(row("cost", "peak_memory_bytes", peak, 1, status="ok" if cuda else "skipped",
                         note=None if cuda else "peak memory is measured on CUDA devices only", **fields))
@@ -216,10 +254,13 @@ def cost(model, tokenizer, cfg: CostEvalConfig, ctx: EvalContext) -> list[dict]:
     fields = {"context_length": C}
     why = check_lengths_fit(model, C + cfg.decode_tokens, extra=0) or (
         f"CPU: decode_context {C} is above cpu_max_length={cfg.cpu_max_length}"
-        if not cuda and C > cfg.cpu_max_length else None)
+        if not cuda and C > cfg.cpu_max_length else None) or (
+        ctx.budget_note(f"decode timing at {C} tokens") if ctx.over_budget() else None)
     if why:
         return rows + [row("cost", m, None, 0, status="skipped", note=why, **fields)
                        for m in ("decode_seconds_per_token", "cache_bytes")]
+    t0 = time.perf_counter()
+    ctx.log(f"cost decode @{C}: start ({cfg.decode_tokens} tokens)")
     with torch.no_grad():
         out = _prefill(model, ids_all[:C][None].to(device))
         cache = getattr(out, key)
@@ -227,11 +268,12 @@ def cost(model, tokenizer, cfg: CostEvalConfig, ctx: EvalContext) -> list[dict]:
         tok = out.logits[:, -1:].argmax(-1)  # [1, 1]
         del out
         _sync(device)
-        t0 = time.perf_counter()
+        t1 = time.perf_counter()
         for _ in range(cfg.decode_tokens):
             out = model(input_ids=tok, use_cache=True, **{key: cache})
             cache, tok = getattr(out, key), out.logits[:, -1:].argmax(-1)
         _sync(device)
-        rows.append(row("cost", "decode_seconds_per_token", (time.perf_counter() - t0) / cfg.decode_tokens,
+        rows.append(row("cost", "decode_seconds_per_token", (time.perf_counter() - t1) / cfg.decode_tokens,
                         cfg.decode_tokens, **fields))
+    ctx.log(f"cost decode @{C}: done in {time.perf_counter() - t0:.1f} s")
     return rows

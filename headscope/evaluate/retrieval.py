@@ -3,17 +3,21 @@
 Lengths run from short to ``8 x`` the training length; a length past the model's positions, one whose
 prompt cannot be built (the needles alone overflow it) or one that runs out of memory gives rows with
 ``status`` "skipped" / "stopped" and a ``note`` saying why (after an out-of-memory stop, longer lengths
-are not tried).
+are not tried), and so does a length that the evaluation's time budget does not reach ("skipped", the note
+starting with "budget:").
 """
 from __future__ import annotations
 
 import dataclasses
+import time
+from concurrent.futures import TimeoutError as FuturesTimeout
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
 from headscope.evaluate.engine import score_pairs
 from headscope.evaluate.rows import accuracy_rows, row, stop_rows
-from headscope.evaluate.runtime import (EvalContext, check_lengths_fit, context_lengths, free_memory, is_oom)
+from headscope.evaluate.runtime import (BudgetExceeded, EvalContext, check_lengths_fit, context_lengths, free_memory,
+                                        is_oom)
 
 __all__ = ["NiahEvalConfig", "MultikeyEvalConfig", "TemplateTransferConfig", "niah", "niah_multikey",
            "template_transfer", "LENGTH_MULTIPLES", "DEPTHS"]
@@ -82,111 +86,91 @@ class TemplateTransferConfig:
 
 
 Cell = tuple[dict[str, Any], str, dict[str, Any], int, int]  # (row fields, task name, task config, n, seed)
-_TOKENIZER: Any = None  # the tokenizer worker processes inherit (fork)
-
-
-def _make_task(name: str, config: dict[str, Any]):
-    if name == "niah_phrased":
-        from headscope.evaluate.phrasings import PhrasedNiahTask
-
-        return PhrasedNiahTask(**config)
-    from headscope.tasks import get_task
-
-    return get_task(name, **config)
-
-
-def _build(part: tuple[str, dict[str, Any], int, int, int, int]) -> list | str:
-    """Samples lo..hi-1 of a cell (task name, config, n, seed), or why they cannot be built (a PairError line)."""
-    from headscope.tasks import PairError
-
-    name, config, n, seed, lo, hi = part
-    try:
-        task = _make_task(name, config)
-        return [task.sample(_TOKENIZER, i, n, seed)[1] for i in range(lo, hi)]
-    except PairError as err:
-        return str(err).splitlines()[0]
-
-
-def build_cells(tokenizer, cells: list[tuple[str, dict[str, Any], int, int]], workers: int) -> list:
-    """Each cell's tokenized pairs (``task.tokenized(tokenizer, n, seed)``), or why they cannot be built.
-
-    With ``workers`` > 0 the cells are cut into parts of a few samples, built in forked worker processes."""
-    global _TOKENIZER
-    parts_per_cell = 1
-    if workers > 0 and cells:
-        parts_per_cell = max(1, -(-2 * workers // len(cells)))  # ~2 parts per worker
-    parts, owner = [], []
-    for c, (name, config, n, seed) in enumerate(cells):
-        k = min(n, parts_per_cell)
-        bounds = [round(n * j / k) for j in range(k + 1)]
-        for lo, hi in zip(bounds, bounds[1:]):
-            parts.append((name, config, n, seed, lo, hi))
-            owner.append(c)
-    _TOKENIZER = tokenizer
-    try:
-        results = None
-        if workers > 0 and len(parts) > 1:
-            import multiprocessing as mp
-            from concurrent.futures import ProcessPoolExecutor
-
-            try:
-                context = mp.get_context("fork")
-            except ValueError:  # no fork on this platform: build here
-                context = None
-            if context is not None:
-                with ProcessPoolExecutor(min(workers, len(parts)), mp_context=context) as pool:
-                    results = list(pool.map(_build, parts))
-        if results is None:
-            results = [_build(p) for p in parts]
-    finally:
-        _TOKENIZER = None
-    out: list = [[] for _ in cells]
-    for c, res in zip(owner, results):
-        if isinstance(out[c], str):
-            continue
-        out[c] = res if isinstance(res, str) else out[c] + res
-    return out
 
 
 def by_length(model, tokenizer, ctx: EvalContext, evaluation: str, lengths: Iterable[int],
               cells: Callable[[int], list[Cell]], generate: bool,
               extra: Callable[[int, list, list], list[dict]] | None = None) -> list[dict]:
-    """Rows for each length's cells, shortest first, with clean stops (see the module docstring)."""
+    """Rows for each length's cells, shortest first, with clean stops (see the module docstring).
+
+    With worker processes (``ctx.workers``) the next length's prompts are built while this one is scored.
+    Each length logs a start and a done line with its seconds (``ctx.log``). Once the evaluation's time budget
+    (``ctx.deadline``) is spent, the length being scored and every longer one give "skipped" rows whose note
+    starts with "budget:"."""
+    from headscope.evaluate.building import prompt_builder
+
     device = next(model.parameters()).device
+    lengths = list(lengths)
     rows: list[dict] = []
     stop: tuple[str, str] | None = None
-    for L in lengths:
-        if stop is None and (why := check_lengths_fit(model, L)):
-            stop = ("skipped", why)
-        if stop is not None:
-            for fields, *_ in cells(L):
-                rows += stop_rows(evaluation, fields, stop[0], stop[1], generate)
-            continue
-        done: list[dict] = []
-        built: list[tuple[dict, list]] = []
-        cs = cells(L)
-        for (fields, *_), pairs in zip(cs, build_cells(tokenizer, [tuple(c[1:]) for c in cs], ctx.workers)):
-            if isinstance(pairs, str):
-                done += stop_rows(evaluation, fields, "skipped", pairs, generate)
-            else:
-                built.append((fields, pairs))
-        all_pairs = [p for _, pairs in built for p in pairs]
-        try:  # every cell of this length in one batched pass (one prompt at a time after running out of memory)
-            all_res = _score_or_retry(model, tokenizer, all_pairs, ctx, generate, f"{evaluation} @{L}")
-        except Exception as err:  # noqa: BLE001 - only out-of-memory is handled, the rest re-raised
-            if not is_oom(err):
-                raise
-            free_memory(device)
-            stop = ("stopped", f"out of memory at {L} tokens on {device}: longer lengths not tried")
-            rows += [r for c in cells(L) for r in stop_rows(evaluation, c[0], stop[0], stop[1], generate)]
-            continue
-        at = 0
-        for fields, pairs in built:
-            done += accuracy_rows(evaluation, fields, all_res[at:at + len(pairs)], generate)
-            at += len(pairs)
-        rows += done
-        if extra is not None and all_pairs:
-            rows += extra(L, all_pairs, all_res)
+
+    def runnable(L: int) -> bool:
+        return stop is None and not ctx.over_budget() and check_lengths_fit(model, L) is None
+
+    def stopped(L: int, status: str, note: str) -> list[dict]:
+        return [r for fields, *_ in cells(L) for r in stop_rows(evaluation, fields, status, note, generate)]
+
+    with prompt_builder(tokenizer, ctx.workers) as builder:
+        jobs: dict[int, Any] = {}
+        for k, L in enumerate(lengths):
+            if stop is None and (why := check_lengths_fit(model, L)):
+                stop = ("skipped", why)
+            if stop is None and ctx.over_budget():
+                stop = ("skipped", ctx.budget_note(f"{evaluation} at {L} tokens and longer"))
+            if stop is not None:
+                rows += stopped(L, *stop)
+                continue
+            t0 = time.perf_counter()
+            cs = cells(L)
+            ctx.log(f"{evaluation} @{L}: start ({len(cs)} cells, {sum(c[3] for c in cs)} prompts)")
+            job = jobs.pop(L, None) or builder.submit([tuple(c[1:]) for c in cs])
+            nxt = lengths[k + 1] if k + 1 < len(lengths) else None
+            if builder.workers and nxt is not None and runnable(nxt):  # built in the workers meanwhile
+                jobs[nxt] = builder.submit([tuple(c[1:]) for c in cells(nxt)])
+            try:
+                per_cell = job.result(timeout=ctx.seconds_left())
+            except FuturesTimeout:
+                stop = ("skipped", ctx.budget_note(f"{evaluation} at {L} tokens and longer"))
+                rows += stopped(L, *stop)
+                ctx.log(f"{evaluation} @{L}: budget spent waiting {time.perf_counter() - t0:.1f} s for the prompts "
+                        "from the workers; this length and longer ones skipped")
+                continue
+            done: list[dict] = []
+            built: list[tuple[dict, list]] = []
+            for (fields, *_), pairs in zip(cs, per_cell):
+                if isinstance(pairs, str):
+                    done += stop_rows(evaluation, fields, "skipped", pairs, generate)
+                else:
+                    built.append((fields, pairs))
+            all_pairs = [p for _, pairs in built for p in pairs]
+            t_built = time.perf_counter() - t0
+            try:  # every cell of this length in one batched pass (one prompt at a time after running out of memory)
+                all_res = _score_or_retry(model, tokenizer, all_pairs, ctx, generate, f"{evaluation} @{L}")
+            except BudgetExceeded:
+                stop = ("skipped", ctx.budget_note(f"{evaluation} at {L} tokens and longer"))
+                rows += stopped(L, *stop)
+                ctx.log(f"{evaluation} @{L}: budget spent after {time.perf_counter() - t0:.1f} s; "
+                        "this length and longer ones skipped")
+                continue
+            except Exception as err:  # noqa: BLE001 - only out-of-memory is handled, the rest re-raised
+                if not is_oom(err):
+                    raise
+                free_memory(device)
+                stop = ("stopped", f"out of memory at {L} tokens on {device}: longer lengths not tried")
+                rows += stopped(L, *stop)
+                ctx.log(f"{evaluation} @{L}: out of memory; longer lengths not tried")
+                continue
+            at = 0
+            for fields, pairs in built:
+                done += accuracy_rows(evaluation, fields, all_res[at:at + len(pairs)], generate)
+                at += len(pairs)
+            rows += done
+            if extra is not None and all_pairs:
+                rows += extra(L, all_pairs, all_res)
+            ctx.log(f"{evaluation} @{L}: done in {time.perf_counter() - t0:.1f} s ({len(all_pairs)} prompts; "
+                    f"waited {t_built:.1f} s for them)")
+        for job in jobs.values():
+            job.cancel()
     return rows
 
 

@@ -1,12 +1,15 @@
 """What an evaluation needs to know about the model: its training length, where its positions end, whether
 it takes padding, which keyword its cache goes under, and that the tokenizer fits it.
 
-``EvalContext`` carries the run-wide settings (seed, batch size, progress, token budget) into each evaluation.
+``EvalContext`` carries the run-wide settings (seed, batch size, progress, token budget, time budget) into each
+evaluation, and prints its progress lines (``ctx.log``).
 """
 from __future__ import annotations
 
 import inspect
 import json
+import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -14,8 +17,9 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-__all__ = ["EvalContext", "TokenizerMismatchError", "LengthStop", "training_length", "position_limit",
-           "takes_padding", "cache_keyword", "check_tokenizer", "model_info", "context_lengths", "is_oom"]
+__all__ = ["EvalContext", "TokenizerMismatchError", "LengthStop", "BudgetExceeded", "training_length",
+           "position_limit", "takes_padding", "cache_keyword", "check_tokenizer", "model_info", "context_lengths",
+           "is_oom"]
 
 ANSWER_ROOM = 8  # a prompt of a length "multiple" leaves this many positions for the answer (2048 -> 2040)
 
@@ -28,15 +32,25 @@ class LengthStop(RuntimeError):
     """A context length the model cannot take (out of memory, or past its positions); longer ones are skipped."""
 
 
+class BudgetExceeded(RuntimeError):
+    """The evaluation's time budget ran out (``EvalContext.deadline``); its remaining rows are "skipped"."""
+
+
 @dataclass(frozen=True)
 class EvalContext:
     seed: int = 0
     batch_size: int = 8  # prompts per forward at most
     token_budget: int = 65536  # prompt tokens per forward at most (batch = min(batch_size, budget // length))
-    progress: bool = True
-    workers: int = 0  # processes that build prompts (0: in this process)
+    progress: bool = True  # progress bars, and a start and a done line (with seconds) per evaluation and length
+    workers: int = 0  # spawned processes that build prompts (0: in this process)
+    budget_s: float | None = None  # seconds each evaluation may take; what is left after it is "skipped"
+    deadline: float | None = None  # time.monotonic() at which the running evaluation's budget ends (set by evaluate)
 
     def __post_init__(self):
+        for name in ("budget_s", "deadline"):
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0):
+                raise ValueError(f"{name}={v!r}: give seconds >= 0, or None for no limit")
         if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 0:
             raise ValueError(f"workers={self.workers!r}: give an int >= 0")
         for name in ("batch_size", "token_budget"):
@@ -48,6 +62,29 @@ class EvalContext:
 
     def rows_per_batch(self, length: int) -> int:
         return max(1, min(self.batch_size, self.token_budget // max(1, length)))
+
+    def seconds_left(self) -> float | None:
+        """Seconds until the deadline (0 once passed), or None without one."""
+        return None if self.deadline is None else max(0.0, self.deadline - time.monotonic())
+
+    def over_budget(self) -> bool:
+        return self.deadline is not None and time.monotonic() >= self.deadline
+
+    def check_budget(self, where: str) -> None:
+        """Raise ``BudgetExceeded`` once the deadline has passed (called between batches)."""
+        if self.over_budget():
+            raise BudgetExceeded(f"budget: the evaluation's time budget ran out during {where}")
+
+    def budget_note(self, what: str) -> str:
+        """The note of a row skipped for the budget (it starts with "budget:")."""
+        limit = f"budget_s={self.budget_s:g}" if self.budget_s is not None else "the run's time limit"
+        return f"budget: {what} not run, the evaluation's time budget ({limit}) was spent"
+
+    def log(self, message: str) -> None:
+        """One progress line on stderr, flushed (with ``progress``): where a long run is, and how long each step
+        took, whatever the output buffering."""
+        if self.progress:
+            print(f"[eval {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
 def _folder(model: nn.Module) -> Path | None:

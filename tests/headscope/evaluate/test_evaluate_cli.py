@@ -103,3 +103,14 @@ def test_hybrid_folder_needs_a_tokenizer(tmp_path, capsys):
     char_tokenizer().save_pretrained(tmp_path / "t")
     assert run(tmp_path / "h", tmp_path / "r", "--tokenizer", str(tmp_path / "t")) == 0
     assert json.loads((tmp_path / "r" / "results.json").read_text())["model_type"] == "headscope_hybrid"
+
+
+def test_time_budget_flags(folder, tmp_path, capsys):
+    out = tmp_path / "res"
+    assert run(folder, out, "--time-limit", "1e-6") == 0  # spent at once: every row skipped, none missing
+    df = read_results(out)
+    assert len(df) == 6 and (df.status == "skipped").all() and df.note.str.startswith("budget:").all()
+    assert run(folder, tmp_path / "r2", "--budget", "600") == 0
+    assert (read_results(tmp_path / "r2").status == "ok").all()
+    assert run(folder, tmp_path / "r3", "--budget", "-1") == 2
+    assert "budget_s=-1.0: give seconds > 0" in capsys.readouterr().err

@@ -1,0 +1,159 @@
+"""Prompt building (headscope.evaluate.building): spawned workers give the same pairs as this process, never
+fork, do not re-run the calling script, and fall back to this process when they cannot be used."""
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from headscope.evaluate.building import PromptBuilder, build_cells, prompt_builder
+
+from char_tokenizer import char_tokenizer
+
+REPO = Path(__file__).resolve().parents[3]
+CELLS = [("niah", {"context_length": 160, "depth": d, "haystack": "heldout"}, 3, 11 + i) for i, d in
+         enumerate((0.0, 0.5, 1.0))]
+CELLS += [("niah_multikey", {"context_length": 60, "n_keys": 8, "depth": "random", "haystack": "heldout"}, 2, 5)]
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return char_tokenizer()
+
+
+def _same(a, b):
+    assert len(a) == len(b)
+    for x, y in zip(a, b):
+        if isinstance(x, str):
+            assert x == y
+            continue
+        assert len(x) == len(y)
+        for p, q in zip(x, y):
+            for f in ("clean_ids", "corrupt_ids", "answer_pos", "clean_answer_ids", "corrupt_answer_ids", "diff_pos"):
+                assert torch.equal(getattr(p, f), getattr(q, f)), f
+            assert p.pair == q.pair and p.first_diff == q.first_diff and p.prompt_len == q.prompt_len
+
+
+def test_spawned_workers_build_what_this_process_builds(tok):
+    here = build_cells(tok, CELLS, workers=0)
+    assert isinstance(here[3], str) and "no room" in here[3]  # 8 keyed needles do not fit 60 tokens: the reason
+    assert [len(x) for x in here[:3]] == [3, 3, 3]
+    with PromptBuilder(tok, workers=2) as builder:
+        first = builder.submit(CELLS[:2])
+        second = builder.submit(CELLS[2:])  # both in flight at once, the pool started once
+        got = first.result() + second.result()
+        assert builder._pool._mp_context.get_start_method() == "spawn"  # never fork (the H200 stall)
+    _same(here, got)
+    assert builder._pool is None  # closed on exit
+
+
+def test_a_script_without_main_guard_is_not_rerun_by_the_workers(tmp_path):
+    script = tmp_path / "unguarded.py"
+    script.write_text(textwrap.dedent("""
+        print("TOP-LEVEL RAN", flush=True)
+        from char_tokenizer import char_tokenizer
+        from headscope.evaluate.building import build_cells
+        cells = [("niah", {"context_length": 200, "depth": d, "haystack": "heldout"}, 2, 1) for d in (0.0, 1.0)]
+        out = build_cells(char_tokenizer(), cells, workers=2)
+        print("BUILT", [x if isinstance(x, str) else len(x) for x in out], flush=True)
+    """))
+    path = os.pathsep.join([str(REPO), str(REPO / "tests" / "headscope")])
+    res = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "PYTHONPATH": path})
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert res.stdout.count("TOP-LEVEL RAN") == 1, res.stdout  # the workers did not run the script again
+    assert "BUILT [2, 2]" in res.stdout
+
+
+class _Unpicklable:
+    """A tokenizer that cannot be pickled (it holds a lambda): built in this process, with a warning."""
+
+    def __init__(self, tok):
+        self._tok, self._fn = tok, lambda x: x
+
+    def __getattr__(self, name):
+        return getattr(self._tok, name)
+
+    def __call__(self, *a, **k):
+        return self._tok(*a, **k)
+
+    def __len__(self):
+        return len(self._tok)
+
+
+def test_unpicklable_tokenizer_builds_here_with_a_warning(tok):
+    bad = _Unpicklable(tok)
+    with pytest.warns(UserWarning, match="cannot be pickled"):
+        builder = PromptBuilder(bad, workers=2)
+    with builder:
+        assert builder.workers == 0
+        got = builder.build(CELLS[:1])
+    assert builder._pool is None
+    _same(build_cells(tok, CELLS[:1]), got)
+
+
+def test_broken_pool_falls_back_to_this_process(tok, monkeypatch):
+    from concurrent.futures.process import BrokenProcessPool
+
+    with PromptBuilder(tok, workers=2) as builder:
+        def broken():
+            raise BrokenProcessPool("a worker died")
+
+        monkeypatch.setattr(builder, "_executor", broken)
+        with pytest.warns(UserWarning, match="building the prompts in this process"):
+            got = builder.build(CELLS[:2])
+        assert builder.workers == 0
+    _same(build_cells(tok, CELLS[:2]), got)
+
+
+def test_prompt_builder_shares_the_active_builder(tok):
+    with prompt_builder(tok, 0, activate=True) as outer:
+        with prompt_builder(tok, 0) as inner:
+            assert inner is outer
+        with prompt_builder(char_tokenizer(), 0) as other:  # another tokenizer: its own builder
+            assert other is not outer
+    with prompt_builder(tok, 0) as fresh:
+        assert fresh is not outer
+
+
+def test_bad_worker_count():
+    with pytest.raises(ValueError, match="workers=-1"):
+        PromptBuilder(None, workers=-1)
+
+
+def _fifo_cells(tmp_path, length=200):
+    fifo = tmp_path / "haystack.txt"
+    os.mkfifo(fifo)  # opening it blocks until a writer comes: a worker that never finishes
+    return [("niah", {"context_length": length, "depth": d, "haystack": str(fifo)}, 1, 0) for d in (0.0, 1.0)]
+
+
+def test_stuck_workers_time_out_and_are_ended(tok, tmp_path):
+    from concurrent.futures import TimeoutError
+
+    builder = PromptBuilder(tok, workers=2)
+    job = builder.submit(_fifo_cells(tmp_path))
+    with pytest.raises(TimeoutError):
+        job.result(timeout=1.0)
+    procs = list(builder._pool._processes.values())
+    t0 = time.monotonic()
+    builder.close()  # does not wait for the stuck workers: it ends them
+    for p in procs:
+        p.join(20)
+        assert not p.is_alive()
+    assert time.monotonic() - t0 < 20
+
+
+def test_evaluate_with_stuck_workers_ends_within_its_budget(tok, tmp_path):
+    import headscope
+    from model_factories import tiny_model
+
+    fifo = _fifo_cells(tmp_path)[0][1]["haystack"]
+    cfg = {"niah": {"lengths": (200,), "depths": (0.0, 1.0), "n": 1, "haystack": fifo}}
+    t0 = time.monotonic()
+    df = headscope.evaluate(tiny_model("qwen3"), "niah", tok, configs=cfg, workers=2, budget_s=2, progress=False)
+    assert time.monotonic() - t0 < 30
+    assert (df.status == "skipped").all() and df.note.str.startswith("budget:").all() and len(df) == 4
