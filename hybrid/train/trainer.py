@@ -219,10 +219,14 @@ class Trainer:
                                stage=f"{index}:{s.name}", teacher_ids=teacher_ids)
         import multiprocessing as mp
 
-        self._progress = mp.Value("d", start / s.steps)  # the stage's progress, read by the data workers
+        # the stage's progress, read by the data workers (made in the context that starts them)
+        self._progress = mp.get_context("spawn").Value("d", start / s.steps)
         ds = StepBatches(stream, start, s.steps, s.steps, self.env.rank, self.env.world,
                          progress=self._progress if s.max_minutes else None)
+        # spawn, never fork: a child forked from this process (CUDA, tqdm and torch threads) can inherit a held
+        # lock and hang; the evaluation harness's prompt workers stalled that way on the H200 (docs/evaluation.md)
         loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=d.workers,
+                                             multiprocessing_context="spawn" if d.workers else None,
                                              prefetch_factor=4 if d.workers else None,
                                              pin_memory=self.env.device.type == "cuda")
         return iter(loader)

@@ -145,7 +145,8 @@ def test_batches_are_a_function_of_the_step_and_rows_split_over_processes(ref_to
 def test_step_batches_in_workers_arrive_in_step_order(ref_tokenizer):
     cfg = data.MixtureConfig(seq_len=64, tokens_per_batch=128, min_len=64, haystack="heldout")
     stream = data.MixtureStream(cfg, ref_tokenizer, corpus_ids(ref_tokenizer))
-    loader = torch.utils.data.DataLoader(data.StepBatches(stream, 3, 9, 9), batch_size=None, num_workers=2)
+    loader = torch.utils.data.DataLoader(data.StepBatches(stream, 3, 9, 9), batch_size=None, num_workers=2,
+                                         multiprocessing_context="spawn")  # as the trainer starts them
     got = list(loader)
     assert [int(b["step"]) for b in got] == list(range(3, 9))
     assert all(torch.equal(b["ids"], stream.batch(int(b["step"]), int(b["step"]) / 9)["ids"]) for b in got)

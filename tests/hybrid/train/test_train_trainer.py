@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 
@@ -190,3 +191,14 @@ def test_the_warmup_step_is_logged_and_not_counted_in_max_minutes(tmp_path, tiny
     assert len(warm) == 1 and warm[0]["seconds"] >= 1.5 and warm[0]["step"] == 1
     assert len(calls) > 3  # steps ran after the warm-up inside the 1.2 s budget
     assert len(calls) < 10_000  # and the budget still ended the stage
+
+
+def test_data_workers_are_spawned_and_follow_the_time_budget(tmp_path, tiny_teacher_dir, tiny_mask):
+    """workers > 0: batches come from spawned processes (never fork from a CUDA process), the stage's progress
+    (shared with them for the length curriculum under max_minutes) included."""
+    cfg = tiny_config(tmp_path / "out", tiny_teacher_dir, tiny_mask,
+                      stages=[stage("align", steps=3, max_minutes=5.0)])
+    cfg = cfg.replace(data=dataclasses.replace(cfg.data, workers=1))
+    assert cfg.data.workers == 1
+    res = run(cfg)
+    assert len(losses(res.history, "align")) == 3
