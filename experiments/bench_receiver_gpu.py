@@ -169,20 +169,33 @@ def real_model_bench(args):
             pair = as_patch_pair(raws[0])
             subset = [(l, h) for l in sorted({0, arch.n_layers // 2, arch.n_layers - 1}) for h in range(arch.n_heads)]
             subset = subset[:args.tl_heads]
-            t_tl = tl_subset(model, pair, subset, metric)
+            try:
+                t_tl = tl_subset(model, pair, subset, metric)
+            except Exception as err:  # a TL API change must not cost the other contexts on the GPU
+                row["tl_error"] = f"{type(err).__name__}: {err}"
+                print(f"         TransformerLens failed: {row['tl_error']}")
+                res["contexts"][str(ctx)] = row
+                write_real(args, res)
+                continue
             row.update(tl_ms_per_head_subset=1e3 * t_tl, tl_heads_timed=len(subset),
                        tl_s_extrapolated_all_heads=t_tl * n_heads, speedup_vs_tl=t_tl * n_heads / ours)
             print(f"         TransformerLens (one forward per head): {1e3 * t_tl:.1f} ms/head on {len(subset)} heads, "
                   f"EXTRAPOLATED to {n_heads}: {t_tl * n_heads:.1f} s -> ours {t_tl * n_heads / ours:.1f}x faster")
         res["contexts"][str(ctx)] = row
-    out = os.environ.get("OUT")
-    if out:
-        name = "".join(c if c.isalnum() else "_" for c in os.path.basename(args.model.rstrip("/")))
-        path = os.path.join(out, f"bench_receiver_gpu_{name}.json")
-        with open(path, "w") as f:
-            json.dump(res, f, indent=2)
-        print(f"wrote {path}")
+        write_real(args, res)  # after every context: a run cut short keeps the contexts done
     return res
+
+
+def write_real(args, res) -> None:
+    """$OUT/bench_receiver_gpu_<model>.json (or --json), when either is set."""
+    from headscope.io import write_text
+
+    out = os.environ.get("OUT")
+    name = "".join(c if c.isalnum() else "_" for c in os.path.basename(args.model.rstrip("/")))
+    path = args.json or (os.path.join(out, f"bench_receiver_gpu_{name}.json") if out else None)
+    if path:
+        write_text(path, json.dumps(res, indent=2))
+        print(f"wrote {path}", flush=True)
 
 
 def main():
@@ -196,6 +209,7 @@ def main():
     ap.add_argument("--model", default=None, help="a registry model / folder: real NIAH pairs instead of random weights")
     ap.add_argument("--contexts", default="2048,8192", help="with --model: NIAH lengths in tokens")
     ap.add_argument("--n-pairs", type=int, default=2, help="with --model: NIAH pairs per context")
+    ap.add_argument("--json", default=None, help="with --model: the JSON file (default $OUT/bench_receiver_gpu_<model>.json)")
     args = ap.parse_args()
     global DEV
     DEV = args.device

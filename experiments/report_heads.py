@@ -237,6 +237,22 @@ def write_markdown(path: Path, out: dict, a) -> None:
     write_text(path, "\n".join(lines))
 
 
+def save(a, out: dict) -> None:
+    """Write heads.json and the run folder's README now (after every section: a run cut short keeps its parts)."""
+    from headscope.io import write_text
+
+    json_path = a.out_dir / "heads.json"
+    out["json"] = str(json_path.relative_to(ROOT)) if json_path.is_relative_to(ROOT) else str(json_path)
+    write_text(json_path, json.dumps(out, indent=1))
+    write_text(a.out_dir / "README.md", "\n".join([  # the run folder's card (tests/docs/test_results_index.py)
+        f"# {a.out_dir.name}", "", f"The head report on `{a.model}` (experiments/report_heads.py)"
+        + ("." if "claims" in out else ", cut short: heads.json holds the sections finished so far."), "",
+        f"- **made by**: `{out['command']}`", f"- **when**: {time.strftime('%Y-%m-%d')}",
+        f"- **on**: {out['device']}, torch {torch.__version__}", f"- **cited by**: {a.md.name if a.md else '-'}", "",
+        "| file | |", "|---|---|", "| `heads.json` | results (JSON) |"]
+        + (["| `mask_7to1.json` | the fused 7:1 mask |"] if (a.out_dir / "mask_7to1.json").exists() else []) + [""]))
+
+
 def main(argv=None) -> None:
     a = parse_args(argv)
     torch.set_num_threads(a.threads)
@@ -303,6 +319,7 @@ def main(argv=None) -> None:
                    "critical": crit, "score_share_per_layer": [float(x) for x in mass], "top10": top10,
                    "scores": s.tolist(), "seconds": timings["niah_receiver_s"],
                    "seconds_per_pair": timings["niah_receiver_s"] / len(pairs)}
+    save(a, out)
 
     # ---- 2. sender scores: iterated path patching ---------------------------------------------------
     n_path = min(a.n_path or a.n_niah, len(pairs))
@@ -331,6 +348,7 @@ def main(argv=None) -> None:
                             "converged": res.converged, "found": [str(h) for h in res.found()],
                             "combined_top10": comb_top, "new_in_combined_top10": gained,
                             "sender_scores": res.sender.scores.tolist(), "seconds": timings["path_patching_s"]}
+    save(a, out)
 
     # ---- 3. reasoning families, fusion and the 7:1 mask -------------------------------------------
     section(f"reasoning families ({a.n_reason} pairs each), fusion and the 7:1 mask")
@@ -370,6 +388,7 @@ def main(argv=None) -> None:
     out["mask_7to1"] = {"strategy": strategy, "path": str(mask_path.relative_to(ROOT)) if mask_path.is_relative_to(ROOT) else str(mask_path),
                         "fa_heads": [str(h) for h in fa], "per_layer": mask.per_layer_counts(),
                         "shared_with_niah_only_mask": len(set(fa) & set(niah_only.fa_heads))}
+    save(a, out)
 
     # ---- 4. ranking stability ---------------------------------------------------------------------
     section(f"ranking stability over samples ({a.n_boot} random subsets per n)")
@@ -394,6 +413,7 @@ def main(argv=None) -> None:
         if name == "niah":
             stab_df = df
     out["stability"] = stab
+    save(a, out)
 
     # ---- 5. knockout: the paper's corrupted-activation patch, then mean ablation --------------------
     out["knockout"], curves = {}, {}
@@ -402,6 +422,7 @@ def main(argv=None) -> None:
                 "seeds)")
         out["knockout"][kind], curves[kind] = knockout_section(model, tok, niah, a, total, kind, niah_kwargs)
         timings[f"knockout_{kind}_s"] = out["knockout"][kind]["seconds"]
+        save(a, out)
 
     # ---- 6. proxies -----------------------------------------------------------------------------------
     section(f"proxies vs exact receiver scores ({len(pairs)} NIAH pairs)")
@@ -418,6 +439,7 @@ def main(argv=None) -> None:
               f"{c3['topk_overlap']:.2f}, top-8 overlap {c8['topk_overlap']:.2f}; its top 5 {prox[name]['top5']}")
     print(f"({timings['proxies_s']:.0f} s for both)")
     out["proxies"] = prox
+    save(a, out)
 
     # ---- 7. layer similarity vs head spread ----------------------------------------------------------
     section("adjacent-layer similarity vs the spread of head scores inside each layer")
@@ -465,14 +487,8 @@ def main(argv=None) -> None:
     section("the paper's head-level claims")
     for r in out["claims"]:
         print(f"- {r['claim']}: {r['shows']} -> {r['verdict']}")
+    save(a, out)
     json_path = a.out_dir / "heads.json"
-    out["json"] = str(json_path.relative_to(ROOT)) if json_path.is_relative_to(ROOT) else str(json_path)
-    write_text(json_path, json.dumps(out, indent=1))
-    write_text(a.out_dir / "README.md", "\n".join([  # the run folder's card (tests/docs/test_results_index.py)
-        f"# {a.out_dir.name}", "", f"The head report on `{a.model}` (experiments/report_heads.py).", "",
-        f"- **made by**: `{out['command']}`", f"- **when**: {time.strftime('%Y-%m-%d')}",
-        f"- **on**: {out['device']}, torch {torch.__version__}", f"- **cited by**: {a.md.name if a.md else '-'}", "",
-        "| file | |", "|---|---|", "| `heads.json` | results (JSON) |", "| `mask_7to1.json` | the fused 7:1 mask |", ""]))
     if a.md:
         write_markdown(a.md, out, a)
     print(f"total {timings['total_s']:.0f} s -> {json_path}" + (f", {a.md}" if a.md else ""))

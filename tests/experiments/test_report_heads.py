@@ -36,6 +36,10 @@ def test_report_on_a_tiny_model(tiny_folder, tmp_path, capsys):
     assert set(out["reasoning"]["clean_accuracy"]) == {"comparison", "two_hop"}
     assert len(out["claims"]) == 5 and all(c["verdict"] for c in out["claims"])
     assert (tmp_path / "out" / "mask_7to1.json").exists()
+    card = (tmp_path / "out" / "README.md").read_text()  # the run folder's card (tests/docs/test_results_index.py)
+    for field in ("**made by**", "**when**", "**on**", "**cited by**", "`heads.json`", "`mask_7to1.json`"):
+        assert field in card, field
+    assert "cut short" not in card
     figs = {p.name for p in (tmp_path / "fig").iterdir()}
     slug = tiny_folder.name.lower()
     assert {f"{slug}_niah_heatmap.html", f"{slug}_knockout_patch.html", f"{slug}_knockout_mean.html",
@@ -43,6 +47,27 @@ def test_report_on_a_tiny_model(tiny_folder, tmp_path, capsys):
     text = md.read_text()
     assert "## The paper's head-level claims on this model" in text and "top-1% knockout" in text
     assert "the paper's head-level claims" in capsys.readouterr().out
+
+
+def test_report_writes_each_section_as_it_goes(tiny_folder, tmp_path):
+    """A run stopped after the NIAH section (as a GPU timeout would) keeps heads.json and a card listing only
+    the files that exist."""
+    report = runpy.run_path(str(SCRIPT), run_name="report_heads")
+    g = report["main"].__globals__
+    real_save = g["save"]
+
+    def save_then_stop(a, out):
+        real_save(a, out)
+        raise KeyboardInterrupt  # the first section is written; stop here
+
+    g["save"] = save_then_stop
+    with pytest.raises(KeyboardInterrupt):
+        report["main"](["--model", str(tiny_folder), "--threads", "1", "--n-niah", "2", "--context", "200",
+                        "--families", "", "--out-dir", str(tmp_path / "out"), "--md", "", "--figures", ""])
+    out = json.loads((tmp_path / "out" / "heads.json").read_text())
+    assert len(out["niah"]["scores"]) == 3 and "claims" not in out
+    card = (tmp_path / "out" / "README.md").read_text()
+    assert "cut short" in card and "**made by**" in card and "mask_7to1.json" not in card
 
 
 def test_bad_arguments_are_refused():
