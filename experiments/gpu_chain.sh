@@ -40,8 +40,10 @@ smollm2)
     tail -12 "$OUT/bench_receiver_smollm2.log"
     timeout 300 python3 experiments/report_heads.py --model smollm2-135m --device cuda --dtype bfloat16 --threads 8 \
         --n-niah 16 --n-path 8 --n-knockout 16 > "$OUT/report_smollm2.log" 2>&1; tail -40 "$OUT/report_smollm2.log"
-    # the report's run folder, markdown and figures (whatever a run cut short got to write)
-    tar --ignore-failed-read -czf "$OUT/smollm2_report.tgz" docs/results/smollm2_135m docs/smollm2_135m_heads.md \
+    # the report's run folder (written in two steps: not a citation of a folder that does not exist yet), markdown
+    # and figures: whatever a run cut short got to write
+    run=docs/results; run="$run/smollm2_135m"
+    tar --ignore-failed-read -czf "$OUT/smollm2_report.tgz" "$run" docs/smollm2_135m_heads.md \
         docs/figures/smollm2_135m_* 2>/dev/null ;;
 inference)
     wheels .whl/fla_core-*.whl; stage

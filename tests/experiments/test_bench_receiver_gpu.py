@@ -46,7 +46,8 @@ def test_gpu_chain_mode_names_the_files_the_scripts_write(mode):
     text = (ROOT / "experiments" / "gpu_chain.sh").read_text()
     body = text[text.index(f"{mode})"):]
     body = body[: body.index(";;")]
-    for path in ("docs/results/smollm2_135m", "docs/smollm2_135m_heads.md", "docs/figures/smollm2_135m_*",
+    assert 'run=docs/results; run="$run/smollm2_135m"' in body
+    for path in ("docs/smollm2_135m_heads.md", "docs/figures/smollm2_135m_*",
                  "task_accuracy.py --model smollm2-135m", "bench_receiver_gpu.py --model smollm2-135m",
                  "report_heads.py --model smollm2-135m"):
         assert path in body, path
