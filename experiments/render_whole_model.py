@@ -34,10 +34,10 @@ def _verdict(value, target, higher=True):
     return f"{'met' if ok else 'MISSED'} ({value:.3g} vs {'>=' if higher else '<='} {target:g})"
 
 
-def render(data: dict) -> str:
+def render(data: dict, source: str = "bench_whole_model.json") -> str:
     out = []
     env = data.get("environment", {})
-    out.append(f"Source: `bench_whole_model.json` ({'CPU dry run, tiny model: not a measurement' if data.get('dry_run') else 'GPU run'}; "
+    out.append(f"Source: `{source}` ({'CPU dry run, tiny model: not a measurement' if data.get('dry_run') else 'GPU run'}; "
                f"torch {env.get('torch', '?')}, fla {env.get('fla-core', '?')}, CUDA graph "
                f"{'on' if data.get('cuda_graph') else 'off'}, {data.get('elapsed_s', '?')} s).\n")
     dec = data.get("decode", [])
@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("json", type=Path)
     ap.add_argument("--doc", type=Path, default=None, help="markdown file whose marked block is replaced")
     args = ap.parse_args(argv)
-    table = render(json.loads(args.json.read_text()))
+    table = render(json.loads(args.json.read_text()), source=str(args.json))
     if args.doc is None:
         sys.stdout.write(table)
         return

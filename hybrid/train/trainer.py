@@ -91,6 +91,7 @@ class Trainer:
     # ---- set-up ----------------------------------------------------------------------------
     def run(self, stage: str | int, resume: bool, allow_config_change: bool) -> RunResult:
         cfg = self.config
+        t_run = time.time()
         only = self._stage_index(stage)
         if only is not None and only > 0:
             resume = True  # a later stage alone continues from the earlier stages' checkpoint
@@ -148,6 +149,7 @@ class Trainer:
         if self.teacher is not None:
             shard(self.teacher, env)
         last = len(cfg.stages) - 1 if only is None else only
+        self.log.write({"event": "setup", "seconds": round(time.time() - t_run, 2)})  # models, tokenizer, resume
         try:
             for i in range(start_index, last + 1):
                 self.train_stage(i, cfg.stages[i], start_step if i == start_index else 0,
@@ -202,8 +204,10 @@ class Trainer:
         from hybrid.train.data import MixtureStream, StepBatches, load_corpus, mixture_config, sample_teacher
 
         d = self.config.data_for(s)
+        t0 = time.time()
         if d.corpus not in self._corpus:
             self._corpus[d.corpus] = load_corpus(d.corpus, self.tokenizer)
+        self._setup_s = {"corpus": round(time.time() - t0, 2)}  # logged with stage_start (where set-up time goes)
         teacher_ids = None
         if d.teacher > 0:
             if self.teacher is None:
@@ -215,6 +219,7 @@ class Trainer:
             teacher_ids = sample_teacher(self.teacher, self.tokenizer, n_rows, d.teacher_sample_len,
                                          d.teacher_temperature, seed=self.config.seed * 7919 + index,
                                          batch_size=n_rows)
+            self._setup_s["teacher_samples"] = round(time.time() - t0 - self._setup_s["corpus"], 2)
         stream = MixtureStream(mixture_config(d, s, self.config.seed), self.tokenizer, self._corpus[d.corpus],
                                stage=f"{index}:{s.name}", teacher_ids=teacher_ids)
         import multiprocessing as mp
@@ -240,7 +245,9 @@ class Trainer:
         if train_state is not None:
             self._load_optimizer(opt, train_state["optimizer"])
         teacher = self.teacher if stage.uses_teacher else None
+        t_data = time.time()
         batches = self.data(index, s, start)
+        setup_s = {**self._setup_s, "data_total": round(time.time() - t_data, 2)}
         autocast = env.autocast()
         from contextlib import nullcontext
 
@@ -251,7 +258,8 @@ class Trainer:
                    disable=not (cfg.progress and env.is_main), dynamic_ncols=True)
         n_trained = sum(p.numel() for _, p in params)
         self.log.write({"event": "stage_start", "stage": s.name, "stage_index": index, "step": start,
-                        "trainable_params": n_trained, "seq_len": s.seq_len, "batch_size": s.batch_size})
+                        "trainable_params": n_trained, "seq_len": s.seq_len, "batch_size": s.batch_size,
+                        "setup_seconds": setup_s})
         self.student.train()
         t_log, tok_log = time.time(), 0
         tokens = train_state.get("tokens", 0) if train_state else 0
@@ -265,7 +273,10 @@ class Trainer:
                 lr = s.lr_at(progress * s.steps if s.max_minutes else step)
                 for g in opt.param_groups:
                     g["lr"] = lr
+                t_batch = time.time()
                 batch = next(batches)
+                if step == start:
+                    first_batch_s = time.time() - t_batch  # includes the data workers' start
                 ids = batch["ids"].to(env.device, non_blocking=True)  # [b, T]
                 w = batch["w"].to(env.device, non_blocking=True)  # [b, T]
                 terms = stage.loss(s, model, teacher, ids, w, autocast)
@@ -281,7 +292,8 @@ class Trainer:
                 tok_log += n_tok
                 if step == start + 1:  # compilation + autotuning: logged, not counted in max_minutes or tok/s
                     self.log.write({"event": "warmup_step", "stage": s.name, "stage_index": index, "step": step,
-                                    "seconds": round(clock.start_after_warmup(), 2)})
+                                    "seconds": round(clock.start_after_warmup(), 2),
+                                    "first_batch_seconds": round(first_batch_s, 2)})
                     t_log, tok_log = time.time(), 0
                 progress = clock.progress(step)
                 stage_end = progress >= 1.0
