@@ -173,6 +173,17 @@ def claims(out: dict) -> list[dict]:
     return rows
 
 
+def fig_link(a, name: str) -> str:
+    """A figure's link from the markdown report: relative to the report's folder, absolute if no common root."""
+    import os
+
+    fig = Path(a.figures).resolve() / name
+    try:
+        return Path(os.path.relpath(fig, Path(a.md).resolve().parent)).as_posix()
+    except ValueError:
+        return fig.as_posix()
+
+
 def write_markdown(path: Path, out: dict, a) -> None:
     from headscope.io import write_text
 
@@ -181,7 +192,8 @@ def write_markdown(path: Path, out: dict, a) -> None:
              f"{m['layers']} layers x {m['heads']} query heads ({m['kv_heads']} KV heads) = {m['total_heads']} heads; "
              f"{a.dtype} on {out['device']}. Made by one command (total {out['timings']['total_s']:.0f} s):", "",
              "```bash", out["command"], "```", "",
-             f"Numbers: `{out['json']}`; figures: {', '.join(f'`docs/figures/{f}`' for f in out.get('figures', []))}.",
+             f"Numbers: `{out['json']}`; figures (HTML, plotly.js from its CDN): "
+             + (", ".join(f"[{f}]({fig_link(a, f)})" for f in out.get("figures", [])) or "none") + ".",
              "", "## The paper's head-level claims on this model", "",
              "| claim | this model | verdict |", "| --- | --- | --- |"]
     lines += [f"| {r['claim']} | {r['shows']} | {r['verdict']} |" for r in out["claims"]]
@@ -280,7 +292,8 @@ def main(argv=None) -> None:
     flags = ("model", "device", "dtype", "threads", "n_niah", "context", "n_reason", "n_knockout", "path_k",
              "path_rounds", "n_random", "n_boot")
     out: dict = {"command": "python experiments/report_heads.py " + " ".join(
-        f"--{k.replace('_', '-')} {getattr(a, k)}" for k in flags) + f" --families {','.join(a.families) or ''}"
+        f"--{k.replace('_', '-')} {getattr(a, k)}" for k in flags)
+        + (f" --n-path {a.n_path}" if a.n_path is not None else "") + f" --families {','.join(a.families) or ''}"
         f" --out-dir {a.out_dir.relative_to(ROOT) if a.out_dir.is_relative_to(ROOT) else a.out_dir}"
         + (f" --md {a.md.relative_to(ROOT) if a.md.is_relative_to(ROOT) else a.md}" if a.md else " --md ''"),
         "device": str(torch.cuda.get_device_name()) if str(a.device).startswith("cuda") else str(a.device),

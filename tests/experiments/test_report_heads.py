@@ -26,9 +26,10 @@ def test_report_on_a_tiny_model(tiny_folder, tmp_path, capsys):
     md = tmp_path / "tiny_heads.md"
     report["main"](["--model", str(tiny_folder), "--threads", "1", "--n-niah", "3", "--context", "200",
                     "--n-reason", "2", "--families", "comparison,two_hop", "--n-knockout", "2", "--n-random", "1",
-                    "--path-k", "1", "--path-rounds", "1", "--n-boot", "2", "--out-dir", str(tmp_path / "out"),
-                    "--md", str(md), "--figures", str(tmp_path / "fig")])
+                    "--path-k", "1", "--path-rounds", "1", "--n-path", "2", "--n-boot", "2",
+                    "--out-dir", str(tmp_path / "out"), "--md", str(md), "--figures", str(tmp_path / "fig")])
     out = json.loads((tmp_path / "out" / "heads.json").read_text())
+    assert "--n-path 2" in out["command"]  # the recorded command reproduces the run
     assert out["model"]["total_heads"] == 12 and len(out["niah"]["scores"]) == 3
     assert set(out["knockout"]) == {"patch", "mean"}  # the paper's patch AND mean ablation, both explicit
     for ko in out["knockout"].values():
@@ -46,6 +47,7 @@ def test_report_on_a_tiny_model(tiny_folder, tmp_path, capsys):
             f"{slug}_similarity.html", f"{slug}_stability.html", f"{slug}_sender_heatmap.html"} <= figs
     text = md.read_text()
     assert "## The paper's head-level claims on this model" in text and "top-1% knockout" in text
+    assert f"[{slug}_stability.html](fig/{slug}_stability.html)" in text  # figures linked relative to the report
     assert "the paper's head-level claims" in capsys.readouterr().out
 
 
