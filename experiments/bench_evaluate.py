@@ -106,7 +106,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--workers", type=int, default=None,
-                    help="spawned processes that build NIAH prompts (default: GPU min(16, cores - 1), CPU 0)")
+                    help="spawned processes that build NIAH prompts (default: GPU min(8, cores - 1), CPU 0; shared with this process)")
     ap.add_argument("--set", action="append", default=[], metavar="EVAL.FIELD=VALUE",
                     help="config override as in headscope eval, e.g. niah.multiples=[0.125,0.25] (repeatable)")
     ap.add_argument("--budget", type=float, default=None, metavar="SECONDS",

@@ -100,7 +100,7 @@ def evaluate(model: Any, suite: str | Sequence[str] = "retrieval", tokenizer: An
     tokenizer: the model's; None finds the one saved with the model (``headscope.tokenizers.find_tokenizer``).
     configs: per-evaluation config overrides, ``{"niah": {"n": 4, "lengths": (512,)}}``.
     haystack: a text file (or "heldout" / "train") for every NIAH haystack and the perplexity text.
-    workers: spawned processes that build NIAH prompts (default: on a GPU min(16, CPU cores - 1), on a CPU 0).
+    workers: spawned processes that build NIAH prompts (default: on a GPU min(8, CPU cores - 1), on a CPU 0); this process builds queued prompts too while it waits.
     budget_s: seconds each evaluation may take; time_limit_s: seconds the whole run may take. What is not reached
       in time is not run: its rows have status "skipped" and a note starting with "budget:". A batch that has
       started finishes, so an evaluation can overrun its budget by one batch.

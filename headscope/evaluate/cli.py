@@ -36,7 +36,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--device", default=None, help="cpu, cuda, ... (default: cuda if available)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--workers", type=int, default=None,
-                   help="spawned processes that build NIAH prompts (default: GPU min(16, cores - 1), CPU 0)")
+                   help="spawned processes that build NIAH prompts (default: GPU min(8, cores - 1), CPU 0; shared with this process)")
     p.add_argument("--budget", type=float, default=None, metavar="SECONDS",
                    help="seconds each evaluation may take; lengths/families not reached are 'skipped' rows "
                         "(note 'budget: ...')")

@@ -46,7 +46,7 @@ def test_spawned_workers_build_what_this_process_builds(tok):
         first = builder.submit(CELLS[:2])
         second = builder.submit(CELLS[2:])  # both in flight at once, the pool started once
         got = first.result() + second.result()
-        assert builder._pool._mp_context.get_start_method() == "spawn"  # never fork (the H200 stall)
+        assert builder._pool.context.get_start_method() == "spawn"  # never fork (the H200 stall)
     _same(here, got)
     assert builder._pool is None  # closed on exit
 
@@ -134,11 +134,11 @@ def _fifo_cells(tmp_path, length=200):
 def test_stuck_workers_time_out_and_are_ended(tok, tmp_path):
     from concurrent.futures import TimeoutError
 
-    builder = PromptBuilder(tok, workers=2)
+    builder = PromptBuilder(tok, workers=2, share=False)  # only the workers build: both get stuck
     job = builder.submit(_fifo_cells(tmp_path))
     with pytest.raises(TimeoutError):
         job.result(timeout=1.0)
-    procs = list(builder._pool._processes.values())
+    procs = list(builder._pool.procs)
     t0 = time.monotonic()
     builder.close()  # does not wait for the stuck workers: it ends them
     for p in procs:
@@ -147,9 +147,11 @@ def test_stuck_workers_time_out_and_are_ended(tok, tmp_path):
     assert time.monotonic() - t0 < 20
 
 
-def test_evaluate_with_stuck_workers_ends_within_its_budget(tok, tmp_path):
+def test_evaluate_with_stuck_workers_ends_within_its_budget(tok, tmp_path, monkeypatch):
     import headscope
     from model_factories import tiny_model
+
+    monkeypatch.setattr(PromptBuilder, "share_work", False)  # only the workers build (here it would block too)
 
     fifo = _fifo_cells(tmp_path)[0][1]["haystack"]
     cfg = {"niah": {"lengths": (200,), "depths": (0.0, 1.0), "n": 1, "haystack": fifo}}
@@ -157,3 +159,56 @@ def test_evaluate_with_stuck_workers_ends_within_its_budget(tok, tmp_path):
     df = headscope.evaluate(tiny_model("qwen3"), "niah", tok, configs=cfg, workers=2, budget_s=2, progress=False)
     assert time.monotonic() - t0 < 30
     assert (df.status == "skipped").all() and df.note.str.startswith("budget:").all() and len(df) == 4
+
+
+# work sharing: this process builds queued parts while it waits, so slow worker start-ups cost no waiting
+
+
+def test_prompts_are_the_same_whichever_process_builds_them(tok, monkeypatch):
+    here = build_cells(tok, CELLS, workers=0)
+    with PromptBuilder(tok, workers=2, share=False) as builder:  # the workers build every part
+        by_workers = builder.build(CELLS)
+        assert builder.built_here == 0
+    monkeypatch.setattr(PromptBuilder, "worker_start_delay", 120.0)  # workers asleep: this process builds all
+    with PromptBuilder(tok, workers=2) as builder:
+        first, second = builder.submit(CELLS[:2]), builder.submit(CELLS[2:])
+        by_main = second.result() and first.result() + second.result()  # the later job first: parts of both
+        n_parts = sum(min(n, 2) for *_, n, _ in CELLS)  # 2 workers: about 2 parts per cell here
+        assert builder.built_here == n_parts
+    _same(here, by_workers)
+    _same(here, by_main)
+
+
+def test_a_slow_worker_start_does_not_delay_the_prompts(tok, monkeypatch):
+    monkeypatch.setattr(PromptBuilder, "worker_start_delay", 120.0)  # stands for 15 workers importing torch
+    t0 = time.monotonic()
+    with PromptBuilder(tok, workers=2) as builder:
+        got = builder.submit(CELLS).result(timeout=60)
+        waited = time.monotonic() - t0
+        procs = list(builder._pool.procs)
+    closed = time.monotonic() - t0 - waited
+    assert waited < 20, waited  # built here (a fraction of a second of work), not after the 120 s start-up
+    assert closed < 10, closed  # the sleeping workers are ended, not waited for
+    assert all(not p.is_alive() for p in procs)
+    _same(build_cells(tok, CELLS), got)
+
+
+def test_evaluate_with_slow_workers_scores_everything_in_time(tok, monkeypatch):
+    import headscope
+    from model_factories import tiny_model
+
+    monkeypatch.setattr(PromptBuilder, "worker_start_delay", 120.0)
+    cfg = {"niah": {"lengths": (160, 240), "depths": (0.0, 0.5, 1.0), "n": 2}}
+    t0 = time.monotonic()
+    df = headscope.evaluate(tiny_model("qwen3"), "niah", tok, configs=cfg, workers=2, budget_s=60, progress=False)
+    assert time.monotonic() - t0 < 40
+    assert (df.status == "ok").all() and set(df.context_length) == {160, 240}
+
+
+def test_a_part_that_fails_in_a_worker_raises_here(tok):
+    bad = [("niah", {"context_length": 160, "depth": 0.5, "haystack": "heldout", "no_such_field": 1}, 2, 0)]
+    with pytest.raises(Exception) as here:
+        build_cells(tok, bad, workers=0)
+    with PromptBuilder(tok, workers=2, share=False) as builder:
+        with pytest.raises(type(here.value)):
+            builder.build(bad)  # the worker's failure is built again in this process, and raised as without workers
