@@ -71,8 +71,11 @@ def worker_main(tokenizer_bytes: bytes, tasks, results, cancelled, start_delay: 
         os.nice(5)  # the evaluating process (feeding the GPU, building the first prompts) goes first
     if start_delay:
         time.sleep(start_delay)
-    import torch  # everything a part needs is imported before the first part is taken from the queue: a
-    import headscope.tasks  # noqa: F401  starting worker holds no part that the evaluating process could build
+    # everything a part needs is imported before the first part is taken from the queue: a worker still
+    # starting up holds no part that the evaluating process could be building meanwhile
+    import torch
+
+    import headscope.tasks  # noqa: F401
 
     torch.set_num_threads(1)
     tokenizer = pickle.loads(tokenizer_bytes)

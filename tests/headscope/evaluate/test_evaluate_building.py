@@ -212,3 +212,12 @@ def test_a_part_that_fails_in_a_worker_raises_here(tok):
     with PromptBuilder(tok, workers=2, share=False) as builder:
         with pytest.raises(type(here.value)):
             builder.build(bad)  # the worker's failure is built again in this process, and raised as without workers
+
+
+def test_the_worker_module_imports_neither_the_evaluation_package_nor_pandas():
+    code = ("import sys, headscope._prompt_worker, headscope.tasks; "
+            "print(sorted(m for m in ('headscope.evaluate', 'pandas', 'plotly') if m in sys.modules))")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout.strip() == "[]", res.stdout  # what a spawned worker imports before its first part
