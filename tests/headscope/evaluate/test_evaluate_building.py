@@ -125,17 +125,17 @@ def test_bad_worker_count():
         PromptBuilder(None, workers=-1)
 
 
-def _fifo_cells(tmp_path, length=200):
-    fifo = tmp_path / "haystack.txt"
-    os.mkfifo(fifo)  # opening it blocks until a writer comes: a worker that never finishes
-    return [("niah", {"context_length": length, "depth": d, "haystack": str(fifo)}, 1, 0) for d in (0.0, 1.0)]
+STUCK_CELLS = [("niah", {"context_length": 200, "depth": d, "haystack": "heldout"}, 1, 0) for d in (0.0, 1.0)]
 
 
-def test_stuck_workers_time_out_and_are_ended(tok, tmp_path):
+def test_stuck_workers_time_out_and_are_ended(tok, monkeypatch):
     from concurrent.futures import TimeoutError
 
-    builder = PromptBuilder(tok, workers=2, share=False)  # only the workers build: both get stuck
-    job = builder.submit(_fifo_cells(tmp_path))
+    # workers that never deliver (asleep before their first part; a FIFO haystack was used before, but
+    # load_haystack refuses a non-regular file at once, so a fast worker failed instead of hanging)
+    monkeypatch.setattr(PromptBuilder, "worker_start_delay", 600.0)
+    builder = PromptBuilder(tok, workers=2, share=False)  # only the workers build: both are stuck
+    job = builder.submit(STUCK_CELLS)
     with pytest.raises(TimeoutError):
         job.result(timeout=1.0)
     procs = list(builder._pool.procs)
@@ -147,14 +147,14 @@ def test_stuck_workers_time_out_and_are_ended(tok, tmp_path):
     assert time.monotonic() - t0 < 20
 
 
-def test_evaluate_with_stuck_workers_ends_within_its_budget(tok, tmp_path, monkeypatch):
+def test_evaluate_with_stuck_workers_ends_within_its_budget(tok, monkeypatch):
     import headscope
     from model_factories import tiny_model
 
-    monkeypatch.setattr(PromptBuilder, "share_work", False)  # only the workers build (here it would block too)
+    monkeypatch.setattr(PromptBuilder, "share_work", False)  # only the workers build
+    monkeypatch.setattr(PromptBuilder, "worker_start_delay", 600.0)  # and they never deliver
 
-    fifo = _fifo_cells(tmp_path)[0][1]["haystack"]
-    cfg = {"niah": {"lengths": (200,), "depths": (0.0, 1.0), "n": 1, "haystack": fifo}}
+    cfg = {"niah": {"lengths": (200,), "depths": (0.0, 1.0), "n": 1}}
     t0 = time.monotonic()
     df = headscope.evaluate(tiny_model("qwen3"), "niah", tok, configs=cfg, workers=2, budget_s=2, progress=False)
     assert time.monotonic() - t0 < 30
