@@ -11,13 +11,7 @@
 #             benchmark (issue 14; BENCH_S seconds, default 200; TESTS, TESTS_S: which GPU tests, how long)
 set -uo pipefail
 cd "$(dirname "$0")/.."
-export PYTHONUNBUFFERED=1 TRITON_CACHE_AUTOTUNING=1
-OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
-wheels() { [ $# -eq 0 ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site "$@" || exit 1; }
-stage() { for p in .stage/*.part*; do [ -f "$p" ] && bash experiments/stage_gguf.sh put "$p"; done; }
-export PYTHONPATH=/tmp/site:$PWD
-bash experiments/triton_cache.sh restore  # autotune results of earlier calls (experiments/gpu_cache)
+. experiments/gpu_setup.sh  # wheels, stage, exports, $OUT, Triton autotune results restored
 case "$1" in
 eval)  # <= 180 s: the suite's time limit 120 s (the target); a stall is killed at 170 s with every Python stack dumped
     stage; ulimit -c 0; mkdir -p /tmp/b

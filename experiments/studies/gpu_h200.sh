@@ -16,17 +16,10 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 t0=$(date +%s)
-export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false OMP_NUM_THREADS=1
-export TRITON_CACHE_AUTOTUNING=1  # fla's autotune results are shared by the variants' processes through the cache
-OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
+export TOKENIZERS_PARALLELISM=false OMP_NUM_THREADS=1
 RUN="${RUN:-runs/studies}"
-mkdir -p data/corpus
-for f in train heldout; do [ -f data/corpus/$f.txt ] || gunzip -c data/gz/$f.txt.gz > data/corpus/$f.txt; done
-[ -d /tmp/site/fla ] || python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site \
-    .whl/fla_core-0.6.0-py3-none-any.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD
-bash experiments/triton_cache.sh restore  # autotune results of earlier calls (experiments/gpu_cache)
-for p in .stage/*.part*; do [ -f "$p" ] && bash experiments/stage_gguf.sh put "$p"; done  # GGUF parts travel too
+. experiments/gpu_setup.sh  # exports, $OUT, Triton autotune results restored
+corpus; [ -d /tmp/site/fla ] || wheels .whl/fla_core-0.6.0-py3-none-any.whl; stage  # GGUF parts travel too
 # fla's Hopper backward at head dim 32: verified against the float32 reference on the H200 on 2026-12-01
 # (docs/results/session5_h200/fla_parity_d32.log) and listed in hybrid.ops.gdn.HOPPER_BWD_VERIFIED_DIMS; the
 # variable only keeps an older checkout from falling back to the slow torch-chunk backward

@@ -5,14 +5,8 @@
 # Stage time budgets are scaled by BUDGET_SCALE (default 0.6) so the whole call ends inside 10 minutes.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-export PYTHONUNBUFFERED=1 TRITON_CACHE_AUTOTUNING=1  # autotune results reused by the second process
-OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
-mkdir -p data/corpus
-for f in train heldout; do [ -f data/corpus/$f.txt ] || gunzip -c data/gz/$f.txt.gz > data/corpus/$f.txt; done
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/fla_core-*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD
-bash experiments/triton_cache.sh restore  # autotune results of earlier calls (experiments/gpu_cache)
-for p in .stage/*.part*; do [ -f "$p" ] && bash experiments/stage_gguf.sh put "$p"; done  # GGUF parts travel too
+. experiments/gpu_setup.sh  # exports, $OUT, Triton autotune results restored
+corpus; wheels .whl/fla_core-*.whl; stage  # GGUF parts travel too
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 # 1. fla's unguarded backward at D = 32 against the float32 PyTorch reference
 if [ "${PARITY:-1}" = 1 ]; then OUT=$OUT/parity timeout 170 python3 experiments/fla_parity_gpu.py --dims 32 --lengths 1024 --gate-normalizers 1.0 \
