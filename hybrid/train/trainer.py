@@ -199,15 +199,16 @@ class Trainer:
         fused = self.env.device.type == "cuda" and self.env.mode != "fsdp"
         return torch.optim.AdamW(groups, lr=s.lr, betas=tuple(s.betas), fused=fused or None)
 
-    def data(self, index: int, s: StageConfig, start: int):
-        """An iterator over this process's batches of steps start.. of stage ``index``."""
+    def data(self, index: int, s: StageConfig, start: int) -> tuple[Any, dict[str, float]]:
+        """An iterator over this process's batches of steps start.. of stage ``index``, and the seconds its set-up
+        spent (corpus, teacher samples, total; logged with stage_start)."""
         from hybrid.train.data import MixtureStream, StepBatches, load_corpus, mixture_config, sample_teacher
 
         d = self.config.data_for(s)
         t0 = time.time()
         if d.corpus not in self._corpus:
             self._corpus[d.corpus] = load_corpus(d.corpus, self.tokenizer)
-        self._setup_s = {"corpus": round(time.time() - t0, 2)}  # logged with stage_start (where set-up time goes)
+        setup_s = {"corpus": round(time.time() - t0, 2)}
         teacher_ids = None
         if d.teacher > 0:
             if self.teacher is None:
@@ -219,7 +220,7 @@ class Trainer:
             teacher_ids = sample_teacher(self.teacher, self.tokenizer, n_rows, d.teacher_sample_len,
                                          d.teacher_temperature, seed=self.config.seed * 7919 + index,
                                          batch_size=n_rows)
-            self._setup_s["teacher_samples"] = round(time.time() - t0 - self._setup_s["corpus"], 2)
+            setup_s["teacher_samples"] = round(time.time() - t0 - setup_s["corpus"], 2)
         stream = MixtureStream(mixture_config(d, s, self.config.seed), self.tokenizer, self._corpus[d.corpus],
                                stage=f"{index}:{s.name}", teacher_ids=teacher_ids)
         import multiprocessing as mp
@@ -234,7 +235,8 @@ class Trainer:
                                              multiprocessing_context="spawn" if d.workers else None,
                                              prefetch_factor=4 if d.workers else None,
                                              pin_memory=self.env.device.type == "cuda")
-        return iter(loader)
+        setup_s["total"] = round(time.time() - t0, 2)
+        return iter(loader), setup_s
 
     def train_stage(self, index: int, s: StageConfig, start: int, train_state: dict | None) -> None:
         cfg, env = self.config, self.env
@@ -245,9 +247,7 @@ class Trainer:
         if train_state is not None:
             self._load_optimizer(opt, train_state["optimizer"])
         teacher = self.teacher if stage.uses_teacher else None
-        t_data = time.time()
-        batches = self.data(index, s, start)
-        setup_s = {**self._setup_s, "data_total": round(time.time() - t_data, 2)}
+        batches, setup_s = self.data(index, s, start)
         autocast = env.autocast()
         from contextlib import nullcontext
 

@@ -191,7 +191,7 @@ def test_the_warmup_step_is_logged_and_not_counted_in_max_minutes(tmp_path, tiny
     assert len(warm) == 1 and warm[0]["seconds"] >= 1.5 and warm[0]["step"] == 1
     assert warm[0]["first_batch_seconds"] >= 0  # where a slow first step's time goes: data or kernels
     starts = [r for r in log if r.get("event") == "stage_start"]
-    assert {"corpus", "data_total"} <= set(starts[0]["setup_seconds"])
+    assert {"corpus", "total"} <= set(starts[0]["setup_seconds"])
     assert [r.get("event") for r in log].count("setup") == 1
     assert len(calls) > 3  # steps ran after the warm-up inside the 1.2 s budget
     assert len(calls) < 10_000  # and the budget still ended the stage
