@@ -14,5 +14,9 @@ corpus() {
     mkdir -p data/corpus
     for f in train heldout; do [ -f data/corpus/$f.txt ] || gunzip -c data/gz/$f.txt.gz > data/corpus/$f.txt; done
 }
+# stamp: prefix every line (and every progress-bar update: \r ends a line too) with the seconds since it started
+stamp() { python3 -u -c 'import io, sys, time
+t = time.time()
+for line in io.TextIOWrapper(sys.stdin.buffer, newline=None, errors="replace"): sys.stdout.write(f"{time.time() - t:7.1f} {line.rstrip()}\n")'; }
 stage() { for p in .stage/*.part*; do [ -f "$p" ] && bash experiments/stage_gguf.sh put "$p"; done; }
 bash experiments/triton_cache.sh restore

@@ -26,8 +26,10 @@ open("/tmp/reference_gpu.toml", "w").write(t)
 PY
 # RESUME=1 continues the run in /tmp/th (a warm machine after a killed call); otherwise start afresh
 if [ "${RESUME:-0}" = 1 ]; then resume=--resume; else resume=; rm -rf /tmp/th; fi
-timeout "${TRAIN_TIMEOUT:-390}" python3 experiments/train_hybrid/run.py --config /tmp/reference_gpu.toml --out /tmp/th --n "${N_EVAL:-30}" $resume \
-    2>&1 | tee "$OUT/train.log" | grep -v "it/s\]$" | tail -60
+# TRACE=SECONDS: every thread's stack dumped that often (experiments/trace_run.py); every line time-stamped
+if [ -n "${TRACE:-}" ]; then py="python3 experiments/trace_run.py --every $TRACE"; else py=python3; fi
+timeout "${TRAIN_TIMEOUT:-390}" $py experiments/train_hybrid/run.py --config /tmp/reference_gpu.toml --out /tmp/th --n "${N_EVAL:-30}" $resume \
+    2>&1 | stamp | tee "$OUT/train.log" | grep -v "it/s\]$\|step/s\|head/s" | tail -80
 cp /tmp/th/results.json /tmp/th/mask.json "$OUT/" 2>/dev/null
 cp /tmp/th/run/log.jsonl /tmp/th/run/training.html "$OUT/" 2>/dev/null
 bash experiments/triton_cache.sh save "$OUT/triton_autotune_train.tgz"

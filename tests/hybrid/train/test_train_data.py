@@ -152,6 +152,23 @@ def test_step_batches_in_workers_arrive_in_step_order(ref_tokenizer):
     assert all(torch.equal(b["ids"], stream.batch(int(b["step"]), int(b["step"]) / 9)["ids"]) for b in got)
 
 
+def test_a_worker_start_up_message_stays_small_and_the_stream_survives_it(ref_tokenizer):
+    """A spawned worker's start-up message over 64 KiB (a pipe) makes workers start one after another."""
+    import io
+    from multiprocessing.reduction import ForkingPickler
+
+    import torch.multiprocessing  # noqa: F401  (tensors through shared memory, as in DataLoader)
+
+    cfg = data.MixtureConfig(seq_len=128, tokens_per_batch=2 * 128, min_len=128, haystack="heldout")
+    stream = data.MixtureStream(cfg, ref_tokenizer, corpus_ids(ref_tokenizer), stage="0:align")
+    buf = io.BytesIO()
+    ForkingPickler(buf).dump(data.StepBatches(stream, 0, 4, 4))
+    assert len(buf.getvalue()) < 16_384
+    copy = ForkingPickler.loads(buf.getvalue()).stream
+    assert copy.tok.get_vocab() == ref_tokenizer.get_vocab()
+    assert torch.equal(copy.batch(3)["ids"], stream.batch(3)["ids"])
+
+
 def test_teacher_rows_come_from_the_teacher_samples(ref_tokenizer):
     cfg = data.MixtureConfig(seq_len=64, tokens_per_batch=256, min_len=64, haystack="heldout", w_text=0, w_niah=0,
                              w_multikey=0, w_reasoning=0, w_copy=0, w_teacher=1.0)
