@@ -18,5 +18,7 @@ corpus() {
 stamp() { python3 -u -c 'import io, sys, time
 t = time.time()
 for line in io.TextIOWrapper(sys.stdin.buffer, newline=None, errors="replace"): sys.stdout.write(f"{time.time() - t:7.1f} {line.rstrip()}\n")'; }
+# optional: the wheels under a carried folder, if it was carried (e.g. .whl/plotly: training.html, result figures)
+optional_wheels() { for d in "$@"; do ls "$d"/*.whl >/dev/null 2>&1 && wheels "$d"/*.whl; done; return 0; }
 stage() { for p in .stage/*.part*; do [ -f "$p" ] && bash experiments/stage_gguf.sh put "$p"; done; }
 bash experiments/triton_cache.sh restore

@@ -4,7 +4,7 @@
 # limit, results to $OUT (6 files, flat: studies.log, studies.json, tables.md, studies.html, studies_run.tgz,
 # triton_autotune_studies.tgz). The main process tunes fla's kernels once before the hybrids' workers start
 # (run_study's warm-up; with the autotune results of experiments/gpu_cache restored it only compiles).
-#   device call: carry [".whl/fla_core-0.6.0-py3-none-any.whl", "data/gz"], timeout_s 600,
+#   device call: carry [".whl/fla_core-0.6.0-py3-none-any.whl", ".whl/plotly", "data/gz"], timeout_s 600,
 #   command "STEPS_SCALE=1 bash experiments/studies/gpu_h200.sh"
 # Resume: the same command again on the warm machine continues (the study folder runs/studies is an ignored path
 # of the repository, kept between calls): finished variants are skipped, training resumes from checkpoints,
@@ -19,7 +19,7 @@ t0=$(date +%s)
 export TOKENIZERS_PARALLELISM=false OMP_NUM_THREADS=1
 RUN="${RUN:-runs/studies}"
 . experiments/gpu_setup.sh  # exports, $OUT, Triton autotune results restored
-corpus; [ -d /tmp/site/fla ] || wheels .whl/fla_core-0.6.0-py3-none-any.whl; stage  # GGUF parts travel too
+corpus; [ -d /tmp/site/fla ] || wheels .whl/fla_core-0.6.0-py3-none-any.whl; [ -d /tmp/site/plotly ] || optional_wheels .whl/plotly; stage  # GGUF parts travel too
 # fla's Hopper backward at head dim 32: verified against the float32 reference on the H200 on 2026-12-01
 # (docs/results/session5_h200/fla_parity_d32.log) and listed in hybrid.ops.gdn.HOPPER_BWD_VERIFIED_DIMS; the
 # variable only keeps an older checkout from falling back to the slow torch-chunk backward

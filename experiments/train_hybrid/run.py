@@ -32,6 +32,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--resume", action="store_true", help="continue the training in OUT/run")
     ap.add_argument("--n", type=int, default=None, help="NIAH / multi-key prompts per length (default 50; tiny 2)")
     ap.add_argument("--no-throughput", action="store_true")
+    ap.add_argument("--eval-only", action="store_true",
+                    help="no training: evaluate the hybrid a finished run left in OUT/run (OUT/run/hybrid, "
+                         "OUT/run/log.jsonl, OUT/mask.json), e.g. one trained on the GPU and brought back")
     a = ap.parse_args(argv)
 
     from transformers import AutoModelForCausalLM
@@ -64,10 +67,21 @@ def main(argv: list[str] | None = None) -> dict:
     mask_seconds = time.time() - t0
     print(f"[run.py] mask ready in {mask_seconds:.1f} s", flush=True)  # phase times: where a GPU call's time goes
 
-    t0 = time.time()
-    result = run(base, resume=a.resume)
-    train_minutes = (time.time() - t0) / 60
-    print(f"[run.py] training done in {train_minutes:.2f} min", flush=True)
+    if a.eval_only:
+        from hybrid.train.trainer import RunResult, read_history
+
+        run_dir = Path(base.out)
+        if not (run_dir / "hybrid" / "config.json").exists() or not (run_dir / "log.jsonl").exists():
+            raise SystemExit(f"--eval-only: no finished run in {run_dir} (hybrid/config.json and log.jsonl); "
+                             "train first (run.py without --eval-only), or unpack a run brought back from the GPU")
+        result = RunResult(run_dir, run_dir / "hybrid", read_history(run_dir))
+        # the training's own clock: the stages' minutes from its log (set-up and warm-up steps not counted)
+        train_minutes = sum({r["stage"]: r["minutes"] for r in result.history if "minutes" in r}.values())
+    else:
+        t0 = time.time()
+        result = run(base, resume=a.resume)
+        train_minutes = (time.time() - t0) / 60
+        print(f"[run.py] training done in {train_minutes:.2f} min", flush=True)
     t_eval = time.time()
 
     hybrid.register()
@@ -98,6 +112,7 @@ def main(argv: list[str] | None = None) -> dict:
            "mask": {"fa_heads": [h.to_list() for h in mask.fa_heads], "ratio_la_fa": mask.ratio,
                     "kv_cache_fraction": kv["fa_kv"] / teacher_kv, "seconds": round(mask_seconds, 1)},
            "train": {"minutes_total": round(train_minutes, 2), "minutes_by_stage": stage_minutes,
+                     "minutes_from": "stage minutes in the log" if a.eval_only else "wall clock of the training",
                      "config": base.to_dict()},
            "eval": {"length": L0, "long_lengths": list(long_lengths), "n": n,
                     "table": json.loads(table.to_json(orient="index")), "checks": checks},

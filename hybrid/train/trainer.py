@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -160,7 +161,11 @@ class Trainer:
         if env.is_main or env.mode == "fsdp":
             model_path = self.save_final(out)
         if env.is_main:
-            plot_log(out / "log.jsonl", out / "training.html")
+            try:
+                plot_log(out / "log.jsonl", out / "training.html")
+            except ModuleNotFoundError as e:  # a figure is not worth a finished run (the GPU image has no plotly)
+                warnings.warn(f"no {out / 'training.html'}: {e} (pip install plotly; hybrid.train.plot_log redraws "
+                              "it from log.jsonl)", stacklevel=1)
         env.barrier()
         return RunResult(out, model_path, self.history, self.student)
 

@@ -51,6 +51,23 @@ def test_tiny_pipeline_with_a_given_mask(tmp_path):
     out = run_script("--config", str(ROOT / "experiments/train_hybrid/tiny.toml"), "--out", str(tmp_path / "o"),
                      "--tiny", "--mask", str(mask), "--n", "1")
     check(out, tmp_path / "o")
+    assert out["train"]["minutes_from"] == "wall clock of the training"
+    # a run trained elsewhere (the GPU) and brought back is evaluated without training again
+    (tmp_path / "o" / "results.json").unlink()
+    again = run_script("--config", str(ROOT / "experiments/train_hybrid/tiny.toml"), "--out", str(tmp_path / "o"),
+                       "--tiny", "--mask", str(mask), "--n", "1", "--eval-only", "--no-throughput")
+    assert again["train"]["minutes_by_stage"] == out["train"]["minutes_by_stage"]
+    assert again["train"]["minutes_from"] == "stage minutes in the log"
+    assert again["eval"]["table"].keys() == out["eval"]["table"].keys()
+
+
+def test_eval_only_without_a_finished_run_says_what_to_do(tmp_path):
+    mask = kv_group_mask(tmp_path / "mask.json")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    p = subprocess.run([sys.executable, str(SCRIPT), "--config", str(ROOT / "experiments/train_hybrid/tiny.toml"),
+                        "--out", str(tmp_path / "o"), "--tiny", "--mask", str(mask), "--eval-only"],
+                       env=env, cwd=ROOT, capture_output=True, text=True)
+    assert p.returncode != 0 and "no finished run in" in p.stderr and "train first" in p.stderr
 
 
 @pytest.mark.slow  # scoring 128 heads twice on CPU: minutes

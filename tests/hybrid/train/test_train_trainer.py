@@ -91,6 +91,18 @@ def test_align_trains_exactly_the_new_parameters(tmp_path, tiny_teacher_dir, tin
     assert changed == new
 
 
+def test_a_missing_plotly_costs_the_figure_not_the_run(tmp_path, tiny_teacher_dir, tiny_mask, monkeypatch):
+    import hybrid.train.trainer as trainer
+
+    def no_plotly(*a, **k):
+        raise ModuleNotFoundError("No module named 'plotly'")
+
+    monkeypatch.setattr(trainer, "plot_log", no_plotly)
+    with pytest.warns(UserWarning, match="training.html.*pip install plotly"):
+        res = run(tiny_config(tmp_path / "o", tiny_teacher_dir, tiny_mask, stages=[stage("align", steps=2)]))
+    assert res.model_path is not None and (res.model_path / "config.json").exists()
+
+
 def test_mask_for_another_model_is_refused(tmp_path, tiny_teacher_dir, ref_tokenizer):
     from headscope.mask import MaskError
 
