@@ -204,3 +204,28 @@ def test_prompts_built_in_worker_processes_are_the_same(teacher, tok):
     a = headscope.evaluate(teacher, "niah", tok, configs=cfg, progress=False, workers=0)
     b = headscope.evaluate(teacher, "niah", tok, configs=cfg, progress=False, workers=2)
     pd.testing.assert_frame_equal(a, b)
+
+
+def _oom_when(pred):
+    """headscope.evaluate.measures.window_losses that runs out of memory whenever ``pred(ctx)`` holds."""
+    from headscope.evaluate import engine
+
+    def losses(model, windows, ctx, desc="loss"):
+        if pred(ctx):
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 16.00 GiB")
+        return engine.window_losses(model, windows, ctx, desc=desc)
+    return losses
+
+
+def test_perplexity_out_of_memory_tries_one_window_at_a_time_then_stops_cleanly(teacher, tok, monkeypatch):
+    cfg = {"perplexity": {"lengths": (32, 64), "n_windows": 2, "bins": 4}}
+    clean = headscope.evaluate(teacher, "perplexity", tok, configs=cfg, progress=False)
+    monkeypatch.setattr("headscope.evaluate.measures.window_losses", _oom_when(lambda ctx: ctx.batch_size > 1))
+    again = headscope.evaluate(teacher, "perplexity", tok, configs=cfg, progress=False)  # measured one at a time
+    pd.testing.assert_frame_equal(clean[clean.metric == "perplexity"].reset_index(drop=True),
+                                  again[again.metric == "perplexity"].reset_index(drop=True), atol=1e-5, rtol=1e-5)
+    monkeypatch.setattr("headscope.evaluate.measures.window_losses", _oom_when(lambda ctx: True))
+    df = headscope.evaluate(teacher, "perplexity", tok, configs=cfg, progress=False)
+    ppl = df[df.metric == "perplexity"]
+    assert list(ppl.status) == ["stopped", "stopped"] and ppl.value.isna().all()
+    assert "out of memory at 32 tokens" in ppl.note.iloc[0] and "longer lengths not tried" in ppl.note.iloc[0]
