@@ -11,6 +11,7 @@ from hybrid.train.study_metrics import BEGIN, END, headline, markdown_block, stu
 
 ROOT = Path(__file__).resolve().parents[3]
 CONFIG = ROOT / "experiments" / "studies" / "reference.toml"
+SMOLLM2 = ROOT / "experiments" / "studies" / "smollm2.toml"
 
 MINIMAL = """
 [train]
@@ -49,6 +50,63 @@ def test_reference_config_loads_and_scales_every_stage_alike():
     assert dry.dry_run and dry.device == "cpu" and len(dry.variants) == 5
     assert [s["steps"] for s in dry.train["stages"]] == [2, 2, 1]
     assert dry.train["data"]["corpus"] == "heldout" and dry.train["data"]["fast_niah"]  # merged, not replaced
+
+
+def test_smollm2_config_is_study_2_with_two_seeds_at_the_teachers_length():
+    cfg = StudyConfig.from_file(SMOLLM2)
+    assert cfg.teacher == "smollm2-135m" and cfg.seeds == (0, 1) and cfg.parallel == 9
+    assert {s for v in cfg.variants for s in v.studies} == {2}
+    assert [v.name for v in cfg.variants if not v.trains] == ["teacher"]
+    assert {(v.unit, v.fraction) for v in cfg.variants if v.kind == "select"} == {("head", 0.125), ("kv_group", 0.125)}
+    assert [(s["name"], s["seq_len"]) for s in cfg.train["stages"]] == [("align", 2048), ("distill", 2048),
+                                                                         ("long", 8192)]
+    assert cfg.train["data"]["corpus"] == "data/corpus/train.txt"  # the same text as reference.toml
+    items = eval_items(cfg, 8192)  # training_length(SmolLM2) = max_position_embeddings = 8192
+    assert [n for n, *_ in items] == ["niah@2040", "niah@4088", "niah@8184", "niah_multikey", "reasoning",
+                                     "perplexity"]  # capped at 1x: nothing past the teacher's positions
+    assert dict((n, c) for n, _, c in items)["niah_multikey"]["lengths"] == (8184,)
+    dry = StudyConfig.from_file(SMOLLM2, dry_run=True)
+    assert dry.device == "cpu" and dry.seeds == (0,) and dry.teacher == "smollm2-135m"
+    assert [v.name for v in dry.variants] == ["teacher", "global-kv", "fixed-kv", "randglobal-head"]
+    assert [s["seq_len"] for s in dry.train["stages"]] == [128, 128, 512]
+
+
+def smollm2_shape():
+    """A random Llama of SmolLM2-135M's attention shape (30 layers x 9 query heads, 3 KV heads), tiny widths:
+    masks and KV shares depend only on that shape (the 135M GGUF is not loaded)."""
+    from model_factories import tiny_model
+
+    return tiny_model("llama", num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3, hidden_size=72,
+                      head_dim=8)
+
+
+def test_smollm2_variants_build_masks_of_the_budget_or_are_infeasible():
+    import torch
+
+    from hybrid.train.variants import InfeasibleVariant, build_variant
+
+    cfg = StudyConfig.from_file(SMOLLM2)
+    model = smollm2_shape()
+    scores = torch.rand(30, 9, generator=torch.Generator().manual_seed(0), dtype=torch.float64)  # [L, H]
+    infeasible, built = set(), {}
+    for spec in cfg.variants:
+        try:
+            built[spec.name] = build_variant(spec, model, scores=scores, seed=1, train_length=8192)
+        except InfeasibleVariant:
+            infeasible.add(spec.name)
+    assert infeasible == {"gplm-kv", "fixed-head", "fixed-kv"}  # the rows smollm2.toml's comments name
+    assert built.pop("teacher").mask is None
+    for name, b in built.items():
+        heads = b.mask.fa_heads
+        groups = {(h.layer, h.head // 3) for h in heads}  # 3 query heads per KV group
+        if cfg.variant(name).unit == "head":  # round(270 / 8) = 34 query heads
+            assert len(heads) == 34 and b.info["fa_query_share"] == pytest.approx(34 / 270), name
+            assert b.info["kv_share"] == pytest.approx(len(groups) / 90), name
+        else:  # round(90 / 8) = 11 whole KV groups = 33 query heads
+            assert len(groups) == 11 and len(heads) == 33, name
+            assert b.info["kv_share"] == pytest.approx(11 / 90) and b.info["fa_query_share"] == pytest.approx(33 / 270)
+    assert built["gplm-head"].info["layers_with_fa"] == 30 and built["perlayer-head"].info["layers_with_fa"] == 30
+    assert built["perlayer-kv"].info["layers_with_fa"] == 11  # 0 per layer + 11 extra groups, one per layer
 
 
 def test_steps_scale_keeps_warmup_and_decay_inside_the_stage(tmp_path):
