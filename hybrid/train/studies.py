@@ -282,6 +282,14 @@ def _prepare(cfg: StudyConfig, out: Path, spec: VariantSpec, seed: int, teacher,
     return True
 
 
+def _release_cuda() -> None:
+    """Give the CUDA caching allocator's free blocks back to the device (no-op without CUDA)."""
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
 def warm_kernels(teacher, tokenizer, options: dict, seq_len: int = 128) -> None:
     """One forward + backward (bf16 autocast on CUDA) and one NIAH prompt (prefill + greedy decode) of a hybrid
     whose layer l keeps l % H FA heads, so every GDN head count appears: fla's Triton kernels compile and autotune
@@ -496,6 +504,7 @@ def run_study(cfg: StudyConfig, *, out: str | Path | None = None, only: tuple[st
             print(f"[studies] kernel warm-up failed after {time.time() - tw:.1f} s ({type(err).__name__}: {err}); "
                   "the workers tune fla's kernels themselves", flush=True)
         teacher.to("cpu")
+        _release_cuda()
     for s, seed in hybrids:  # ... then the variants that need no scores
         if not s.needs_scores and _prepare(cfg, out, s, seed, teacher, None, restart_changed):
             queue.append(_Job(s, seed))
@@ -510,6 +519,7 @@ def run_study(cfg: StudyConfig, *, out: str | Path | None = None, only: tuple[st
                                   context_length=sc.get("context_length", 1024), haystack=sc.get("haystack", "heldout"),
                                   device=device, path=out / "scores.json", progress=False)
         teacher.to("cpu")
+        _release_cuda()  # the workers share the GPU: this process keeps no cached blocks
         print(f"[studies] teacher scores ready ({time.time() - ts:.1f} s; {out / 'scores.json'})", flush=True)
         for s, seed in later:
             if _prepare(cfg, out, s, seed, teacher, scores, restart_changed):
