@@ -30,7 +30,7 @@ if [ "${RESUME:-0}" = 1 ]; then resume=--resume; else resume=; rm -rf /tmp/th; f
 if [ -n "${TRACE:-}" ]; then py="python3 experiments/trace_run.py --every $TRACE"; else py=python3; fi
 timeout "${TRAIN_TIMEOUT:-530}" $py experiments/train_hybrid/run.py --config /tmp/reference_gpu.toml --out /tmp/th --n "${N_EVAL:-30}" $resume \
     2>&1 | stamp | tee "$OUT/train.log" | grep -v "it/s\]$\|step/s\|head/s" | tail -80
-cp /tmp/th/results.json "$OUT/" 2>/dev/null
+cp /tmp/th/results.json /tmp/th/eval_rows.csv "$OUT/" 2>/dev/null
 # the trained run comes back too, to be evaluated again anywhere without training again: in parts of 15 MB ($OUT
 # files are 16 MiB at most); here: cat run.tgz.part* | tar -xz -C runs/gpu_hybrid, then
 # python experiments/train_hybrid/run.py --config experiments/train_hybrid/reference.toml --out runs/gpu_hybrid --eval-only

@@ -21,6 +21,41 @@ from pathlib import Path
 import torch
 
 
+DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)  # NIAH needle depths; n // 5 prompts at each
+
+
+def evaluate_both(models: dict, tok, L0: int, long_lengths: tuple[int, ...], n: int, n_reasoning: int,
+                  ppl_windows: int):
+    """Each model through the evaluation harness (``headscope.evaluate``, same prompts for all, greedy generation
+    exact match as the headline): single-key NIAH at L0 and each long length, multi-key (4 keys) at L0, every
+    reasoning family at its default size, held-out perplexity at L0. Returns (table, rows): one row per metric
+    (``niah@L``, ``multikey@L0``, ``reasoning_<family>``, ``ppl@L0``), one column per model; and the raw rows."""
+    import pandas as pd
+
+    import headscope
+    from hybrid.train.study_metrics import headline
+
+    totals = (L0, *long_lengths)  # whole prompt lengths; each NIAH prompt leaves 8 tokens for the answer
+    configs = {"niah": {"lengths": tuple(L - 8 for L in totals), "depths": DEPTHS, "n": max(1, n // len(DEPTHS)),
+                        "haystack": "heldout"},
+               "niah_multikey": {"lengths": (L0 - 8,), "n_keys": (4,), "n": n, "haystack": "heldout"},
+               "reasoning": {"n": n_reasoning},
+               "perplexity": {"lengths": (L0,), "n_windows": ppl_windows, "text": "heldout"}}
+    table, frames = {}, []
+    for name, model in models.items():
+        df = headscope.evaluate(model, list(configs), tok, configs=configs, seed=12_345)
+        df["model"] = name
+        frames.append(df)
+        h = headline(df.to_dict("records"), L0)
+        niah = [h["niah"].get(str(L - 8)) for L in totals]
+        col = {f"niah@{L}": v for L, v in zip(totals, niah)}
+        col[f"multikey@{L0}"] = h["multikey"]
+        col |= {f"reasoning_{f}": v for f, v in h["reasoning_by_family"].items()}
+        col[f"ppl@{L0}"] = h["perplexity"].get(str(L0))
+        table[name] = {k: float("nan") if v is None else float(v) for k, v in col.items()}
+    return pd.DataFrame(table), pd.concat(frames, ignore_index=True)
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", required=True, help="hybrid.train TOML (teacher, stages, data)")
@@ -44,7 +79,6 @@ def main(argv: list[str] | None = None) -> dict:
     from headscope.mask import HeadMask
     from headscope.reference import load_model
     from hybrid.train import TrainConfig, run
-    from hybrid.train.evals import compare
     from hybrid.train.throughput import measure_distill, measure_lm
     from hybrid.train.variants import make_mask
 
@@ -90,8 +124,9 @@ def main(argv: list[str] | None = None) -> dict:
     kv = hybrid.cache_nbytes(hyb, L0)
     teacher_kv = hybrid.teacher_cache_nbytes(teacher, L0)
     long_lengths = tuple(f * (L0 if a.tiny else train_len) for f in (2, 4, 8))
-    table = compare({"teacher": teacher, "hybrid": hyb}, tok, length=L0, long_lengths=long_lengths, n=n,
-                    n_reasoning=4 if a.tiny else 100, ppl_windows=4 if a.tiny else 32)
+    table, rows = evaluate_both({"teacher": teacher, "hybrid": hyb}, tok, L0, long_lengths, n,
+                                n_reasoning=4 if a.tiny else 100, ppl_windows=4 if a.tiny else 32)
+    rows.to_csv(a.out / "eval_rows.csv", index=False)  # every harness row of both models
     table["hybrid / teacher"] = table["hybrid"] / table["teacher"].where(table["teacher"] != 0)
     print(f"[run.py] evaluation done in {time.time() - t_eval:.1f} s", flush=True)
     targets = {f"niah@{L0}": 0.9, f"multikey@{L0}": 0.8, **{i: 0.9 for i in table.index if i.startswith("reasoning_")}}
