@@ -85,12 +85,3 @@ def register_evaluation(name: str, fn: Callable[[EvalContext], dict[str, Any]] |
 
 register_evaluation("default", default_eval)
 register_evaluation("none", None)
-
-
-# ---- after training: the hybrid against its teacher ----------------------------------------------------
-@torch.no_grad()
-def heldout_perplexity(model: nn.Module, tokenizer, seq_len: int, n: int, device, autocast, seed: int = 0) -> float:
-    import math
-
-    ctx = EvalContext(model, tokenizer, seq_len, n, device, autocast, seed)
-    return math.exp(heldout_loss(ctx))
