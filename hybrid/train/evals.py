@@ -99,11 +99,12 @@ def heldout_perplexity(model: nn.Module, tokenizer, seq_len: int, n: int, device
 @torch.no_grad()
 def compare(models: dict[str, nn.Module], tokenizer, *, length: int, long_lengths: tuple[int, ...] = (),
             n: int = 50, n_reasoning: int = 100, n_keys: int = 4, ppl_windows: int = 32, seed: int = 12_345,
-            progress: bool = True):
+            progress: bool = True, task_config: dict[str, dict] | None = None):
     """Each model on: single-key NIAH at ``length`` and at each of ``long_lengths``, multi-key NIAH at
     ``length`` (``n_keys`` keys), each reasoning family, held-out perplexity at ``length``. Held-out haystack,
     fresh seeds, greedy answers by teacher forcing, one sequence at a time (no padding). A DataFrame with one
-    row per metric and one column per model."""
+    row per metric and one column per model. ``task_config``: {task name: config values} under the ones set
+    here, e.g. a registry teacher's prompt forms (``headscope.zoo.task_defaults``: SmolLM2's few-shot forms)."""
     import pandas as pd
     from tqdm.auto import tqdm
 
@@ -121,7 +122,8 @@ def compare(models: dict[str, nn.Module], tokenizer, *, length: int, long_length
     rows: dict[str, dict[str, float]] = {}
     bar = tqdm(total=len(specs) * len(models) + len(models), desc="compare", disable=not progress)
     for i, (label, (task, cfg, count)) in enumerate(specs):
-        pairs = get_task(task, **cfg).tokenized(tokenizer, count, seed=seed + i)
+        pairs = get_task(task, **{**(task_config or {}).get(task, {}), **cfg}).tokenized(tokenizer, count,
+                                                                                     seed=seed + i)
         rows[label] = {}
         for name, model in models.items():
             device = next(model.parameters()).device
@@ -139,3 +141,26 @@ def compare(models: dict[str, nn.Module], tokenizer, *, length: int, long_length
         bar.update(1)
     bar.close()
     return pd.DataFrame(rows).T
+
+
+MAX_EVAL_LENGTH = 16_384  # NIAH after training, one sequence at a time: longer prompts cost minutes per model
+LONG_MULTIPLES = (2, 4, 8)
+
+
+def eval_lengths(teacher: nn.Module, config, *, cap: int = MAX_EVAL_LENGTH,
+                 multiples: tuple[int, ...] = LONG_MULTIPLES) -> tuple[int, tuple[int, ...]]:
+    """(L0, long lengths) for ``compare`` after a hybrid run.
+
+    L0, the training length: the longest align / distill ``seq_len`` of ``config`` (a TrainConfig), never past
+    the teacher's own (``headscope.evaluate.training_length``: train_summary.json, else max_position_embeddings).
+    The reference teacher: 2048 either way. SmolLM2-135M: its config says 8192 positions, but its NIAH accuracy
+    falls past 2K (100% at 2K, 80% / 60% at 4K / 8K: docs/tasks.md) and the hybrid is distilled at 2048, so
+    2x..8x are counted from 2048, not from 8192 (16K..64K). Long lengths: ``multiples`` x L0, those <= ``cap``
+    kept (at least one: the smallest multiple)."""
+    from headscope.evaluate import training_length
+
+    short = [s.seq_len for s in config.stages if s.name in ("align", "distill")] or [
+        min(s.seq_len for s in config.stages)]
+    L0 = min(max(short), training_length(teacher))
+    long = tuple(m * L0 for m in multiples if m * L0 <= cap) or (min(multiples) * L0,)
+    return L0, long
