@@ -36,13 +36,13 @@
 #      (~10 s), mask (~20 s), fla autotune at D = 64 (<= ~170 s on a bare GPU), the batch sweep (~10 s a batch)
 #      command "CONFIG=experiments/train_hybrid/smollm2.toml bash experiments/train_hybrid/gpu_h200.sh throughput"
 #   5. carry [".whl/gguf", ".whl/fla_core-0.6.0-py3-none-any.whl", ".whl/plotly", "data/gz"]
-#      33.6 + 0.1 + 1.1 + 10.2 + 2.6 = 47.6 MB; timeout_s 560; ~500 s: stage 1 (2 min) and most of stage 2, stopped at
+#      33.6 + 0.1 + 1.1 + 10.2 + 2.6 = 47.6 MB; timeout_s 560; ~510 s: stage 1 (1.5 min) and most of stage 2, stopped at
 #      the first checkpoint past 420 s (exit 3)
 #      command "CONFIG=experiments/train_hybrid/smollm2.toml bash experiments/train_hybrid/gpu_h200.sh train"
-#   6. the same carry, timeout_s 560, ~450 s: the rest of stage 2, stage 3 (2.5 min), the evaluation (~2 min)
+#   6. the same carry, timeout_s 560, ~350-400 s: the rest of stage 2, stage 3 (2 min), the evaluation (~1-1.5 min)
 #      command "RESUME=1 CONFIG=experiments/train_hybrid/smollm2.toml bash experiments/train_hybrid/gpu_h200.sh train"
 #      (again with RESUME=1 if it stopped at a checkpoint once more; a finished run is evaluated straight away)
-#   In all ~1300-1450 device seconds (22-24 min) of a session's 30. If the machine went cold in between, everything
+#   In all ~1200-1350 device seconds (20-23 min) of a session's 30. If the machine went cold in between, everything
 #   staged is gone: calls 1-4 again (call 4's throughput may be skipped by running `stage` with part 4 instead).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
