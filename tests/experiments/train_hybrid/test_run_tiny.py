@@ -122,7 +122,7 @@ def test_stop_after_stops_at_a_checkpoint_and_resume_finishes(tmp_path):
     assert (tmp_path / "o" / "run" / "hybrid" / "config.json").exists()
 
 
-@pytest.mark.slow  # ~7 min on 2 cores: the mask scores 270 heads of the real 135M model
+@pytest.mark.slow  # 3.5-7 min on 2 cores: the mask scores 270 heads of the real 135M model
 def test_smollm2_pipeline_on_the_real_weights(tmp_path):
     """smollm2_tiny.toml: the real teacher end to end (GQA Llama, 3 KV heads per layer): 11 of 90 KV groups kept,
     reasoning left out of the mask (SmolLM2 solves < 90% of it), the registry's prompt forms in the evaluation."""
