@@ -32,7 +32,7 @@
 #   3. the same with part3of4                         60.9 MB; ~15 s
 #      (any call that carries a part and runs `stage` will do: gpu_chain.sh eval/gputests/smollm2 each carry one)
 #   4. carry [".stage/smollm2-135m.gguf.part4of4", ".whl/gguf", ".whl/fla_core-0.6.0-py3-none-any.whl"]
-#      33.6 + 16.6 + 0.1 + 1.1 = 51.4 MB; timeout_s 420; ~200-300 s: GGUF joined (sha256) and converted once
+#      33.6 + 16.6 + 0.1 + 1.1 = 51.4 MB; timeout_s 460 (run.py gets TP_TIMEOUT=400 s); ~200-300 s: GGUF joined (sha256) and converted once
 #      (~10 s), mask (~20 s), fla autotune at D = 64 (<= ~170 s on a bare GPU), the batch sweep (~10 s a batch)
 #      command "CONFIG=experiments/train_hybrid/smollm2.toml bash experiments/train_hybrid/gpu_h200.sh throughput"
 #   5. carry [".whl/gguf", ".whl/fla_core-0.6.0-py3-none-any.whl", ".whl/plotly", "data/gz"]
