@@ -1,15 +1,84 @@
 #!/usr/bin/env bash
-# One H200 call: decide the fla Hopper backward for the reference model's head dim (32) by the project's parity
-# check, then train the reference teacher -> 1/8-KV hybrid (experiments/train_hybrid/run.py) and bring back the
-# results. Device call: carry [".whl/fla_core-0.6.0-py3-none-any.whl", ".whl/plotly", "data/gz"], timeout_s 600, command "bash experiments/train_hybrid/gpu_h200.sh".
-# Stage time budgets are scaled by BUDGET_SCALE (default 0.6) so the whole call ends inside 10 minutes.
+# H200 calls of experiments/train_hybrid/run.py: teacher -> 1/8-KV head-level hybrid, three stages, evaluation.
+#   bash experiments/train_hybrid/gpu_h200.sh [train|throughput|stage]      CONFIG=... (default reference.toml)
+# train       (default) train + evaluate (run.py), bring back results.json, train.log and the run (weights only when
+#             they fit $OUT's limits: the reference's do, SmolLM2's ~0.5 GB do not)
+# throughput  run.py --throughput-only: the untrained hybrid's stage-2 step and the teacher's own training step over a
+#             sweep of batch sizes at the stage-1/2 length (tokens/s, TFLOP/s, MFU vs 790); $OUT/throughput.json. It
+#             also makes the mask (kept in $RUN for the training calls) and fla's first-call autotuning at this head
+#             dim (kept in ~/.triton while the machine stays warm, and saved to $OUT for experiments/gpu_cache/)
+# stage       put the carried GGUF parts into /tmp/stage and stop (a call that only carries a part)
+# Env: CONFIG; RESUME=1 continues the run in $RUN (/tmp/th-<config name>) after a call that stopped at a checkpoint
+# (exit 3: "continue with --resume") or was killed; BUDGET_SCALE multiplies the stages' max_minutes (default 0.6 for
+# reference.toml, 1 otherwise); STOP_AFTER (s, default 420; 0 = never) stops the training at the first checkpoint
+# past it; TRAIN_TIMEOUT (s, default 530 reference / 500 otherwise) kills run.py; PARITY=1 (default for
+# reference.toml only) re-checks fla's Hopper backward at head dim 32 (D = 32 and 64 are verified:
+# hybrid/ops/gdn.py); N_EVAL prompts per NIAH length (default 30); BATCHES for throughput (default 8,16,32,48,64);
+# TRACE=SECONDS dumps every thread's stack that often (experiments/trace_run.py); RUN_ARGS: more run.py arguments (a
+# CPU dry run of the script: CONFIG=experiments/train_hybrid/smollm2_tiny.toml RUN_ARGS="--tiny --n 1", python3 on PATH
+# the project's venv).
+#
+# Reference teacher: one call, carry [".whl/fla_core-0.6.0-py3-none-any.whl", ".whl/plotly", "data/gz"], timeout_s 600,
+# command "bash experiments/train_hybrid/gpu_h200.sh".
+#
+# SmolLM2-135M (CONFIG=experiments/train_hybrid/smollm2.toml): its GGUF (93 MB) travels in 4 parts
+# (bash experiments/stage_gguf.sh split -> .stage/smollm2-135m.gguf.part{1..4}of4: 27.26, 27.26, 27.26, 16.57 MB), one
+# per call, on ONE warm machine (/tmp/stage, /tmp/site and ~/.triton live while it stays warm: 30 s between calls, so
+# make the calls back to back). Carry limit 64 MiB = 67.1 MB with the tree (git ls-files: 33.6 MB on 2026-12-01;
+# measure: git ls-files -z | xargs -0 du -cb | tail -1). Device seconds are estimates:
+#   1. carry [".stage/smollm2-135m.gguf.part1of4"]  33.6 + 27.3 = 60.9 MB; ~70-100 s (machine start) + 5 s
+#      command "bash experiments/train_hybrid/gpu_h200.sh stage"
+#   2. the same with part2of4                         60.9 MB; ~15 s with the transfer
+#   3. the same with part3of4                         60.9 MB; ~15 s
+#      (any call that carries a part and runs `stage` will do: gpu_chain.sh eval/gputests/smollm2 each carry one)
+#   4. carry [".stage/smollm2-135m.gguf.part4of4", ".whl/gguf", ".whl/fla_core-0.6.0-py3-none-any.whl"]
+#      33.6 + 16.6 + 0.1 + 1.1 = 51.4 MB; timeout_s 460 (run.py gets TP_TIMEOUT=400 s); ~200-300 s: GGUF joined (sha256) and converted once
+#      (~10 s), mask (~20 s), fla autotune at D = 64 (<= ~170 s on a bare GPU), the batch sweep (~10 s a batch)
+#      command "CONFIG=experiments/train_hybrid/smollm2.toml bash experiments/train_hybrid/gpu_h200.sh throughput"
+#   5. carry [".whl/gguf", ".whl/fla_core-0.6.0-py3-none-any.whl", ".whl/plotly", "data/gz"]
+#      33.6 + 0.1 + 1.1 + 10.2 + 2.6 = 47.6 MB; timeout_s 560; ~510 s: stage 1 (1.5 min) and most of stage 2, stopped at
+#      the first checkpoint past 420 s (exit 3)
+#      command "CONFIG=experiments/train_hybrid/smollm2.toml bash experiments/train_hybrid/gpu_h200.sh train"
+#   6. the same carry, timeout_s 560, ~350-400 s: the rest of stage 2, stage 3 (2 min), the evaluation (~1-1.5 min)
+#      command "RESUME=1 CONFIG=experiments/train_hybrid/smollm2.toml bash experiments/train_hybrid/gpu_h200.sh train"
+#      (again with RESUME=1 if it stopped at a checkpoint once more; a finished run is evaluated straight away)
+#   In all ~1200-1350 device seconds (20-23 min) of a session's 30. If the machine went cold in between, everything
+#   staged is gone: calls 1-4 again (call 4's throughput may be skipped by running `stage` with part 4 instead).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 . experiments/gpu_setup.sh  # exports, $OUT, Triton autotune results restored
-corpus; wheels .whl/fla_core-*.whl; optional_wheels .whl/plotly; stage  # GGUF parts travel too
+MODE="${1:-train}"
+CONFIG="${CONFIG:-experiments/train_hybrid/reference.toml}"
+name="$(basename "$CONFIG" .toml)"
+RUN="/tmp/th-$name"
+ref=0; [ "$name" = reference ] && ref=1
+case "$MODE" in train|throughput|stage) ;; *) echo "usage: gpu_h200.sh [train|throughput|stage] (CONFIG=...)"; exit 2 ;; esac
+[ -f "$CONFIG" ] || { echo "CONFIG=$CONFIG: no such file"; exit 2; }
+
+optional_wheels .whl/gguf .whl/plotly; stage  # the GGUF parts carried with this call (if any) into /tmp/stage
+if [ "$MODE" = stage ]; then ls -la /tmp/stage; exit 0; fi
+teacher="$(python3 -c "import sys, tomllib; print(tomllib.load(open(sys.argv[1], 'rb')).get('teacher', 'default'))" "$CONFIG")"
+if [ -f /tmp/stage/env.sh ]; then . /tmp/stage/env.sh; echo "GGUF staged: $HEADSCOPE_CACHE"
+elif [ "$teacher" != default ]; then
+    echo "teacher $teacher needs its GGUF staged: carry the parts not yet in /tmp/stage (there: $(ls /tmp/stage 2>/dev/null | tr '\n' ' '))"
+    exit 1
+fi
+wheels .whl/fla_core-*.whl; [ "$MODE" = train ] && corpus
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
-# 1. fla's unguarded backward at D = 32 against the float32 PyTorch reference
-if [ "${PARITY:-1}" = 1 ]; then OUT=$OUT/parity timeout 170 python3 experiments/fla_parity_gpu.py --dims 32 --lengths 1024 --gate-normalizers 1.0 \
+if [ "${TRACE:-}" ]; then py="python3 experiments/trace_run.py --every $TRACE"; else py=python3; fi
+
+if [ "$MODE" = throughput ]; then
+    mkdir -p "$RUN"
+    timeout "${TP_TIMEOUT:-400}" $py experiments/train_hybrid/run.py --config "$CONFIG" --out "$RUN" --throughput-only \
+        --batches "${BATCHES:-8,16,32,48,64}" ${RUN_ARGS:-} 2>&1 | stamp | tee "$OUT/throughput.log" | grep -v "it/s\]$\|head/s"
+    rc=${PIPESTATUS[0]}; echo "run.py --throughput-only: rc=$rc"
+    cp "$RUN/throughput.json" "$RUN/mask.json" "$OUT/" 2>/dev/null
+    bash experiments/triton_cache.sh save "$OUT/triton_autotune_${name}_throughput.tgz"
+    ls -la "$OUT"; exit $rc
+fi
+
+# 1. fla's unguarded backward at D = 32 against the float32 PyTorch reference (the reference model's head dim)
+if [ "${PARITY:-$ref}" = 1 ]; then OUT=$OUT/parity timeout 170 python3 experiments/fla_parity_gpu.py --dims 32 --lengths 1024 --gate-normalizers 1.0 \
     2>&1 | tee "$OUT/parity32.log" | grep -E "RECOMMENDATION|all dispatch|guard"
 if grep -q "(32, 32)" "$OUT/parity32.log"; then
     export HYBRID_ALLOW_UNVERIFIED_HOPPER_BWD=1; echo "D=32 verified: fla backward used"
@@ -17,24 +86,33 @@ else
     echo "D=32 not verified: torch-chunk backward"
 fi; fi
 # 2. train + evaluate (budgets scaled)
-scale="${BUDGET_SCALE:-0.6}"
-python3 - "$scale" <<'PY'
+if [ "$ref" = 1 ]; then scale="${BUDGET_SCALE:-0.6}"; limit="${TRAIN_TIMEOUT:-530}"; else scale="${BUDGET_SCALE:-1}"; limit="${TRAIN_TIMEOUT:-500}"; fi
+python3 - "$scale" "$CONFIG" "/tmp/${name}_gpu.toml" <<'PY'
 import re, sys
-s = float(sys.argv[1]); t = open("experiments/train_hybrid/reference.toml").read()
+s = float(sys.argv[1]); t = open(sys.argv[2]).read()
 t = re.sub(r"max_minutes = ([0-9.]+)", lambda m: f"max_minutes = {float(m.group(1)) * s:.3f}", t)
-open("/tmp/reference_gpu.toml", "w").write(t)
+open(sys.argv[3], "w").write(t)
 PY
-# RESUME=1 continues the run in /tmp/th (a warm machine after a killed call); otherwise start afresh
-if [ "${RESUME:-0}" = 1 ]; then resume=--resume; else resume=; rm -rf /tmp/th; fi
-# TRACE=SECONDS: every thread's stack dumped that often (experiments/trace_run.py); every line time-stamped
-if [ -n "${TRACE:-}" ]; then py="python3 experiments/trace_run.py --every $TRACE"; else py=python3; fi
-timeout "${TRAIN_TIMEOUT:-530}" $py experiments/train_hybrid/run.py --config /tmp/reference_gpu.toml --out /tmp/th --n "${N_EVAL:-30}" $resume \
-    2>&1 | stamp | tee "$OUT/train.log" | grep -v "it/s\]$\|step/s\|head/s" | tail -80
-cp /tmp/th/results.json /tmp/th/eval_rows.csv "$OUT/" 2>/dev/null
-# the trained run comes back too, to be evaluated again anywhere without training again: in parts of 15 MB ($OUT
-# files are 16 MiB at most); here: cat run.tgz.part* | tar -xz -C runs/gpu_hybrid, then
-# python experiments/train_hybrid/run.py --config experiments/train_hybrid/reference.toml --out runs/gpu_hybrid --eval-only
-tar -C /tmp/th --ignore-failed-read -czf /tmp/run.tgz mask.json scores.json run/hybrid run/log.jsonl run/training.html \
+# RESUME=1 continues the run in $RUN (a warm machine after a stopped or killed call); otherwise start afresh, keeping
+# a mask (and its scores) that a throughput call of the same config made
+if [ "${RESUME:-0}" = 1 ]; then resume=--resume; else resume=; rm -rf "$RUN/run" "$RUN/results.json"; fi
+stop="${STOP_AFTER:-420}"; [ "$stop" = 0 ] && stop= || stop="--stop-after $stop"
+timeout "$limit" $py experiments/train_hybrid/run.py --config "/tmp/${name}_gpu.toml" --out "$RUN" --n "${N_EVAL:-30}" \
+    $resume $stop ${RUN_ARGS:-} 2>&1 | stamp | tee "$OUT/train.log" | grep -v "it/s\]$\|step/s\|head/s" | tail -80
+rc=${PIPESTATUS[0]}
+case $rc in
+0) echo "run.py finished" ;;
+3) echo "run.py stopped at a checkpoint: call again with RESUME=1" ;;
+124) echo "run.py killed at ${limit} s: call again with RESUME=1 (the newest checkpoint is kept)" ;;
+*) echo "run.py failed (rc=$rc)" ;;
+esac
+cp "$RUN/results.json" "$RUN/eval_rows.csv" "$OUT/" 2>/dev/null
+# the run comes back in parts of 15 MB ($OUT: 8 files of <= 16 MiB): mask, scores, log, figure, and the trained
+# weights where they fit (the reference's ~28 MB; not SmolLM2's); here: cat run.tgz.part* | tar -xz -C runs/gpu_hybrid,
+# then python experiments/train_hybrid/run.py --config CONFIG --out runs/gpu_hybrid --eval-only
+weights=; [ "$ref" = 1 ] && weights=run/hybrid
+tar -C "$RUN" --ignore-failed-read -czf /tmp/run.tgz mask.json scores.json $weights run/log.jsonl run/training.html \
     2>/dev/null && split -b 15M -d /tmp/run.tgz "$OUT/run.tgz.part"
-bash experiments/triton_cache.sh save "$OUT/triton_autotune_train.tgz"
+bash experiments/triton_cache.sh save "$OUT/triton_autotune_${name}_train.tgz"
 ls -la "$OUT"
+exit $rc

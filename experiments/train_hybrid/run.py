@@ -7,14 +7,27 @@ GPU (one H200, < 10 minutes in all; data/corpus carried, from experiments/prepar
 CPU (a few minutes; the same path with short lengths and few samples):
     python experiments/train_hybrid/run.py --config experiments/train_hybrid/tiny.toml --out /tmp/th --tiny
 
+SmolLM2-135M-Instruct (the real teacher; GGUF staged on the GPU: gpu_h200.sh's header):
+    python experiments/train_hybrid/run.py --config experiments/train_hybrid/smollm2.toml --out $OUT/smol \
+        [--stop-after 420] [--resume]       # two calls of <= 520 s: stop at a checkpoint, then continue
+    python experiments/train_hybrid/run.py --config experiments/train_hybrid/smollm2.toml --out $OUT/smol \
+        --throughput-only                   # untrained hybrid: stage-2 + teacher training-step MFU, batch sweep
+
+Evaluation lengths (hybrid.train.evals.eval_lengths): L0 = the align / distill length, never past the teacher's
+own training length; NIAH at L0 and 2x / 4x / 8x L0 (at most 16384 tokens: --max-eval-length).
+
 The mask keeps full attention on the KV groups (GQA: the query heads sharing a key/value head) with the
 highest fused NIAH + reasoning score, 1/8 of all KV heads (headscope.select(..., fraction=1/8,
 unit="kv_group")), so the hybrid's KV cache is 1/8 of the teacher's. --mask FILE uses a saved mask instead.
+Reasoning enters the fusion only where the teacher solves >= 90% of its clean prompts (hybrid.train.
+selection_scores); SmolLM2-135M does not, so its mask comes from NIAH alone (results.json: mask.reasoning_left_out).
 """
 from __future__ import annotations
 
 import argparse
+import gc
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -25,10 +38,11 @@ DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)  # NIAH needle depths; n // 5 prompts at ea
 
 
 def evaluate_both(models: dict, tok, L0: int, long_lengths: tuple[int, ...], n: int, n_reasoning: int,
-                  ppl_windows: int):
+                  ppl_windows: int, forms: dict[str, dict] | None = None):
     """Each model through the evaluation harness (``headscope.evaluate``, same prompts for all, greedy generation
     exact match as the headline): single-key NIAH at L0 and each long length, multi-key (4 keys) at L0, every
-    reasoning family at its default size, held-out perplexity at L0. Returns (table, rows): one row per metric
+    reasoning family at its default size in the prompt ``forms`` given (the teacher's: a registry model's
+    few-shot forms, headscope.zoo.task_defaults), held-out perplexity at L0. Returns (table, rows): one row per metric
     (``niah@L``, ``multikey@L0``, ``reasoning_<family>``, ``ppl@L0``), one column per model; and the raw rows."""
     import pandas as pd
 
@@ -39,7 +53,7 @@ def evaluate_both(models: dict, tok, L0: int, long_lengths: tuple[int, ...], n: 
     configs = {"niah": {"lengths": tuple(L - 8 for L in totals), "depths": DEPTHS, "n": max(1, n // len(DEPTHS)),
                         "haystack": "heldout"},
                "niah_multikey": {"lengths": (L0 - 8,), "n_keys": (4,), "n": n, "haystack": "heldout"},
-               "reasoning": {"n": n_reasoning},
+               "reasoning": {"n": n_reasoning, "forms": forms or {}},
                "perplexity": {"lengths": (L0,), "n_windows": ppl_windows, "text": "heldout"}}
     table, frames = {}, []
     for name, model in models.items():
@@ -67,6 +81,16 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--resume", action="store_true", help="continue the training in OUT/run")
     ap.add_argument("--n", type=int, default=None, help="NIAH / multi-key prompts per length (default 50; tiny 2)")
     ap.add_argument("--no-throughput", action="store_true")
+    ap.add_argument("--throughput-only", action="store_true",
+                    help="no training: the untrained hybrid from the mask, stage-2 and teacher training-step "
+                         "throughput over --batches at the stage-1/2 length; writes OUT/throughput.json")
+    ap.add_argument("--batches", default=None,
+                    help="batch sizes of --throughput-only, comma-separated (default 8,16,32,48,64; tiny 1,2)")
+    ap.add_argument("--stop-after", type=float, default=None, metavar="SECONDS",
+                    help="stop the training at the first checkpoint written after SECONDS from the start (exit 3; "
+                         "continue with --resume): a GPU call that ends cleanly instead of being killed")
+    ap.add_argument("--max-eval-length", type=int, default=None,
+                    help="longest NIAH length of the evaluation (default 16384)")
     ap.add_argument("--eval-only", action="store_true",
                     help="no training: evaluate the hybrid a finished run left in OUT/run (OUT/run/hybrid, "
                          "OUT/run/log.jsonl, OUT/mask.json), e.g. one trained on the GPU and brought back")
@@ -79,6 +103,7 @@ def main(argv: list[str] | None = None) -> dict:
     from headscope.mask import HeadMask
     from headscope.reference import load_model
     from hybrid.train import TrainConfig, run
+    from hybrid.train.evals import MAX_EVAL_LENGTH, eval_lengths
     from hybrid.train.throughput import measure_distill, measure_lm
     from hybrid.train.variants import make_mask
 
@@ -87,9 +112,11 @@ def main(argv: list[str] | None = None) -> dict:
     base = TrainConfig.from_file(a.config, mask=a.mask or str(a.out / "mask.json"), **overrides)
     device = torch.device("cuda" if base.device == "cuda" or (base.device == "auto" and torch.cuda.is_available())
                           else "cpu")
+    t_start = time.time()
     teacher, tok = load_model(base.teacher, device=device)
-    train_len = teacher.config.max_position_embeddings  # the reference model trained at its full 2048
-    L0 = 128 if a.tiny else min(2048, train_len)
+    # L0: the align / distill length (2048; tiny.toml 128), never past the teacher's training length; NIAH at
+    # 2x/4x/8x L0 (SmolLM2's config says 8192 positions, but it is solid only to 2K: see eval_lengths)
+    L0, long_lengths = eval_lengths(teacher, base, cap=a.max_eval_length or MAX_EVAL_LENGTH)
     n = a.n or (2 if a.tiny else 50)
 
     t0 = time.time()
@@ -99,7 +126,14 @@ def main(argv: list[str] | None = None) -> dict:
         write_text(a.out / "mask.json", mask.to_json())
     mask = HeadMask.from_json(base.mask)
     mask_seconds = time.time() - t0
-    print(f"[run.py] mask ready in {mask_seconds:.1f} s", flush=True)  # phase times: where a GPU call's time goes
+    print(f"[run.py] mask ready in {mask_seconds:.1f} s: {len(mask.fa_heads)} FA query heads of "
+          f"{mask.n_layers * mask.n_heads}, {mask.ratio} LA:FA", flush=True)  # phase times: where a call's time goes
+    left_out = reasoning_left_out(a.out / "scores.json")
+    if left_out:
+        print(f"[run.py] the mask's scores are NIAH alone: {left_out}", flush=True)
+
+    if a.throughput_only:
+        return throughput_only(a, base, teacher, device, L0, mask)
 
     if a.eval_only:
         from hybrid.train.trainer import RunResult, read_history
@@ -113,7 +147,13 @@ def main(argv: list[str] | None = None) -> dict:
         train_minutes = sum({r["stage"]: r["minutes"] for r in result.history if "minutes" in r}.values())
     else:
         t0 = time.time()
-        result = run(base, resume=a.resume)
+        on_step = None if a.stop_after is None else stop_at_checkpoint(base, a.stop_after, t_start)
+        try:
+            result = run(base, resume=a.resume, on_step=on_step)
+        except StopAtCheckpoint as stop:
+            print(f"[run.py] stopped at checkpoint {stop} after {time.time() - t_start:.0f} s (--stop-after "
+                  f"{a.stop_after:g}): continue with --resume", flush=True)
+            sys.exit(3)
         train_minutes = (time.time() - t0) / 60
         print(f"[run.py] training done in {train_minutes:.2f} min", flush=True)
     t_eval = time.time()
@@ -123,9 +163,12 @@ def main(argv: list[str] | None = None) -> dict:
     assert HeadMask.from_dict(hyb.config.head_mask) == mask, "the saved hybrid must carry its mask"
     kv = hybrid.cache_nbytes(hyb, L0)
     teacher_kv = hybrid.teacher_cache_nbytes(teacher, L0)
-    long_lengths = tuple(f * (L0 if a.tiny else train_len) for f in (2, 4, 8))
+    from headscope.tasks.reasoning import FAMILIES
+    from headscope.zoo import task_defaults
+
+    forms = {f: task_defaults(base.teacher, f) for f in FAMILIES}  # the teacher's prompt forms, for both models
     table, rows = evaluate_both({"teacher": teacher, "hybrid": hyb}, tok, L0, long_lengths, n,
-                                n_reasoning=4 if a.tiny else 100, ppl_windows=4 if a.tiny else 32)
+                                n_reasoning=4 if a.tiny else 100, ppl_windows=4 if a.tiny else 32, forms=forms)
     rows.to_csv(a.out / "eval_rows.csv", index=False)  # every harness row of both models
     table["hybrid / teacher"] = table["hybrid"] / table["teacher"].where(table["teacher"] != 0)
     print(f"[run.py] evaluation done in {time.time() - t_eval:.1f} s", flush=True)
@@ -145,7 +188,8 @@ def main(argv: list[str] | None = None) -> dict:
 
     out = {"schema": "hybrid.train.experiment", "teacher": base.teacher, "device": str(device),
            "mask": {"fa_heads": [h.to_list() for h in mask.fa_heads], "ratio_la_fa": mask.ratio,
-                    "kv_cache_fraction": kv["fa_kv"] / teacher_kv, "seconds": round(mask_seconds, 1)},
+                    "kv_cache_fraction": kv["fa_kv"] / teacher_kv, "seconds": round(mask_seconds, 1),
+                    "reasoning_left_out": left_out},
            "train": {"minutes_total": round(train_minutes, 2), "minutes_by_stage": stage_minutes,
                      "minutes_from": "stage minutes in the log" if a.eval_only else "wall clock of the training",
                      "config": base.to_dict()},
@@ -162,6 +206,98 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"stage 2: {d['tokens_per_s']:,.0f} tokens/s, {d['tflops']:.2f} TFLOP/s, MFU {d['mfu']:.2%} of "
               f"{d['peak_flops'] / 1e12:.0f} TFLOP/s, GPU utilisation {d['gpu_utilisation_percent']}%; teacher "
               f"training step: {t['tokens_per_s']:,.0f} tokens/s, MFU {t['mfu']:.2%}")
+    return out
+
+
+class StopAtCheckpoint(Exception):
+    """--stop-after: the time is up and a checkpoint was just written (the message names it)."""
+
+
+def stop_at_checkpoint(config, seconds: float, t_start: float):
+    """An ``on_step`` callback for ``hybrid.train.run``: once ``seconds`` have passed since ``t_start``, raise
+    StopAtCheckpoint right after the trainer writes a periodic checkpoint (``checkpoints/LATEST`` names this
+    stage and step). Not at a stage's end: a finished stage goes on into the next (and the last one into the final
+    save). One process only: under torchrun the ranks' clocks could disagree."""
+    names = [s.name for s in config.stages]
+    latest = Path(config.out) / "checkpoints" / "LATEST"
+
+    def on_step(stage: str, step: int) -> None:
+        if time.time() - t_start < seconds or not latest.exists():
+            return
+        name = f"s{names.index(stage) + 1}-{stage}-{step:06d}"
+        if latest.read_text().strip() != name:
+            return
+        state = json.loads((latest.parent / name / "state.json").read_text())
+        if not state.get("stage_done"):
+            raise StopAtCheckpoint(name)
+
+    return on_step
+
+
+def reasoning_left_out(scores_path: Path) -> str | None:
+    """Why the mask's scores hold no reasoning (hybrid.train.selection_scores), or None."""
+    if not scores_path.exists():
+        return None
+    return json.loads(scores_path.read_text()).get("settings", {}).get("reasoning_left_out")
+
+
+def throughput_only(a, base, teacher, device, T: int, mask) -> dict:
+    """Stage-2 throughput of the untrained hybrid (the mask, the config's hybrid options) against the teacher's
+    own training step, at each batch size of --batches (an out-of-memory batch ends the sweep); the best by
+    stage-2 tokens/s (= by MFU: one length, the same FLOPs per token) is the result. Model FLOPs:
+    hybrid.train.throughput (student fwd + bwd + teacher fwd, attention cores included; MFU against 790 TFLOP/s)."""
+    from headscope.io import write_text
+    from hybrid.train.build import build_hybrid
+    from hybrid.train.throughput import measure_distill, measure_lm
+
+    if a.tiny:
+        T = 64
+    batches = [int(b) for b in (a.batches or ("1,2" if a.tiny else "8,16,32,48,64")).split(",")]
+    steps, warmup = (2, 1) if a.tiny else (10, 3)
+    student, _ = build_hybrid(teacher, base.mask, base.hybrid)
+    student = student.to(device)
+    rows = []
+    for B in batches:
+        row: dict = {"batch_size": B, "seq_len": T}
+        t0 = time.time()
+        try:
+            row["distill"] = measure_distill(student, teacher, B, T, steps=steps, warmup=warmup)
+            row["teacher_train"] = measure_lm(teacher, B, T, steps=steps, warmup=warmup)
+        except torch.OutOfMemoryError as err:
+            row["oom"] = str(err).splitlines()[0][:200]
+        gc.collect()
+        if device.type == "cuda":
+            row["max_memory_gib"] = round(torch.cuda.max_memory_allocated(device) / 2 ** 30, 1)
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats(device)
+        row["seconds"] = round(time.time() - t0, 1)
+        rows.append(row)
+        if "oom" in row:
+            print(f"[throughput] batch {B} x {T}: out of memory; the sweep ends here", flush=True)
+            break
+        d, t = row["distill"], row["teacher_train"]
+        print(f"[throughput] batch {B} x {T}: stage 2 {d['tokens_per_s']:,.0f} tokens/s, {d['tflops']:.1f} TFLOP/s, "
+              f"MFU {d['mfu']:.1%} | teacher training step {t['tokens_per_s']:,.0f} tokens/s, "
+              f"{t['tflops']:.1f} TFLOP/s, MFU {t['mfu']:.1%} ({row['seconds']} s"
+              f"{', ' + str(row['max_memory_gib']) + ' GiB' if 'max_memory_gib' in row else ''})", flush=True)
+    ok = [r for r in rows if "distill" in r]
+    if not ok:
+        raise SystemExit(f"--throughput-only: every batch size failed ({rows}); try smaller --batches")
+    best = max(ok, key=lambda r: r["distill"]["tokens_per_s"])  # one T: the same FLOPs per token at every batch
+    best_teacher = max(ok, key=lambda r: r["teacher_train"]["tokens_per_s"])
+    d = best["distill"]
+    out = {"schema": "hybrid.train.throughput_sweep", "teacher": base.teacher, "device": str(device),
+           "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+           "hybrid": base.hybrid, "mask": {"fa_heads": len(mask.fa_heads), "ratio_la_fa": mask.ratio}, "rows": rows,
+           "best": {"batch_size": best["batch_size"], "seq_len": T, "distill": d,
+                    "teacher_train_same_batch": best["teacher_train"],
+                    "teacher_train_best": best_teacher["teacher_train"]}}
+    write_text(a.out / "throughput.json", json.dumps(out, indent=1, default=str))
+    print(f"stage 2 (best: batch {best['batch_size']} x {T}): {d['tokens_per_s']:,.0f} tokens/s, {d['tflops']:.1f} "
+          f"TFLOP/s = MFU {d['mfu']:.2%} of {d['peak_flops'] / 1e12:.0f} TFLOP/s (model FLOPs/token: student fwd "
+          f"{d['student_fwd_flops_per_token'] / 1e6:.0f}M x 3 + teacher fwd {d['teacher_fwd_flops_per_token'] / 1e6:.0f}M"
+          f"); teacher training step at that batch: MFU {best['teacher_train']['mfu']:.2%}, best "
+          f"{best_teacher['teacher_train']['mfu']:.2%} (batch {best_teacher['batch_size']})")
     return out
 
 

@@ -6,6 +6,7 @@ import math
 import statistics
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -34,6 +35,10 @@ class ReasoningEvalConfig:
     sizes: tuple[tuple[str, tuple[int, ...]], ...] = _DEFAULT_SIZES  # per family; () or missing: its default only
     n: int = 50  # prompts per (family, size)
     generate: bool = True
+    # per family, task config values (prompt forms: e.g. {"binding": {"n_shots": 6}}); None: the registry's forms
+    # of the model evaluated (headscope.zoo.task_defaults; none for other models); {}: every task's plain form.
+    # Give them explicitly to compare models on the same prompts (a hybrid of a registry teacher is no registry model)
+    forms: Any = None
 
     def __post_init__(self):
         from headscope.tasks.reasoning import FAMILIES
@@ -41,6 +46,15 @@ class ReasoningEvalConfig:
         bad = [f for f in self.families if f not in FAMILIES]
         if not self.families or bad:
             raise ValueError(f"families={self.families!r}: give names from {sorted(FAMILIES)}")
+        if self.forms is not None:
+            items = self.forms.items() if isinstance(self.forms, dict) else self.forms
+            try:
+                forms = tuple(sorted((f, tuple(sorted(dict(kw).items()))) for f, kw in items))
+            except (TypeError, ValueError):
+                raise ValueError(f"forms={self.forms!r}: give {{family: {{config field: value}}}}") from None
+            if any(f not in FAMILIES for f, _ in forms):
+                raise ValueError(f"forms={self.forms!r}: keys must be family names from {sorted(FAMILIES)}")
+            object.__setattr__(self, "forms", forms)
         sizes = dict((k, tuple(v)) for k, v in (self.sizes.items() if isinstance(self.sizes, dict) else self.sizes))
         if any(k not in FAMILIES for k in sizes):
             raise ValueError(f"sizes={self.sizes!r}: keys must be family names from {sorted(FAMILIES)}")
@@ -54,6 +68,12 @@ def reasoning(model, tokenizer, cfg: ReasoningEvalConfig, ctx: EvalContext) -> l
     from headscope.tasks import PairError, get_task
 
     sizes = dict(cfg.sizes)
+    if cfg.forms is None:
+        from headscope.zoo import task_defaults
+
+        forms = {f: task_defaults(model, f) for f in cfg.families}
+    else:
+        forms = {f: dict(kw) for f, kw in cfg.forms}
     rows = []
     for j, fam in enumerate(cfg.families):
         fam_sizes = sizes.get(fam) or (None,)
@@ -67,7 +87,7 @@ def reasoning(model, tokenizer, cfg: ReasoningEvalConfig, ctx: EvalContext) -> l
         built = []
         for size in fam_sizes:
             fields = {"family": fam, "size": size}
-            kw = {} if size is None else {FAMILY_SIZE_FIELD[fam]: size}
+            kw = {**forms.get(fam, {}), **({} if size is None else {FAMILY_SIZE_FIELD[fam]: size})}
             try:
                 built.append((fields, get_task(fam, **kw).tokenized(tokenizer, cfg.n,
                                                                     seed=ctx.seed * 1009 + j * 31 + (size or 0))))

@@ -13,7 +13,7 @@ from typing import Any, Callable
 import torch
 import torch.nn as nn
 
-__all__ = ["EvalContext", "EVALUATIONS", "register_evaluation", "default_eval"]
+__all__ = ["EvalContext", "EVALUATIONS", "register_evaluation", "default_eval", "eval_lengths", "MAX_EVAL_LENGTH"]
 
 
 @dataclass
@@ -85,3 +85,26 @@ def register_evaluation(name: str, fn: Callable[[EvalContext], dict[str, Any]] |
 
 register_evaluation("default", default_eval)
 register_evaluation("none", None)
+
+
+MAX_EVAL_LENGTH = 16_384  # NIAH after training, one sequence at a time: longer prompts cost minutes per model
+LONG_MULTIPLES = (2, 4, 8)
+
+
+def eval_lengths(teacher: nn.Module, config, *, cap: int = MAX_EVAL_LENGTH,
+                 multiples: tuple[int, ...] = LONG_MULTIPLES) -> tuple[int, tuple[int, ...]]:
+    """(L0, long lengths) for the evaluation after a hybrid run (experiments/train_hybrid/run.py).
+
+    L0, the training length: the longest align / distill ``seq_len`` of ``config`` (a TrainConfig), never past
+    the teacher's own (``headscope.evaluate.training_length``: train_summary.json, else max_position_embeddings).
+    The reference teacher: 2048 either way. SmolLM2-135M: its config says 8192 positions, but its NIAH accuracy
+    falls past 2K (100% at 2K, 80% / 60% at 4K / 8K: docs/tasks.md) and the hybrid is distilled at 2048, so
+    2x..8x are counted from 2048, not from 8192 (16K..64K). Long lengths: ``multiples`` x L0, those <= ``cap``
+    kept (at least one: the smallest multiple)."""
+    from headscope.evaluate import training_length
+
+    short = [s.seq_len for s in config.stages if s.name in ("align", "distill")] or [
+        min(s.seq_len for s in config.stages)]
+    L0 = min(max(short), training_length(teacher))
+    long = tuple(m * L0 for m in multiples if m * L0 <= cap) or (min(multiples) * L0,)
+    return L0, long

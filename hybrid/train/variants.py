@@ -214,30 +214,50 @@ def build_variant(spec: VariantSpec, teacher, *, scores=None, seed: int = 0, bas
 
 # ---- the teacher's scores (NIAH + reasoning receiver scores, fused) -----------------------------------------
 
+REASONING_SOLVED_MIN = 0.9  # as the head report (experiments/report_heads.py): reasoning scores enter the fusion
+# only when the teacher answers >= 90% of the clean reasoning prompts; on a task the model fails a receiver score
+# ranks noise (SmolLM2-135M: 62-88% per family, docs/smollm2_135m_heads.md -> its mask comes from NIAH alone)
+
+
 def selection_scores(teacher, tokenizer, *, n_samples: int = 16, context_length: int = 1024,
-                     haystack: str = "heldout", device=None, path: str | Path | None = None, progress: bool = True):
+                     haystack: str = "heldout", device=None, path: str | Path | None = None, progress: bool = True,
+                     min_reasoning_accuracy: float = REASONING_SOLVED_MIN):
     """The fused NIAH + reasoning receiver scores of ``teacher`` (``headscope.score`` per task, ``fuse``).
+
+    Reasoning is fused only when the teacher's clean accuracy on its prompts is >= ``min_reasoning_accuracy``
+    (checked before any patching); otherwise the scores are NIAH's alone, with a warning, and
+    ``settings["reasoning_left_out"]`` says why (None when reasoning was fused).
 
     With ``path``: loaded from there when it holds scores of this teacher with these settings, else computed and
     written there (so a study's variants, and a resumed study, score the teacher once)."""
+    import warnings
+
     from headscope.api import score
     from headscope.fusion import fuse
     from headscope.io import write_text
     from headscope.mask import config_fingerprint
+    from headscope.patching.engine import CleanFailureError
     from headscope.results import HeadScores
 
     key = {"teacher": config_fingerprint(teacher), "n_samples": n_samples, "context_length": context_length,
-           "haystack": haystack, "tasks": ["niah", "reasoning"]}
+           "haystack": haystack, "tasks": ["niah", "reasoning"], "min_reasoning_accuracy": min_reasoning_accuracy}
     if path is not None and Path(path).exists():
         cached = HeadScores.from_json(path)
         if cached.settings.get("study_key") == key:
             return cached
     tasks = {"niah": score(teacher, "niah", tokenizer=tokenizer, n_samples=n_samples, device=device,
-                           context_length=context_length, haystack=haystack, progress=progress),
-             "reasoning": score(teacher, "reasoning", tokenizer=tokenizer, n_samples=n_samples, device=device,
-                                progress=progress)}
+                           context_length=context_length, haystack=haystack, progress=progress)}
+    left_out = None
+    try:
+        tasks["reasoning"] = score(teacher, "reasoning", tokenizer=tokenizer, n_samples=n_samples, device=device,
+                                   progress=progress, on_clean_failure="error",
+                                   min_clean_accuracy=min_reasoning_accuracy)
+    except CleanFailureError as err:  # the teacher does not solve the reasoning prompts: NIAH alone
+        left_out = str(err).split(". Fix:")[0]
+        warnings.warn(f"selection_scores: reasoning left out of the fusion, NIAH alone ({left_out})", stacklevel=2)
     fused = fuse(tasks)
     fused.settings["study_key"] = key
+    fused.settings["reasoning_left_out"] = left_out
     if path is not None:
         write_text(path, fused.to_json())
     return fused

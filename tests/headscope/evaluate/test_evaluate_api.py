@@ -229,3 +229,27 @@ def test_perplexity_out_of_memory_tries_one_window_at_a_time_then_stops_cleanly(
     ppl = df[df.metric == "perplexity"]
     assert list(ppl.status) == ["stopped", "stopped"] and ppl.value.isna().all()
     assert "out of memory at 32 tokens" in ppl.note.iloc[0] and "longer lengths not tried" in ppl.note.iloc[0]
+
+
+def test_reasoning_forms_reach_the_tasks_and_default_to_the_registry_forms(teacher, tok, monkeypatch):
+    import headscope.tasks
+    from headscope.evaluate.measures import ReasoningEvalConfig
+
+    seen = []
+    real = headscope.tasks.get_task
+
+    def spy(name, **kw):
+        seen.append((name, kw))
+        return real(name, **kw)
+
+    monkeypatch.setattr(headscope.tasks, "get_task", spy)
+    cfg = {"reasoning": {"sizes": (("binding", (2,)),), "families": ("binding",), "n": 2,
+                         "forms": {"binding": {"chain": 0.0}}}}
+    df = headscope.evaluate(teacher, "reasoning", tok, configs=cfg, progress=False)
+    assert (df.status == "ok").all() and seen == [("binding", {"chain": 0.0, "n_vars": 2})]
+    seen.clear()  # no forms given: a registry model's own (none for this tiny model: the plain form)
+    headscope.evaluate(teacher, "reasoning", tok, configs={"reasoning": {**cfg["reasoning"], "forms": None}},
+                       progress=False)
+    assert seen == [("binding", {"n_vars": 2})]
+    with pytest.raises(ValueError, match="forms=.*family names"):
+        ReasoningEvalConfig(forms={"bindng": {}})

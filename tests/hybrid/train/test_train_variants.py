@@ -94,3 +94,71 @@ def test_selection_scores_are_computed_once(tmp_path, monkeypatch):
     assert torch.equal(again.scores, first.scores)
     with pytest.raises(RuntimeError, match="scored again"):  # other settings: not the cached scores
         selection_scores(teacher, tok, n_samples=2, context_length=64, path=path, progress=False)
+
+
+def gqa_llama():
+    """A tiny Llama with SmolLM2's grouping (3 KV heads per layer) in miniature: 4 layers x 6 query heads."""
+    import transformers as tf
+
+    cfg = tf.LlamaConfig(vocab_size=64, hidden_size=48, num_hidden_layers=4, num_attention_heads=6,
+                         num_key_value_heads=3, head_dim=8, intermediate_size=64)
+    return tf.LlamaForCausalLM(cfg).eval()
+
+
+def fake_score(teacher, reasoning_accuracy: float, calls: list):
+    """headscope.api.score without a model: NIAH scores with one clear KV group per layer; reasoning raises the
+    clean-accuracy failure when the teacher 'solves' fewer prompts than asked."""
+    from headscope.patching.engine import CleanFailureError
+    from headscope.results import HeadScores
+
+    L, H = teacher.config.num_hidden_layers, teacher.config.num_attention_heads
+
+    def score(model, task, **kw):
+        calls.append((task, kw))
+        raw = torch.zeros(2, L, H)  # [N, L, H]
+        if task == "niah":
+            raw[:, 1, 2:4] = 0.8  # layer 1, KV group 1
+            raw[:, 3, 4:6] = 0.5  # layer 3, KV group 2
+        else:
+            if reasoning_accuracy < kw["min_clean_accuracy"]:
+                assert kw["on_clean_failure"] == "error"  # checked before any patching
+                raise CleanFailureError(f"the model answers only {reasoning_accuracy:.0%} of the clean prompts of "
+                                        "task 'reasoning' correctly. Fix: ...")
+            raw[:, 0, 0:2] = 0.9  # layer 0, KV group 0
+        return HeadScores(task=task, per_sample_raw=raw, n_kv_heads=3, settings={"clean_accuracy": 1.0})
+
+    return score
+
+
+def test_reasoning_the_teacher_cannot_do_is_left_out_of_the_mask(tmp_path, monkeypatch):
+    """SmolLM2-135M solves 62-88% of the reasoning prompts: its mask must come from NIAH alone, not from noise."""
+    import headscope.api
+    from headscope.selection import select
+    from hybrid.train.variants import make_mask
+
+    teacher, calls = gqa_llama(), []
+    monkeypatch.setattr(headscope.api, "score", fake_score(teacher, 0.6, calls))
+    with pytest.warns(UserWarning, match="reasoning left out"):
+        scores = selection_scores(teacher, None, n_samples=2, context_length=64, path=tmp_path / "s.json",
+                                  progress=False)
+    assert scores.settings["reasoning_left_out"].startswith("the model answers only 60%")
+    assert scores.settings["tasks"] == ["niah"]
+    assert [c[0] for c in calls] == ["niah", "reasoning"]
+    mask = select(scores, fraction=2 / 12, unit="kv_group", model=teacher)  # 2 of 4 x 3 KV groups
+    assert sorted(h.to_list() for h in mask.fa_heads) == [[1, 2], [1, 3], [3, 4], [3, 5]]
+    # make_mask (run.py's path) on the GQA teacher: whole KV groups, the cached scores reused
+    again = make_mask(teacher, None, 2 / 12, n_samples=2, context_length=64, device="cpu",
+                      scores_path=tmp_path / "s.json")
+    assert again.fa_heads == mask.fa_heads and len(calls) == 2
+
+
+def test_reasoning_the_teacher_solves_is_fused(tmp_path, monkeypatch):
+    import headscope.api
+    from headscope.selection import select
+
+    teacher, calls = gqa_llama(), []
+    monkeypatch.setattr(headscope.api, "score", fake_score(teacher, 1.0, calls))
+    scores = selection_scores(teacher, None, n_samples=2, context_length=64, progress=False)
+    assert scores.settings["reasoning_left_out"] is None and scores.settings["tasks"] == ["niah", "reasoning"]
+    mask = select(scores, fraction=1 / 12, unit="kv_group", model=teacher)
+    assert sorted(h.to_list() for h in mask.fa_heads) == [[0, 0], [0, 1]]  # reasoning's group (0.9 x 0.5 > 0.8 x 0.5)

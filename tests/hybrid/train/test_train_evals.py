@@ -1,0 +1,47 @@
+"""hybrid.train.evals: the evaluation lengths after a run."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from hybrid.train.evals import eval_lengths
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def llama(max_positions: int):
+    """A tiny GQA Llama shaped like SmolLM2 in miniature (3 KV heads of 2 query heads each)."""
+    import transformers as tf
+
+    cfg = tf.LlamaConfig(vocab_size=64, hidden_size=48, num_hidden_layers=2, num_attention_heads=6,
+                         num_key_value_heads=3, head_dim=8, intermediate_size=64,
+                         max_position_embeddings=max_positions)
+    return tf.LlamaForCausalLM(cfg).eval()
+
+
+def stages(*pairs):
+    return SimpleNamespace(stages=[SimpleNamespace(name=n, seq_len=t) for n, t in pairs])
+
+
+SMOL = stages(("align", 2048), ("distill", 2048), ("long", 8192))
+
+
+def test_lengths_count_from_the_distill_length_not_the_teachers_positions():
+    # SmolLM2: 8192 positions, distilled at 2048 -> NIAH at 2K and 4K/8K/16K, not 16K/32K/64K
+    assert eval_lengths(llama(8192), SMOL) == (2048, (4096, 8192, 16384))
+
+
+def test_lengths_never_pass_the_teachers_training_length_and_the_cap():
+    assert eval_lengths(llama(1024), SMOL) == (1024, (2048, 4096, 8192))  # a teacher trained shorter
+    assert eval_lengths(llama(8192), SMOL, cap=8192) == (2048, (4096, 8192))
+    assert eval_lengths(llama(8192), SMOL, cap=1000) == (2048, (4096,))  # at least one long length
+    # the tiny CPU settings (tiny.toml, smollm2_tiny.toml): 128 -> 256 / 512 / 1024
+    assert eval_lengths(llama(8192), stages(("align", 128), ("distill", 128), ("long", 512))) == (128, (256, 512, 1024))
+
+
+def test_reference_teacher_lengths_are_unchanged():
+    from headscope.reference import load_model
+
+    teacher, _ = load_model("default", device="cpu")  # trained at 2048 (train_summary.json)
+    assert eval_lengths(teacher, SMOL) == (2048, (4096, 8192, 16384))
