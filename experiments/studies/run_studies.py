@@ -7,8 +7,9 @@ GPU (one H200; see experiments/studies/gpu_h200.sh, which wraps this with a time
         --deadline-s 480
 CPU dry run (tiny settings, 5 variants, minutes; not a result):
     python experiments/studies/run_studies.py --config experiments/studies/reference.toml --out /tmp/st --dry-run
-Study 2 on the real teacher SmolLM2-135M-Instruct, 2 seeds (`CONFIG=experiments/studies/smollm2.toml bash
-experiments/studies/gpu_h200.sh` on the H200; its dry run uses the real model on the CPU, ~4 minutes):
+Studies 2-5 on the real teacher SmolLM2-135M-Instruct, 2 seeds (`STUDIES=2 CONFIG=experiments/studies/smollm2.toml
+bash experiments/studies/gpu_h200.sh` on the H200, then STUDIES=3,4,5; its dry run uses the real model on the CPU,
+~4 minutes):
     python experiments/studies/run_studies.py --config experiments/studies/smollm2.toml --out /tmp/sd --dry-run
 
 Run the same command again after a kill (or after --deadline-s stopped it): finished variants are skipped, training

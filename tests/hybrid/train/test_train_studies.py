@@ -52,10 +52,14 @@ def test_reference_config_loads_and_scales_every_stage_alike():
     assert dry.train["data"]["corpus"] == "heldout" and dry.train["data"]["fast_niah"]  # merged, not replaced
 
 
-def test_smollm2_config_is_study_2_with_two_seeds_at_the_teachers_length():
+def test_smollm2_config_is_studies_2_to_5_with_two_seeds_at_the_teachers_length():
     cfg = StudyConfig.from_file(SMOLLM2)
     assert cfg.teacher == "smollm2-135m" and cfg.seeds == (0, 1) and cfg.parallel == 9
-    assert {s for v in cfg.variants for s in v.studies} == {2}
+    assert {s for v in cfg.variants for s in v.studies} == {2, 3, 4, 5}
+    by_study = {n: [v.name for v in cfg.variants if n in v.studies] for n in (3, 4, 5)}
+    assert by_study == {3: ["teacher", "global-kv", "layerwise-3to1", "layerwise-7to1", "token-swa1025"],
+                        4: ["teacher", "global-kv", "fusion-none", "fusion-gated-head"],
+                        5: ["teacher", "global-kv", "fa-rope"]}  # global-kv: the 7:1 / norm / NoPE baseline
     assert [v.name for v in cfg.variants if not v.trains] == ["teacher"]
     assert {(v.unit, v.fraction) for v in cfg.variants if v.kind == "select"} == {("head", 0.125), ("kv_group", 0.125)}
     assert [(s["name"], s["seq_len"]) for s in cfg.train["stages"]] == [("align", 2048), ("distill", 2048),
@@ -67,7 +71,7 @@ def test_smollm2_config_is_study_2_with_two_seeds_at_the_teachers_length():
     assert dict((n, c) for n, _, c in items)["niah_multikey"]["lengths"] == (8184,)
     dry = StudyConfig.from_file(SMOLLM2, dry_run=True)
     assert dry.device == "cpu" and dry.seeds == (0,) and dry.teacher == "smollm2-135m"
-    assert [v.name for v in dry.variants] == ["teacher", "global-kv", "fixed-kv", "randglobal-head"]
+    assert [v.name for v in dry.variants] == ["teacher", "global-kv", "fixed-kv", "randglobal-head", "token-swa1025"]
     assert [s["seq_len"] for s in dry.train["stages"]] == [128, 128, 512]
 
 
@@ -89,7 +93,7 @@ def test_smollm2_variants_build_masks_of_the_budget_or_are_infeasible():
     model = smollm2_shape()
     scores = torch.rand(30, 9, generator=torch.Generator().manual_seed(0), dtype=torch.float64)  # [L, H]
     infeasible, built = set(), {}
-    for spec in cfg.variants:
+    for spec in (v for v in cfg.variants if 2 in v.studies):
         try:
             built[spec.name] = build_variant(spec, model, scores=scores, seed=1, train_length=8192)
         except InfeasibleVariant:
@@ -107,6 +111,45 @@ def test_smollm2_variants_build_masks_of_the_budget_or_are_infeasible():
             assert b.info["kv_share"] == pytest.approx(11 / 90) and b.info["fa_query_share"] == pytest.approx(33 / 270)
     assert built["gplm-head"].info["layers_with_fa"] == 30 and built["perlayer-head"].info["layers_with_fa"] == 30
     assert built["perlayer-kv"].info["layers_with_fa"] == 11  # 0 per layer + 11 extra groups, one per layer
+
+
+def test_smollm2_studies_3_to_5_build_hybrids_at_their_kv_share():
+    """Every study 3-5 row of smollm2.toml builds a mask at the KV share its comment names (at the training length
+    8192) and a hybrid that runs on a GQA Llama of SmolLM2's shape (Llama RoPE, no qk-norm, 3 heads per group)."""
+    import torch
+
+    from hybrid.convert import from_mask
+    from hybrid.train.variants import build_variant
+
+    cfg = StudyConfig.from_file(SMOLLM2)
+    model = smollm2_shape()
+    scores = torch.rand(30, 9, generator=torch.Generator().manual_seed(0), dtype=torch.float64)  # [L, H]
+    ids = torch.randint(0, model.config.vocab_size, (1, 24), generator=torch.Generator().manual_seed(1))  # [B, T]
+    want = {  # name: (KV share at 8192, FA query share, layers with FA, options the kind / spec adds)
+        "global-kv": (11 / 90, 33 / 270, None, {}),
+        "layerwise-3to1": (8 / 30, 8 / 30, 8, {"granularity": "layer"}),  # round(30 / 4) = 8 layers, not 7.5
+        "layerwise-7to1": (4 / 30, 4 / 30, 4, {"granularity": "layer"}),  # round(30 / 8) = 4 layers, not 3.75
+        "token-swa1025": (1 / 8, 0.0, 0, {"granularity": "token", "window": 1025}),  # 1024 of 8192 positions
+        "fusion-none": (11 / 90, 33 / 270, None, {"fusion": "none"}),
+        "fusion-gated-head": (11 / 90, 33 / 270, None, {"fusion": "gated_head"}),
+        "fa-rope": (11 / 90, 33 / 270, None, {"fa_rope": True, "fa_log_scale": False}),
+    }
+    specs = [v for v in cfg.variants if v.trains and {3, 4, 5} & set(v.studies)]
+    assert [v.name for v in specs] == list(want)
+    masks = {}
+    for spec in specs:
+        kv, q, layers, opts = want[spec.name]
+        b = build_variant(spec, model, scores=scores, seed=0, train_length=8192)
+        assert b.info["kv_share"] == pytest.approx(kv) and b.info["fa_query_share"] == pytest.approx(q), spec.name
+        assert layers is None or b.info["layers_with_fa"] == layers, spec.name
+        assert {k: b.options[k] for k in opts} == opts, spec.name
+        masks[spec.name] = sorted(h.to_list() for h in b.mask.fa_heads)
+        hybrid = from_mask(model, b.mask, **b.options)
+        with torch.no_grad():
+            logits = hybrid(ids).logits  # [B, T, V]
+        assert logits.shape == (1, 24, model.config.vocab_size) and torch.isfinite(logits).all(), spec.name
+    assert masks["global-kv"] == masks["fusion-none"] == masks["fusion-gated-head"] == masks["fa-rope"]
+    assert {l for l, _ in masks["layerwise-7to1"]} == {7, 14, 21, 29}
 
 
 def test_steps_scale_keeps_warmup_and_decay_inside_the_stage(tmp_path):
