@@ -28,7 +28,7 @@
 #        load_model("smollm2-135m") reads the GGUF from /tmp/stage and converts it once into /tmp/stage/cache)
 #   5.   the same command again, carry [".whl/gguf", ".whl/fla_core-0.6.0-py3-none-any.whl", ".whl/plotly",
 #        "data/gz"]: continues the folder (estimate in smollm2.toml: ~2 x 520 s of device time in all). Without
-#        STUDIES=2 a call would also start studies 3-5's 12 hybrids and study 2 would not finish in two calls.
+#        STUDIES=2 a call would also start studies 3-5's 6 hybrids and study 2 would not finish in two calls.
 #   6.   studies 3-5 (6 variants x 2 seeds; teacher and global-kv reused from study 2), the same carry as call 5,
 #        command "STUDIES=3,4,5 CONFIG=experiments/studies/smollm2.toml bash experiments/studies/gpu_h200.sh";
 #        again (7.) if it ends unfinished (estimate in smollm2.toml: ~1.3 x 520 s on the warm machine).

@@ -99,6 +99,11 @@ class StudyConfig:
         if not seeds or any(isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in seeds):
             raise StudyError(f"study.seeds={self.seeds!r}: give a list of ints >= 0")
         object.__setattr__(self, "seeds", seeds)
+        for v in self.variants:
+            extra = sorted(set(v.seeds or ()) - set(seeds))
+            if extra:
+                raise StudyError(f"variant {v.name!r}: seeds {extra} are not among the study's seeds {list(seeds)}; "
+                                 "give a subset (or leave the variant's seeds out: all of them)")
         for k in ("parallel", "threads", "train_length"):
             v = getattr(self, k)
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
@@ -135,7 +140,8 @@ class StudyConfig:
         raise StudyError(f"no variant {name!r} in this study; known: {[v.name for v in self.variants]}")
 
     def seeds_of(self, spec: VariantSpec) -> tuple[int, ...]:
-        return self.seeds if spec.trains else self.seeds[:1]  # the teacher is not trained: one evaluation
+        seeds = self.seeds if spec.seeds is None else spec.seeds
+        return seeds if spec.trains else seeds[:1]  # the teacher is not trained: one evaluation
 
     def eval_setting(self, key: str):
         return self.eval.get(key, _EVAL_SCALARS[key])

@@ -51,6 +51,7 @@ class VariantSpec:
     k: int | None = None
     window: int = 512  # kind "token": keys per query of the sliding window (its KV cache holds window - 1)
     hybrid: dict = field(default_factory=dict)  # HybridOptions overrides of this variant
+    seeds: tuple[int, ...] | None = None  # the study's seeds this variant runs with (None: all of them)
 
     def __post_init__(self) -> None:
         def bad(name: str, why: str) -> None:
@@ -65,6 +66,11 @@ class VariantSpec:
         object.__setattr__(self, "studies", tuple(int(s) for s in self.studies))
         if not isinstance(self.hybrid, dict):
             bad("hybrid", "give a table of hybrid.HybridOptions fields")
+        if self.seeds is not None:
+            if isinstance(self.seeds, (str, int)) or not self.seeds or any(
+                    isinstance(x, bool) or not isinstance(x, int) or x < 0 for x in self.seeds):
+                bad("seeds", "give a non-empty list of ints >= 0 (a subset of the study's seeds), or leave it out")
+            object.__setattr__(self, "seeds", tuple(self.seeds))
         if self.kind == "select":
             from headscope.selection import STRATEGIES, UNITS
 
@@ -92,6 +98,8 @@ class VariantSpec:
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["studies"] = list(self.studies)
+        if self.seeds is not None:
+            d["seeds"] = list(self.seeds)
         return d
 
     @classmethod

@@ -2,11 +2,13 @@
 items' order, the headline metrics and tables from evaluation rows, the docs block."""
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
 
 from hybrid.train.studies import StudyConfig, StudyError, eval_items
+from hybrid.train.variants import VariantSpec
 from hybrid.train.study_metrics import BEGIN, END, headline, markdown_block, study_table, to_markdown, update_docs
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -61,6 +63,10 @@ def test_smollm2_config_is_studies_2_to_5_with_two_seeds_at_the_teachers_length(
                         4: ["teacher", "global-kv", "fusion-none", "fusion-gated-head"],
                         5: ["teacher", "global-kv", "fa-rope"]}  # global-kv: the 7:1 / norm / NoPE baseline
     assert [v.name for v in cfg.variants if not v.trains] == ["teacher"]
+    assert {v.name: cfg.seeds_of(v) for v in cfg.variants if 2 not in v.studies} == {
+        n: (0,) for n in ("layerwise-3to1", "layerwise-7to1", "token-swa1025", "fusion-none", "fusion-gated-head",
+                          "fa-rope")}  # studies 3-5: one seed; study 2's rows: both
+    assert all(cfg.seeds_of(v) == (0, 1) for v in cfg.variants if 2 in v.studies and v.trains)
     assert {(v.unit, v.fraction) for v in cfg.variants if v.kind == "select"} == {("head", 0.125), ("kv_group", 0.125)}
     assert [(s["name"], s["seq_len"]) for s in cfg.train["stages"]] == [("align", 2048), ("distill", 2048),
                                                                          ("long", 8192)]
@@ -270,3 +276,14 @@ def test_kernel_warmup_runs_a_hybrid_with_every_gdn_head_count(monkeypatch):
     monkeypatch.setattr(hybrid.convert, "from_mask", spy)
     warm_kernels(teacher, tok, {"gdn_fold_heads": True}, seq_len=64)
     assert [len(built[0].fa_in_layer(l)) for l in range(8)] == list(range(8))
+
+
+def test_a_variant_runs_with_its_own_seeds_a_subset_of_the_studys(tmp_path):
+    cfg = StudyConfig.from_file(write(tmp_path, "seeds = [0, 1]\n" + MINIMAL))
+    one = dataclasses.replace(cfg.variants[0], seeds=[1])
+    assert one.seeds == (1,) and cfg.seeds_of(one) == (1,) and cfg.seeds_of(cfg.variants[0]) == (0, 1)
+    assert one.to_dict()["seeds"] == [1] and VariantSpec.from_dict(one.to_dict()) == one
+    with pytest.raises(StudyError, match="seeds \\[2\\] are not among the study's seeds"):
+        StudyConfig.from_dict({**cfg.to_dict(), "variants": [{**one.to_dict(), "seeds": [2]}]})
+    with pytest.raises(ValueError, match="seeds="):
+        dataclasses.replace(cfg.variants[0], seeds=[])
