@@ -88,6 +88,9 @@ class Trainer:
         self.history: list[dict[str, Any]] = []
         self._corpus: dict[str, torch.Tensor] = {}
         self._eval_cache: dict = {}
+        self._last = -1  # the last stage index of this run
+        self._next: tuple | None = None  # the next stage's (index, loader, set-up seconds, progress), not started
+        self._ready: dict[int, tuple] = {}  # stage index -> (batches, set-up seconds, progress), workers started
 
     # ---- set-up ----------------------------------------------------------------------------
     def run(self, stage: str | int, resume: bool, allow_config_change: bool) -> RunResult:
@@ -149,7 +152,7 @@ class Trainer:
         shard(self.student, env)
         if self.teacher is not None:
             shard(self.teacher, env)
-        last = len(cfg.stages) - 1 if only is None else only
+        last = self._last = len(cfg.stages) - 1 if only is None else only
         self.log.write({"event": "setup", "seconds": round(time.time() - t_run, 2)})  # models, tokenizer, resume
         try:
             for i in range(start_index, last + 1):
@@ -204,9 +207,37 @@ class Trainer:
         fused = self.env.device.type == "cuda" and self.env.mode != "fsdp"
         return torch.optim.AdamW(groups, lr=s.lr, betas=tuple(s.betas), fused=fused or None)
 
-    def data(self, index: int, s: StageConfig, start: int) -> tuple[Any, dict[str, float]]:
-        """An iterator over this process's batches of steps start.. of stage ``index``, and the seconds its set-up
-        spent (corpus, teacher samples, total; logged with stage_start)."""
+    def data(self, index: int, s: StageConfig, start: int) -> tuple[Any, dict[str, float], Any]:
+        """An iterator over this process's batches of steps start.. of stage ``index``, the seconds its set-up
+        spent (corpus, teacher samples, total; logged with stage_start), and the shared value through which the
+        trainer tells the data workers the stage's progress."""
+        loader, setup_s, progress = self._loader(index, s, start)
+        return iter(loader), setup_s, progress
+
+    def stage_data(self, index: int, s: StageConfig, start: int) -> tuple[Any, dict[str, float], Any]:
+        """``data`` of this stage: the batches whose workers were started during the stage before, if any; and the
+        next stage's data (its teacher samples, its loader) made now, its workers started after this stage's
+        first step (``start_next_workers``): a spawned data worker imports torch, transformers and the project
+        before its first batch, 17-18 s per stage on the H200, which then overlaps this stage's training."""
+        ready = self._ready.pop(index, None)
+        if ready is not None and start == 0:
+            batches, setup_s, progress = ready
+            setup_s = {**setup_s, "made_during_stage_before": True}
+        else:
+            batches, setup_s, progress = self.data(index, s, start)
+        nxt = index + 1
+        if nxt <= self._last and self.config.data_for(self.config.stages[nxt]).workers and nxt not in self._ready:
+            self._next = (nxt, *self._loader(nxt, self.config.stages[nxt], 0))
+        return batches, setup_s, progress
+
+    def start_next_workers(self) -> None:
+        """Start the next stage's data workers (made by ``stage_data``), once."""
+        if self._next is not None:
+            nxt, loader, setup_s, progress = self._next
+            self._next = None
+            self._ready[nxt] = (iter(loader), setup_s, progress)
+
+    def _loader(self, index: int, s: StageConfig, start: int) -> tuple[Any, dict[str, float], Any]:
         from hybrid.train.data import MixtureStream, StepBatches, load_corpus, mixture_config, sample_teacher
 
         d = self.config.data_for(s)
@@ -231,9 +262,9 @@ class Trainer:
         import multiprocessing as mp
 
         # the stage's progress, read by the data workers (made in the context that starts them)
-        self._progress = mp.get_context("spawn").Value("d", start / s.steps)
+        progress = mp.get_context("spawn").Value("d", start / s.steps)
         ds = StepBatches(stream, start, s.steps, s.steps, self.env.rank, self.env.world,
-                         progress=self._progress if s.max_minutes else None)
+                         progress=progress if s.max_minutes else None)
         # spawn, never fork: a child forked from this process (CUDA, tqdm and torch threads) can inherit a held
         # lock and hang; the evaluation harness's prompt workers stalled that way on the H200 (docs/evaluation.md)
         loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=d.workers,
@@ -241,7 +272,7 @@ class Trainer:
                                              prefetch_factor=4 if d.workers else None,
                                              pin_memory=self.env.device.type == "cuda")
         setup_s["total"] = round(time.time() - t0, 2)
-        return iter(loader), setup_s
+        return loader, setup_s, progress
 
     def train_stage(self, index: int, s: StageConfig, start: int, train_state: dict | None) -> None:
         cfg, env = self.config, self.env
@@ -252,7 +283,7 @@ class Trainer:
         if train_state is not None:
             self._load_optimizer(opt, train_state["optimizer"])
         teacher = self.teacher if stage.uses_teacher else None
-        batches, setup_s = self.data(index, s, start)
+        batches, setup_s, shared_progress = self.stage_data(index, s, start)
         autocast = env.autocast()
         from contextlib import nullcontext
 
@@ -274,7 +305,7 @@ class Trainer:
         progress = clock.progress(step)  # steps done (or time used) as a fraction of the stage
         with dropout:
             while progress < 1.0:
-                self._progress.value = progress
+                shared_progress.value = progress
                 lr = s.lr_at(progress * s.steps if s.max_minutes else step)
                 for g in opt.param_groups:
                     g["lr"] = lr
@@ -300,6 +331,7 @@ class Trainer:
                                     "seconds": round(clock.start_after_warmup(), 2),
                                     "first_batch_seconds": round(first_batch_s, 2)})
                     t_log, tok_log = time.time(), 0
+                    self.start_next_workers()  # after the first step's compilation: it overlaps the rest
                 progress = clock.progress(step)
                 stage_end = progress >= 1.0
                 if step % cfg.log_every == 0 or stage_end:

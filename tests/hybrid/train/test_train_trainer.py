@@ -218,3 +218,28 @@ def test_data_workers_are_spawned_and_follow_the_time_budget(tmp_path, tiny_teac
     assert cfg.data.workers == 1
     res = run(cfg)
     assert len(losses(res.history, "align")) == 3
+
+
+def test_the_next_stages_workers_start_during_the_stage_before_and_give_the_same_batches(
+        tmp_path, tiny_teacher_dir, tiny_mask, monkeypatch):
+    """A stage's data workers are started after the first step of the stage before (their start-up overlaps its
+    training); the batches are the same as those of workers started at the stage's own start."""
+    import hybrid.train.trainer as trainer
+
+    seen = []
+    real = trainer.Trainer.start_next_workers
+
+    def spy(self):
+        seen.append((self._next[0] if self._next else None, set(self._ready)))
+        real(self)
+
+    monkeypatch.setattr(trainer.Trainer, "start_next_workers", spy)
+    stages = [stage("align", steps=2), stage("distill", steps=2)]
+    cfg = tiny_config(tmp_path / "w", tiny_teacher_dir, tiny_mask, stages=stages)
+    early = run(cfg.replace(data=dataclasses.replace(cfg.data, workers=1)))
+    log = [json.loads(line) for line in (early.out / "log.jsonl").read_text().splitlines()]
+    starts = [r for r in log if r.get("event") == "stage_start"]
+    assert [r["setup_seconds"].get("made_during_stage_before", False) for r in starts] == [False, True]
+    assert seen[0] == (1, set())  # after align's first step: distill's workers start; nothing ready before
+    here = run(tiny_config(tmp_path / "h", tiny_teacher_dir, tiny_mask, stages=stages))  # workers=0: no early start
+    assert losses(early.history, "distill") == pytest.approx(losses(here.history, "distill"), rel=1e-5)
