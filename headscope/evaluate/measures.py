@@ -1,7 +1,6 @@
 """Reasoning families by size, held-out perplexity with per-position loss curves, and cost (time, memory, cache)."""
 from __future__ import annotations
 
-import dataclasses
 import math
 import statistics
 import time
@@ -13,7 +12,7 @@ import torch
 from headscope.evaluate.engine import score_pairs, tensor_bytes, window_losses
 from headscope.evaluate.rows import accuracy_rows, row, stop_rows
 from headscope.evaluate.runtime import (BudgetExceeded, EvalContext, cache_keyword, check_lengths_fit, free_memory,
-                                        is_oom, keeps_logits, training_length)
+                                        is_oom, keeps_logits, one_row_after_oom, training_length)
 
 __all__ = ["ReasoningEvalConfig", "PerplexityEvalConfig", "CostEvalConfig", "reasoning", "perplexity", "cost",
            "FAMILY_SIZE_FIELD"]
@@ -131,20 +130,6 @@ class PerplexityEvalConfig:
             raise ValueError(f"lengths={self.lengths!r}: give ints >= 2 (tokens)")
 
 
-def _window_losses_or_retry(model, windows: torch.Tensor, ctx: EvalContext, desc: str) -> torch.Tensor:
-    """Per-token losses of ``windows`` [W, L+1]; out of memory with several windows per forward: once more, one
-    window at a time (as NIAH's scoring does), before the length is given up as out of memory."""
-    try:
-        return window_losses(model, windows, ctx, desc=desc)  # [W, L]
-    except Exception as err:  # noqa: BLE001
-        if not is_oom(err) or ctx.rows_per_batch(windows.shape[1]) == 1:
-            raise
-    free_memory(next(model.parameters()).device)
-    ctx.log(f"{desc}: out of memory with {ctx.rows_per_batch(windows.shape[1])} windows per forward; "
-            "again one at a time")
-    return window_losses(model, windows, dataclasses.replace(ctx, batch_size=1), desc=desc)  # [W, L]
-
-
 def perplexity(model, tokenizer, cfg: PerplexityEvalConfig, ctx: EvalContext) -> list[dict]:
     """Held-out perplexity by context length, and mean loss by position (where long context stops helping)."""
     from headscope.tasks import load_haystack
@@ -177,7 +162,9 @@ def perplexity(model, tokenizer, cfg: PerplexityEvalConfig, ctx: EvalContext) ->
         t0 = time.perf_counter()
         ctx.log(f"perplexity @{L}: start ({n_win} windows)")
         try:
-            loss = _window_losses_or_retry(model, windows, ctx, desc=f"perplexity @{L}")  # [W, L]
+            # out of memory with several windows per forward: once more one window at a time (as NIAH's scoring)
+            loss = one_row_after_oom(lambda c: window_losses(model, windows, c, desc=f"perplexity @{L}"), ctx,
+                                     windows.shape[1], device)  # [W, L]
         except BudgetExceeded:
             stop = ctx.budget_note(f"perplexity at {L} tokens and longer")
             rows.append(row("perplexity", "perplexity", None, 0, status="skipped", note=stop, **fields))

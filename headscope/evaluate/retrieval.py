@@ -8,7 +8,6 @@ starting with "budget:").
 """
 from __future__ import annotations
 
-import dataclasses
 import time
 from concurrent.futures import TimeoutError as FuturesTimeout
 from dataclasses import dataclass
@@ -17,7 +16,7 @@ from typing import Any, Callable, Iterable
 from headscope.evaluate.engine import score_pairs
 from headscope.evaluate.rows import accuracy_rows, row, stop_rows
 from headscope.evaluate.runtime import (BudgetExceeded, EvalContext, check_lengths_fit, context_lengths, free_memory,
-                                        is_oom)
+                                        is_oom, one_row_after_oom)
 
 __all__ = ["NiahEvalConfig", "MultikeyEvalConfig", "TemplateTransferConfig", "niah", "niah_multikey",
            "template_transfer", "LENGTH_MULTIPLES", "DEPTHS"]
@@ -177,13 +176,8 @@ def by_length(model, tokenizer, ctx: EvalContext, evaluation: str, lengths: Iter
 def _score_or_retry(model, tokenizer, pairs: list, ctx: EvalContext, generate: bool, desc: str) -> list[dict]:
     if not pairs:
         return []
-    try:
-        return score_pairs(model, tokenizer, pairs, ctx, generate=generate, desc=desc)
-    except Exception as err:  # noqa: BLE001
-        if not is_oom(err) or ctx.rows_per_batch(pairs[0].seq_len) == 1:
-            raise
-    free_memory(next(model.parameters()).device)
-    return score_pairs(model, tokenizer, pairs, dataclasses.replace(ctx, batch_size=1), generate=generate, desc=desc)
+    return one_row_after_oom(lambda c: score_pairs(model, tokenizer, pairs, c, generate=generate, desc=desc), ctx,
+                             pairs[0].seq_len, next(model.parameters()).device)
 
 
 def _cell_seed(seed: int, length: int, index: int) -> int:

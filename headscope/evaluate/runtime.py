@@ -6,21 +6,23 @@ evaluation, and prints its progress lines (``ctx.log``).
 """
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import json
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 import torch
 import torch.nn as nn
 
 __all__ = ["EvalContext", "TokenizerMismatchError", "LengthStop", "BudgetExceeded", "training_length",
            "position_limit", "takes_padding", "cache_keyword", "check_tokenizer", "model_info", "context_lengths",
-           "is_oom"]
+           "is_oom", "one_row_after_oom"]
 
+T = TypeVar("T")
 ANSWER_ROOM = 8  # a prompt of a length "multiple" leaves this many positions for the answer (2048 -> 2040)
 
 
@@ -207,6 +209,21 @@ def free_memory(device: torch.device) -> None:
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
+
+
+def one_row_after_oom(call: Callable[["EvalContext"], T], ctx: "EvalContext", row_tokens: int,
+                      device: torch.device) -> T:
+    """``call(ctx)``; out of memory with several rows of ``row_tokens`` tokens per forward: freed memory and once
+    more with one row per forward, before the caller gives the length up as out of memory."""
+    try:
+        return call(ctx)
+    except Exception as err:  # noqa: BLE001
+        if not is_oom(err) or ctx.rows_per_batch(row_tokens) == 1:
+            raise
+    free_memory(device)
+    ctx.log(f"out of memory with {ctx.rows_per_batch(row_tokens)} rows of {row_tokens} tokens per forward; "
+            "again one at a time")
+    return call(dataclasses.replace(ctx, batch_size=1))
 
 
 def check_lengths_fit(model: nn.Module, length: int, extra: int = 16) -> str | None:
