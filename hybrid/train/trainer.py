@@ -89,8 +89,9 @@ class Trainer:
         self._corpus: dict[str, torch.Tensor] = {}
         self._eval_cache: dict = {}
         self._last = -1  # the last stage index of this run
-        self._next: tuple | None = None  # the next stage's (index, loader, set-up seconds, progress), not started
-        self._ready: dict[int, tuple] = {}  # stage index -> (batches, set-up seconds, progress), workers started
+        # the next stage's data, made at this stage's start: index, loader, setup_s, progress, and its batches
+        # (None until start_next_workers started its workers)
+        self._next: dict[str, Any] | None = None
 
     # ---- set-up ----------------------------------------------------------------------------
     def run(self, stage: str | int, resume: bool, allow_config_change: bool) -> RunResult:
@@ -207,35 +208,31 @@ class Trainer:
         fused = self.env.device.type == "cuda" and self.env.mode != "fsdp"
         return torch.optim.AdamW(groups, lr=s.lr, betas=tuple(s.betas), fused=fused or None)
 
-    def data(self, index: int, s: StageConfig, start: int) -> tuple[Any, dict[str, float], Any]:
+    def stage_data(self, index: int, s: StageConfig, start: int) -> tuple[Any, dict[str, float], Any]:
         """An iterator over this process's batches of steps start.. of stage ``index``, the seconds its set-up
         spent (corpus, teacher samples, total; logged with stage_start), and the shared value through which the
-        trainer tells the data workers the stage's progress."""
-        loader, setup_s, progress = self._loader(index, s, start)
-        return iter(loader), setup_s, progress
-
-    def stage_data(self, index: int, s: StageConfig, start: int) -> tuple[Any, dict[str, float], Any]:
-        """``data`` of this stage: the batches whose workers were started during the stage before, if any; and the
-        next stage's data (its teacher samples, its loader) made now, its workers started after this stage's
-        first step (``start_next_workers``): a spawned data worker imports torch, transformers and the project
-        before its first batch, 17-18 s per stage on the H200, which then overlaps this stage's training."""
-        ready = self._ready.pop(index, None)
-        if ready is not None and start == 0:
-            batches, setup_s, progress = ready
-            setup_s = {**setup_s, "made_during_stage_before": True}
+        trainer tells the data workers the stage's progress. The data made during the stage before is used when
+        there is some; and the next stage's data (its teacher samples, its loader) is made now, its workers started
+        after this stage's first step (``start_next_workers``): a spawned data worker imports torch, transformers
+        and the project before its first batch, 17-18 s per stage on the H200, which then overlaps training."""
+        made, self._next = self._next, None
+        if made is not None and made["index"] == index and start == 0:
+            batches = made["batches"] if made["batches"] is not None else iter(made["loader"])
+            setup_s, progress = {**made["setup_s"], "made_during_stage_before": True}, made["progress"]
         else:
-            batches, setup_s, progress = self.data(index, s, start)
+            loader, setup_s, progress = self._loader(index, s, start)
+            batches = iter(loader)
         nxt = index + 1
-        if nxt <= self._last and self.config.data_for(self.config.stages[nxt]).workers and nxt not in self._ready:
-            self._next = (nxt, *self._loader(nxt, self.config.stages[nxt], 0))
+        if nxt <= self._last and self.config.data_for(self.config.stages[nxt]).workers:
+            loader, nxt_setup, nxt_progress = self._loader(nxt, self.config.stages[nxt], 0)
+            self._next = {"index": nxt, "loader": loader, "setup_s": nxt_setup, "progress": nxt_progress,
+                          "batches": None}
         return batches, setup_s, progress
 
     def start_next_workers(self) -> None:
         """Start the next stage's data workers (made by ``stage_data``), once."""
-        if self._next is not None:
-            nxt, loader, setup_s, progress = self._next
-            self._next = None
-            self._ready[nxt] = (iter(loader), setup_s, progress)
+        if self._next is not None and self._next["batches"] is None:
+            self._next["batches"] = iter(self._next["loader"])
 
     def _loader(self, index: int, s: StageConfig, start: int) -> tuple[Any, dict[str, float], Any]:
         from hybrid.train.data import MixtureStream, StepBatches, load_corpus, mixture_config, sample_teacher

@@ -230,7 +230,7 @@ def test_the_next_stages_workers_start_during_the_stage_before_and_give_the_same
     real = trainer.Trainer.start_next_workers
 
     def spy(self):
-        seen.append((self._next[0] if self._next else None, set(self._ready)))
+        seen.append((self._next["index"], self._next["batches"]) if self._next else None)
         real(self)
 
     monkeypatch.setattr(trainer.Trainer, "start_next_workers", spy)
@@ -240,6 +240,6 @@ def test_the_next_stages_workers_start_during_the_stage_before_and_give_the_same
     log = [json.loads(line) for line in (early.out / "log.jsonl").read_text().splitlines()]
     starts = [r for r in log if r.get("event") == "stage_start"]
     assert [r["setup_seconds"].get("made_during_stage_before", False) for r in starts] == [False, True]
-    assert seen[0] == (1, set())  # after align's first step: distill's workers start; nothing ready before
+    assert seen[0] == (1, None)  # after align's first step: distill's workers start; not started before
     here = run(tiny_config(tmp_path / "h", tiny_teacher_dir, tiny_mask, stages=stages))  # workers=0: no early start
     assert losses(early.history, "distill") == pytest.approx(losses(here.history, "distill"), rel=1e-5)
