@@ -143,8 +143,6 @@ def main(argv: list[str] | None = None) -> dict:
             raise SystemExit(f"--eval-only: no finished run in {run_dir} (hybrid/config.json and log.jsonl); "
                              "train first (run.py without --eval-only), or unpack a run brought back from the GPU")
         result = RunResult(run_dir, run_dir / "hybrid", read_history(run_dir))
-        # the training's own clock: the stages' minutes from its log (set-up and warm-up steps not counted)
-        train_minutes = sum({r["stage"]: r["minutes"] for r in result.history if "minutes" in r}.values())
     else:
         t0 = time.time()
         on_step = None if a.stop_after is None else stop_at_checkpoint(base, a.stop_after, t_start)
@@ -156,6 +154,9 @@ def main(argv: list[str] | None = None) -> dict:
             sys.exit(3)
         train_minutes = (time.time() - t0) / 60
         print(f"[run.py] training done in {train_minutes:.2f} min", flush=True)
+    stage_minutes = {r["stage"]: r["minutes"] for r in result.history if "minutes" in r}  # each stage's last
+    if a.eval_only:  # the training's own clock: the stages' minutes (set-up and warm-up steps not counted)
+        train_minutes = sum(stage_minutes.values())
     t_eval = time.time()
 
     hybrid.register()
@@ -169,17 +170,13 @@ def main(argv: list[str] | None = None) -> dict:
     forms = {f: task_defaults(base.teacher, f) for f in FAMILIES}  # the teacher's prompt forms, for both models
     table, rows = evaluate_both({"teacher": teacher, "hybrid": hyb}, tok, L0, long_lengths, n,
                                 n_reasoning=4 if a.tiny else 100, ppl_windows=4 if a.tiny else 32, forms=forms)
-    rows.to_csv(a.out / "eval_rows.csv", index=False)  # every harness row of both models
+    write_text(a.out / "eval_rows.csv", rows.to_csv(index=False))  # every harness row of both models
     table["hybrid / teacher"] = table["hybrid"] / table["teacher"].where(table["teacher"] != 0)
     print(f"[run.py] evaluation done in {time.time() - t_eval:.1f} s", flush=True)
     targets = {f"niah@{L0}": 0.9, f"multikey@{L0}": 0.8, **{i: 0.9 for i in table.index if i.startswith("reasoning_")}}
     checks = {k: bool(table.loc[k, "hybrid"] >= v * table.loc[k, "teacher"]) for k, v in targets.items()}
     checks[f"ppl@{L0} <= 1.2x"] = bool(table.loc[f"ppl@{L0}", "hybrid"] <= 1.2 * table.loc[f"ppl@{L0}", "teacher"])
 
-    stage_minutes = {}
-    for r in result.history:
-        if "minutes" in r:
-            stage_minutes[r["stage"]] = r["minutes"]
     throughput = None
     if not a.no_throughput:
         B, T = (2, 64) if a.tiny else (16, L0)
