@@ -53,24 +53,16 @@ export TOKENIZERS_PARALLELISM=false OMP_NUM_THREADS=1
 export PYTORCH_CUDA_ALLOC_CONF="${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}"
 CONFIG="${CONFIG:-experiments/studies/reference.toml}"
 [ -f "$CONFIG" ] || { echo "CONFIG=$CONFIG: no such file (e.g. experiments/studies/smollm2.toml)"; exit 2; }
-toml() { python3 -c "import sys, tomllib; print(tomllib.load(open(sys.argv[1], 'rb')).get(sys.argv[2], sys.argv[3]))" \
-    "$CONFIG" "$@"; }
-TEACHER="$(toml teacher default)"
-RUN="${RUN:-$(toml out runs/studies)}"
+. experiments/gpu_setup.sh  # exports, $OUT, Triton autotune results restored, toml_get, staged_teacher
+TEACHER="$(toml_get "$CONFIG" teacher default)"
+RUN="${RUN:-$(toml_get "$CONFIG" out runs/studies)}"
 tag="$(basename "$CONFIG" .toml)"; [ "$tag" = reference ] && tag="" || tag="_$tag"  # names of the Triton archive
-. experiments/gpu_setup.sh  # exports, $OUT, Triton autotune results restored
 corpus; [ -d /tmp/site/fla ] || wheels .whl/fla_core-0.6.0-py3-none-any.whl; [ -d /tmp/site/plotly ] || optional_wheels .whl/plotly
 stage  # GGUF parts carried with this call go to /tmp/stage (joined once all are there)
 if [ "$TEACHER" != default ] && [ ! -d "$TEACHER" ]; then  # a registry model (headscope/zoo.py): its staged GGUF
     [ -d /tmp/site/gguf ] || optional_wheels .whl/gguf
     python3 -c "import gguf" 2>/dev/null || echo "warning: no gguf package (carry .whl/gguf): the first load of $TEACHER cannot convert its GGUF"
-    if [ -f /tmp/stage/env.sh ]; then
-        . /tmp/stage/env.sh; echo "teacher $TEACHER from $(env | grep '^HEADSCOPE_GGUF_' | cut -d= -f2)"
-    else
-        echo "teacher $TEACHER: no /tmp/stage/env.sh: its GGUF is not staged on this machine (staged: $(ls /tmp/stage 2>/dev/null | tr '\n' ' '))."
-        echo "Carry the missing .stage/$TEACHER.gguf.partKofN, one per call (bash experiments/stage_gguf.sh put ...), then run this again."
-        exit 4
-    fi
+    staged_teacher "$TEACHER" || exit 4
 fi
 # fla's Hopper backward at head dim 32 (the reference teacher; docs/results/session5_h200/fla_parity_d32.log) and
 # 64 (SmolLM2; measured 2026-11-29): verified against the float32 reference on the H200 and listed in

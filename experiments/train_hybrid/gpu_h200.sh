@@ -57,12 +57,7 @@ case "$MODE" in train|throughput|stage) ;; *) echo "usage: gpu_h200.sh [train|th
 
 optional_wheels .whl/gguf .whl/plotly; stage  # the GGUF parts carried with this call (if any) into /tmp/stage
 if [ "$MODE" = stage ]; then ls -la /tmp/stage; exit 0; fi
-teacher="$(python3 -c "import sys, tomllib; print(tomllib.load(open(sys.argv[1], 'rb')).get('teacher', 'default'))" "$CONFIG")"
-if [ -f /tmp/stage/env.sh ]; then . /tmp/stage/env.sh; echo "GGUF staged: $HEADSCOPE_CACHE"
-elif [ "$teacher" != default ]; then
-    echo "teacher $teacher needs its GGUF staged: carry the parts not yet in /tmp/stage (there: $(ls /tmp/stage 2>/dev/null | tr '\n' ' '))"
-    exit 1
-fi
+staged_teacher "$(toml_get "$CONFIG" teacher default)" || exit 1
 wheels .whl/fla_core-*.whl; [ "$MODE" = train ] && corpus
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 if [ "${TRACE:-}" ]; then py="python3 experiments/trace_run.py --every $TRACE"; else py=python3; fi
