@@ -6,18 +6,15 @@ from types import SimpleNamespace
 import pytest
 
 from hybrid.train.evals import eval_lengths
+from model_factories import tiny_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def llama(max_positions: int):
     """A tiny GQA Llama shaped like SmolLM2 in miniature (3 KV heads of 2 query heads each)."""
-    import transformers as tf
-
-    cfg = tf.LlamaConfig(vocab_size=64, hidden_size=48, num_hidden_layers=2, num_attention_heads=6,
-                         num_key_value_heads=3, head_dim=8, intermediate_size=64,
-                         max_position_embeddings=max_positions)
-    return tf.LlamaForCausalLM(cfg).eval()
+    return tiny_model("llama", num_hidden_layers=2, num_attention_heads=6, num_key_value_heads=3, hidden_size=48,
+                      head_dim=8, max_position_embeddings=max_positions)
 
 
 def stages(*pairs):

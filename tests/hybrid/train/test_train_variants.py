@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from hybrid.train.variants import InfeasibleVariant, VariantSpec, build_variant, selection_scores
+from model_factories import tiny_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -98,11 +99,8 @@ def test_selection_scores_are_computed_once(tmp_path, monkeypatch):
 
 def gqa_llama():
     """A tiny Llama with SmolLM2's grouping (3 KV heads per layer) in miniature: 4 layers x 6 query heads."""
-    import transformers as tf
-
-    cfg = tf.LlamaConfig(vocab_size=64, hidden_size=48, num_hidden_layers=4, num_attention_heads=6,
-                         num_key_value_heads=3, head_dim=8, intermediate_size=64)
-    return tf.LlamaForCausalLM(cfg).eval()
+    return tiny_model("llama", num_hidden_layers=4, num_attention_heads=6, num_key_value_heads=3, hidden_size=48,
+                      head_dim=8)
 
 
 def fake_score(teacher, reasoning_accuracy: float, calls: list):
