@@ -231,8 +231,22 @@ def _convert(src: Path, out: Path) -> None:
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
+    align_special_tokens(tok, model.config)
     model.save_pretrained(out, safe_serialization=True)
     tok.save_pretrained(out)
+
+
+def align_special_tokens(tok, config) -> None:
+    """Make the tokenizer's end/begin-of-text tokens the ids the model's config names, and switch off BPE
+    clean-up. transformers 5.17's GGUF tokenizer for SmolLM2 says eos = 1 (<|im_start|>) where the GGUF's
+    config says 2 (<|im_end|>; 5.24 gets 2), which headscope.evaluate refuses as another model's tokenizer; and it
+    asks for clean_up_tokenization_spaces, which transformers warns is destructive for BPE (once per process)."""
+    for which in ("eos", "bos"):
+        want = getattr(config, f"{which}_token_id", None)
+        if isinstance(want, int) and getattr(tok, f"{which}_token_id", None) != want:
+            setattr(tok, f"{which}_token", tok.convert_ids_to_tokens(want))
+    if getattr(tok, "clean_up_tokenization_spaces", False):
+        tok.clean_up_tokenization_spaces = False
 
 
 def ensure_local(name: str, progress: bool = True) -> Path:

@@ -42,6 +42,10 @@
 #   6. the same carry, timeout_s 560, ~350-400 s: the rest of stage 2, stage 3 (2 min), the evaluation (~1-1.5 min)
 #      command "RESUME=1 CONFIG=experiments/train_hybrid/smollm2.toml bash experiments/train_hybrid/gpu_h200.sh train"
 #      (again with RESUME=1 if it stopped at a checkpoint once more; a finished run is evaluated straight away)
+#   Measured 2026-12-01 (docs/results/train_session8_h200): `stage` calls 2 s each once warm, throughput 158 s (the
+#   autotune results restored), call 5 454 s (stopped at distill step 600), call 6 341 s (the rest; stages 9.5 min in
+#   all), an evaluation-only resume 204 s. Part 4 (16.6 MB) also fits beside the reference call's carry (64.3 MB),
+#   which saves one call; the throughput call (4) may be skipped once measured: carry part 4 with a `stage` call.
 #   In all ~1200-1350 device seconds (20-23 min) of a session's 30. If the machine went cold in between, everything
 #   staged is gone: calls 1-4 again (call 4's throughput may be skipped by running `stage` with part 4 instead).
 set -uo pipefail

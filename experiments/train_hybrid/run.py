@@ -154,8 +154,11 @@ def main(argv: list[str] | None = None) -> dict:
             sys.exit(3)
         train_minutes = (time.time() - t0) / 60
         print(f"[run.py] training done in {train_minutes:.2f} min", flush=True)
-    stage_minutes = {r["stage"]: r["minutes"] for r in result.history if "minutes" in r}  # each stage's last
-    if a.eval_only:  # the training's own clock: the stages' minutes (set-up and warm-up steps not counted)
+    from hybrid.train.trainer import read_history
+
+    # each stage's last minutes, from the whole log: a resumed call's own history holds only the steps it trained
+    stage_minutes = {r["stage"]: r["minutes"] for r in read_history(base.out) if "minutes" in r}
+    if a.eval_only or a.resume:  # the training's own clock: the stages' minutes (set-up and warm-up steps not counted)
         train_minutes = sum(stage_minutes.values())
     t_eval = time.time()
 
@@ -188,7 +191,8 @@ def main(argv: list[str] | None = None) -> dict:
                     "kv_cache_fraction": kv["fa_kv"] / teacher_kv, "seconds": round(mask_seconds, 1),
                     "reasoning_left_out": left_out},
            "train": {"minutes_total": round(train_minutes, 2), "minutes_by_stage": stage_minutes,
-                     "minutes_from": "stage minutes in the log" if a.eval_only else "wall clock of the training",
+                     "minutes_from": ("stage minutes in the log" if a.eval_only or a.resume
+                                      else "wall clock of the training"),
                      "config": base.to_dict()},
            "eval": {"length": L0, "long_lengths": list(long_lengths), "n": n,
                     "table": json.loads(table.to_json(orient="index")), "checks": checks},

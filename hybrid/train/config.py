@@ -216,6 +216,10 @@ class TrainConfig:
     distributed: str = "auto"  # "auto" = "ddp" when torchrun started several processes; "fsdp": shard the models
     data: DataConfig = field(default_factory=DataConfig)
     hybrid: dict = field(default_factory=dict)  # hybrid.HybridOptions fields
+    # a fresh hybrid's fusion gammas set to the teacher's per-head output RMS (hybrid.calibrate_fusion) on the first
+    # stage's corpus before training; False: gamma_init (1), which on SmolLM2 leaves the hybrid's logits far from the
+    # teacher's at step 0 (KL 11 vs 0.8 with every head FA: docs/training.md)
+    calibrate_fusion: bool = True
     model: ModelConfig = field(default_factory=ModelConfig)
     checkpoint_every: int = 0  # steps; 0: only at each stage end
     keep_checkpoints: int = 2

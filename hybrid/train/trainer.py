@@ -140,6 +140,8 @@ class Trainer:
                             "step": start_step})
         else:
             rng = None
+            if cfg.is_hybrid and cfg.calibrate_fusion:
+                self._calibrate_fusion()
         if only is not None:
             if start_index > only:
                 raise CheckpointError(f"--stage {only + 1}: {out} already finished that stage (latest checkpoint "
@@ -228,6 +230,28 @@ class Trainer:
             self._next = {"index": nxt, "loader": loader, "setup_s": nxt_setup, "progress": nxt_progress,
                           "batches": None}
         return batches, setup_s, progress
+
+    def _calibrate_fusion(self, rows: int = 4, length: int = 512) -> None:
+        """A fresh hybrid's fusion gammas = the teacher's per-head output RMS (``hybrid.calibrate_fusion``) on
+        ``rows`` consecutive windows at the start of the first stage's corpus; nothing for a fusion without gamma."""
+        from hybrid.config import HybridOptions
+        from hybrid.layers.fusion import FUSIONS, calibrate_fusion
+        from hybrid.train.data import load_corpus
+
+        if not FUSIONS[HybridOptions.from_dict(self.config.hybrid).fusion].norm:
+            return
+        t0 = time.time()
+        s = self.config.stages[0]
+        d = self.config.data_for(s)
+        if d.corpus not in self._corpus:
+            self._corpus[d.corpus] = load_corpus(d.corpus, self.tokenizer)
+        T = min(length, s.seq_len)
+        ids = self._corpus[d.corpus]  # [N]
+        n = min(rows, max(1, (ids.numel() - 1) // T))
+        x = ids[: n * T].reshape(n, T).to(self.env.device)  # [n, T]
+        gamma = calibrate_fusion(self.student, self.teacher, x)  # [L, H]
+        self.log.write({"event": "calibrate_fusion", "tokens": n * T, "gamma_min": round(gamma.min().item(), 4),
+                        "gamma_max": round(gamma.max().item(), 4), "seconds": round(time.time() - t0, 2)})
 
     def start_next_workers(self) -> None:
         """Start the next stage's data workers (made by ``stage_data``), once."""

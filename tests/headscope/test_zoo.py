@@ -186,3 +186,24 @@ def test_score_applies_the_registry_task_defaults_unless_set(fake, monkeypatch):
     with pytest.raises(Stop):
         score(tiny_model("qwen3", vocab_size=16), "binding", tokenizer=tok)  # not a registry model: no defaults
     assert [c for _, c in seen] == [{"n_shots": 3}, {"n_shots": 1}, {"n_shots": 2}, {}]
+
+
+def test_align_special_tokens_takes_the_config_ids_and_turns_off_bpe_cleanup():
+    """transformers 5.17 reads SmolLM2's GGUF tokenizer with eos = <|im_start|> (1) while its config says 2: the
+    converted folder must carry the config's ids, or headscope.evaluate refuses the pair."""
+    from types import SimpleNamespace
+
+    from headscope.evaluate.runtime import TokenizerMismatchError, check_tokenizer
+
+    tok = _tokenizer()
+    tok.clean_up_tokenization_spaces = True
+    model = SimpleNamespace(config=SimpleNamespace(eos_token_id=3, bos_token_id=2),
+                            get_input_embeddings=lambda: torch.nn.Embedding(10, 2))
+    with pytest.raises(TokenizerMismatchError, match="end-of-text id is 0 but the model's config says 3"):
+        check_tokenizer(model, tok)
+    zoo.align_special_tokens(tok, model.config)
+    assert (tok.eos_token, tok.eos_token_id, tok.bos_token, tok.bos_token_id) == ("b", 3, "a", 2)
+    assert tok.clean_up_tokenization_spaces is False
+    check_tokenizer(model, tok)  # now accepted
+    zoo.align_special_tokens(tok, SimpleNamespace(eos_token_id=None))  # nothing named: nothing changed
+    assert tok.eos_token_id == 3

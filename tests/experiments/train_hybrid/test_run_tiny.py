@@ -120,6 +120,11 @@ def test_stop_after_stops_at_a_checkpoint_and_resume_finishes(tmp_path):
     out = json.loads((tmp_path / "o" / "results.json").read_text())
     assert set(out["train"]["minutes_by_stage"]) == {"align", "distill", "long"}
     assert (tmp_path / "o" / "run" / "hybrid" / "config.json").exists()
+    # --resume of a finished run (the H200 call that only evaluates): the stages' minutes still come from the log
+    subprocess.run(args + ["--resume"], env=env, cwd=ROOT, check=True, capture_output=True)
+    again = json.loads((tmp_path / "o" / "results.json").read_text())
+    assert again["train"]["minutes_by_stage"] == out["train"]["minutes_by_stage"]
+    assert again["train"]["minutes_from"] == "stage minutes in the log"
 
 
 @pytest.mark.slow  # 3.5-7 min on 2 cores: the mask scores 270 heads of the real 135M model

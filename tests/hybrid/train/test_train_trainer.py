@@ -32,7 +32,11 @@ def test_smoke_three_stages_losses_go_down_and_the_saved_hybrid_reloads(tmp_path
     from headscope.mask import HeadMask
 
     t0 = time.time()
+    # calibrate_fusion off: the machinery is under test here, losses falling from a hybrid that starts away from
+    # its teacher; calibrated, the hybrid of this random tiny teacher starts at KL 0.005 and the stage-2 loss is
+    # the CE noise of the batches (test_a_fresh_hybrid_starts_with_the_teachers_head_scales covers calibration)
     cfg = tiny_config(tmp_path / "out", tiny_teacher_dir, tiny_mask, eval="default", eval_samples=2,
+                      calibrate_fusion=False,
                       stages=[stage("align", steps=6, seq_len=32, lr=1e-2), stage("distill", steps=6, seq_len=32),
                               stage("long", steps=6, seq_len=128, batch_size=1)])
     res = run(cfg)
@@ -89,6 +93,30 @@ def test_align_trains_exactly_the_new_parameters(tmp_path, tiny_teacher_dir, tin
     after = dict(res.model.named_parameters())
     changed = {n for n, p in after.items() if not torch.equal(p.detach(), before[n])}
     assert changed == new
+
+
+@pytest.mark.parametrize("calibrate", [True, False])
+def test_a_fresh_hybrid_starts_with_the_teachers_head_scales(tmp_path, tiny_teacher_dir, tiny_mask, calibrate):
+    """calibrate_fusion (default on): gamma = the teacher's per-head output RMS on the first stage's corpus (4
+    windows of min(512, seq_len) tokens), logged; off: gamma_init (1) everywhere."""
+    from headscope.reference import load_model
+    from hybrid.convert import from_mask
+    from hybrid.layers.fusion import calibrate_fusion
+    from hybrid.train.data import load_corpus
+
+    teacher, tok = load_model(str(tiny_teacher_dir))
+    res = run(tiny_config(tmp_path / "o", tiny_teacher_dir, tiny_mask, calibrate_fusion=calibrate,
+                          stages=[stage("align", steps=1, lr=1e-12)]))
+    gamma = torch.stack([layer.self_attn.fusion.gamma.detach() for layer in res.model.model.layers])  # [L, H]
+    log = [json.loads(line) for line in (tmp_path / "o" / "log.jsonl").read_text().splitlines()]
+    events = [r for r in log if r.get("event") == "calibrate_fusion"]
+    if calibrate:
+        want = calibrate_fusion(from_mask(teacher, tiny_mask), teacher, load_corpus("heldout", tok)[:256].view(4, 64))
+        torch.testing.assert_close(gamma, want.to(gamma), rtol=1e-4, atol=1e-6)
+        assert len(events) == 1 and events[0]["tokens"] == 256
+        assert not torch.allclose(gamma, torch.ones_like(gamma))
+    else:
+        assert torch.allclose(gamma, torch.ones_like(gamma)) and not events
 
 
 def test_a_missing_plotly_costs_the_figure_not_the_run(tmp_path, tiny_teacher_dir, tiny_mask, monkeypatch):
