@@ -121,6 +121,9 @@ class StageConfig:
     kl_weight: float = 1.0  # "distill": weight of KL(teacher || student)
     ce_weight: float = 0.2  # "distill": weight of next-token cross-entropy
     temperature: float = 1.0  # "distill": KL temperature (scaled by T^2)
+    # "distill": lm_head + KL + CE fused in chunks of tokens, no [B, T, V] logits (hybrid.train.fused_loss);
+    # "auto" = on for CUDA batches unless FSDP shards the lm_head, "on" (refused under FSDP), "off" (the naive path)
+    fused_loss: str = "auto"
     head_drop: float = 0.0  # "pretrain": head dropout probability (hybrid.train.head_dropout)
     max_minutes: float = 0.0  # > 0: a time budget; the stage ends at `steps` or when the budget is used, and the
     #                           schedule and length curriculum follow the larger fraction (not bit-reproducible)
@@ -156,6 +159,13 @@ class StageConfig:
             _bad(where, "kl_weight", (self.kl_weight, self.ce_weight), "kl_weight, ce_weight must be >= 0, not both 0")
         if not self.temperature > 0:
             _bad(where, "temperature", self.temperature, "must be > 0")
+        from hybrid.train.stages import FUSED_LOSS
+
+        if self.fused_loss not in FUSED_LOSS:
+            _bad(where, "fused_loss", self.fused_loss, f"must be one of {FUSED_LOSS}")
+        if self.fused_loss == "on" and self.name != "distill":
+            _bad(where, "fused_loss", self.fused_loss, "the fused loss is a 'distill' option (the other stages "
+                 "compute their loss from the logits); leave it 'auto'")
         if not 0.0 <= self.head_drop < 1.0:
             _bad(where, "head_drop", self.head_drop, "must be in [0, 1)")
         if not self.max_minutes >= 0:
@@ -285,6 +295,10 @@ class TrainConfig:
                      f"stage 3 ('long') must train at >= {LONG_FACTOR}x the align/distill length "
                      f"({max(short)}), i.e. seq_len >= {LONG_FACTOR * max(short)}")
         for s in stages:
+            if s.fused_loss == "on" and self.distributed == "fsdp":
+                _bad(f"stages[{s.name}]", "fused_loss", s.fused_loss, "FSDP shards the lm_head weight, which the "
+                     "fused loss needs whole; use 'auto' (the naive path under FSDP) or 'off', or distributed='ddp'")
+        for s in stages:
             if s.name != "pretrain" and s.head_drop:
                 _bad(f"stages[{s.name}]", "head_drop", s.head_drop, "head dropout is a 'pretrain' option")
 
@@ -302,9 +316,12 @@ class TrainConfig:
         return json.loads(json.dumps(dataclasses.asdict(self), default=list))
 
     def fingerprint(self, ignore: tuple[str, ...] = ("out", "device", "threads", "progress", "log_every",
-                                                      "distributed")) -> str:
-        """sha256 of the settings that change the result (bookkeeping-only fields left out), 16 hex digits."""
+                                                      "distributed"),
+                    ignore_stage: tuple[str, ...] = ("fused_loss",)) -> str:
+        """sha256 of the settings that change the result (bookkeeping-only fields left out: ``ignore`` of the run,
+        ``ignore_stage`` of each stage, e.g. how the loss is computed), 16 hex digits."""
         d = {k: v for k, v in self.to_dict().items() if k not in ignore}
+        d["stages"] = [{k: v for k, v in s.items() if k not in ignore_stage} for s in d["stages"]]
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
 
     def replace(self, **changes: Any) -> "TrainConfig":

@@ -13,10 +13,15 @@ import torch.nn.functional as F
 __all__ = ["weighted_ce", "kl_div", "hidden_mse", "row_ce"]
 
 
+def _f32(x: torch.Tensor) -> torch.Tensor:
+    """float32 math (half and float32 logits), float64 kept (the fused twin's float64 tests compare tightly)."""
+    return x if x.dtype == torch.float64 else x.float()
+
+
 def weighted_ce(logits: torch.Tensor, ids: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """logits [B, T, V], ids [B, T], w [B, T] (weight of the target ids[:, t+1] at t) -> (sum w*ce, sum w)."""
     B, T, V = logits.shape
-    ce = F.cross_entropy(logits[:, :-1].float().reshape(-1, V), ids[:, 1:].reshape(-1),
+    ce = F.cross_entropy(_f32(logits[:, :-1]).reshape(-1, V), ids[:, 1:].reshape(-1),
                          reduction="none").view(B, T - 1)  # [B, T-1]
     ww = w[:, :-1].to(ce.dtype)  # [B, T-1]
     return (ce * ww).sum(), ww.sum()
@@ -37,8 +42,8 @@ def kl_div(student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperatu
     """sum over positions of tau^2 * KL(softmax(t / tau) || softmax(s / tau)), and the number of positions.
 
     student_logits, teacher_logits [B, T, V]; mask [B, T] (1 = counted; default all)."""
-    s = F.log_softmax(student_logits.float() / temperature, -1)  # [B, T, V]
-    t = F.log_softmax(teacher_logits.float() / temperature, -1)  # [B, T, V]
+    s = F.log_softmax(_f32(student_logits) / temperature, -1)  # [B, T, V]
+    t = F.log_softmax(_f32(teacher_logits) / temperature, -1)  # [B, T, V]
     kl = (t.exp() * (t - s)).sum(-1) * temperature ** 2  # [B, T]
     if mask is None:
         return kl.sum(), torch.tensor(float(kl.numel()), device=kl.device)

@@ -10,15 +10,18 @@ processes, so a distributed run matches one process on the same global batch. A 
 """
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 from typing import Callable
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from hybrid.train.losses import hidden_mse, kl_div, weighted_ce
 
-__all__ = ["Stage", "STAGES", "register_stage", "Term", "new_parameter_names", "decoder_layers"]
+__all__ = ["Stage", "STAGES", "register_stage", "Term", "new_parameter_names", "decoder_layers", "FUSED_LOSS",
+           "use_fused_loss", "final_hidden"]
 
 Term = tuple[str, float, torch.Tensor, torch.Tensor]  # (name, weight, sum, count)
 
@@ -75,6 +78,8 @@ def align_loss(cfg, student, teacher, ids, w, autocast) -> list[Term]:
 
 
 def distill_loss(cfg, student, teacher, ids, w, autocast) -> list[Term]:
+    if use_fused_loss(cfg, student, teacher if cfg.kl_weight else None, ids):
+        return _distill_fused(cfg, student, teacher, ids, w, autocast)
     with torch.no_grad(), autocast:
         t_logits = teacher(input_ids=ids, attention_mask=_real(ids)).logits  # [B, T, V]
     with autocast:
@@ -85,6 +90,79 @@ def distill_loss(cfg, student, teacher, ids, w, autocast) -> list[Term]:
     if cfg.ce_weight:
         terms.append(("ce", cfg.ce_weight, *weighted_ce(s_logits, ids, w)))
     return terms
+
+
+# ---- the fused loss (hybrid.train.fused_loss): lm_head + KL + CE in chunks, no [B, T, V] logits -------------------
+FUSED_LOSS = ("auto", "on", "off")  # StageConfig.fused_loss
+_HEAD_CHECKED: "weakref.WeakSet[nn.Module]" = weakref.WeakSet()  # models whose final hidden state was checked
+
+
+def _fused_refusal(model: nn.Module) -> str | None:
+    """Why the fused loss cannot run on ``model`` (None: it can)."""
+    m = getattr(model, "module", model)  # DDP
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:  # an old torch without FSDP2
+        FSDPModule = ()
+    if isinstance(m, FSDPModule):
+        return "FSDP shards the lm_head weight, which the fused loss needs whole (the naive path runs under FSDP)"
+    head = m.get_output_embeddings() if hasattr(m, "get_output_embeddings") else None
+    if not isinstance(head, nn.Linear):
+        return f"{type(m).__name__} has no nn.Linear lm_head (get_output_embeddings)"
+    if head.bias is not None:
+        return f"{type(m).__name__}'s lm_head has a bias, which the fused loss does not add"
+    return None
+
+
+def use_fused_loss(cfg, student, teacher, ids: torch.Tensor) -> bool:
+    """``cfg.fused_loss``: "on" (refused where it cannot run), "off", or "auto" = on for a CUDA batch when the
+    student and the teacher (None: not used) allow it (not FSDP, a bias-free nn.Linear lm_head)."""
+    mode = getattr(cfg, "fused_loss", "off")
+    if mode == "off":
+        return False
+    why = _fused_refusal(student) or (_fused_refusal(teacher) if teacher is not None else None)
+    if mode == "on" and why is not None:
+        raise ValueError(f"stages[{cfg.name}].fused_loss='on': {why}; use fused_loss='auto' or 'off'")
+    return why is None and (mode == "on" or ids.device.type == "cuda")
+
+
+def final_hidden(model: nn.Module, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the final post-norm hidden state [B, T, C], the lm_head weight [V, C]) of ``model`` on ``ids``, without
+    the [B, T, V] logits. The wrapped model's forward runs (DDP's, whose gradient hooks must fire); one logit row
+    is computed, and on a model's first call compared with lm_head(hidden[:, -1]): transformers 5 ties
+    hidden_states[-1] to the post-norm last_hidden_state (HF Llama / Qwen3), and HybridModel returns the normed
+    state last; a model that did otherwise (a pre-norm state, a logit scale or soft-cap) is refused here."""
+    m = getattr(model, "module", model)  # DDP
+    # -1: only the last hidden state is kept by transformers' output capture; the hybrid returns all, as for True
+    out = model(input_ids=ids, attention_mask=_real(ids), logits_to_keep=1, output_hidden_states=-1)
+    h = out.hidden_states[-1]  # [B, T, C]
+    weight = m.get_output_embeddings().weight  # [V, C]
+    if m not in _HEAD_CHECKED:
+        with torch.no_grad():
+            ref = out.logits[:, -1].float()  # [B, V]
+            mine = F.linear(h[:, -1], weight).float()  # [B, V]
+            err = float((mine - ref).norm() / ref.norm().clamp_min(1e-30))
+        if not (h.shape[:2] == ids.shape and err < 1e-2):
+            raise RuntimeError(f"fused_loss: {type(m).__name__}'s hidden_states[-1] {tuple(h.shape)} is not the "
+                               f"lm_head's input (relative error {err:.2e} of the last logits); set the stage's "
+                               "fused_loss='off'")
+        _HEAD_CHECKED.add(m)
+    return h, weight
+
+
+def _distill_fused(cfg, student, teacher, ids, w, autocast) -> list[Term]:
+    from hybrid.train.fused_loss import fused_distill_loss
+
+    h_t = w_t = None
+    if cfg.kl_weight:
+        with torch.no_grad(), autocast:
+            h_t, w_t = final_hidden(teacher, ids)  # [B, T, Ct], [V, Ct]
+    with autocast:
+        h_s, w_s = final_hidden(student, ids)  # [B, T, C], [V, C]
+        terms = fused_distill_loss(h_s, w_s, h_t, w_t, ids, w, temperature=cfg.temperature,
+                                   kl=bool(cfg.kl_weight), ce=bool(cfg.ce_weight))
+    weights = {"kl": cfg.kl_weight, "ce": cfg.ce_weight}
+    return [(name, weights[name], total, count) for name, (total, count) in terms.items()]
 
 
 def lm_loss(cfg, student, teacher, ids, w, autocast) -> list[Term]:

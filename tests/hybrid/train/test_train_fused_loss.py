@@ -1,0 +1,288 @@
+"""hybrid.train.fused_loss against its naive twin (losses.kl_div / weighted_ce on full logits), and its wiring
+into stage 2 (stages.distill_loss, StageConfig.fused_loss)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from hybrid.train.fused_loss import fused_distill_loss
+from hybrid.train.losses import kl_div, weighted_ce
+from testing_utils import assert_close
+
+REPO = Path(__file__).resolve().parents[3]
+TOL_OF = {torch.float64: "fp64_exact", torch.float32: "fp32"}
+
+
+def problem(dtype, B=2, T=7, C=8, Ct=6, V=33, seed=0, zero_w=False):
+    g = torch.Generator().manual_seed(seed)
+    h_s = torch.randn(B, T, C, generator=g, dtype=dtype).requires_grad_()  # [B, T, C]
+    w_s = (torch.randn(V, C, generator=g, dtype=dtype) * 0.5).requires_grad_()  # [V, C]
+    h_t = torch.randn(B, T, Ct, generator=g, dtype=dtype)  # [B, T, Ct]
+    w_t = torch.randn(V, Ct, generator=g, dtype=dtype) * 0.5  # [V, Ct]
+    ids = torch.randint(0, V, (B, T), generator=g)  # [B, T]
+    w = torch.rand(B, T, generator=g, dtype=dtype) * 3  # [B, T]
+    if zero_w:
+        w[0, ::2] = 0.0
+        w[1] = 0.0
+    return h_s, w_s, h_t, w_t, ids, w
+
+
+def naive(h_s, w_s, h_t, w_t, ids, w, tau, kl=True, ce=True):
+    s, t = h_s @ w_s.T, h_t @ w_t.T  # [B, T, V] each
+    out = {}
+    if kl:
+        out["kl"] = kl_div(s, t, tau)
+    if ce:
+        out["ce"] = weighted_ce(s, ids, w)
+    return out
+
+
+def grads(terms, coef, h_s, w_s):
+    """d/d(h_s, w_s) of sum_i coef_i * sum_i (as the trainer: weight / global count per term)."""
+    loss = sum(coef[n] * total for n, (total, _) in terms.items())
+    return torch.autograd.grad(loss, (h_s, w_s))
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("chunk", [1, 5, 14, 64])  # N = 14 tokens: 5 does not divide it, 64 > N
+@pytest.mark.parametrize("tau,kl,ce,zero_w", [(1.0, True, True, False), (2.5, True, True, True),
+                                              (0.7, True, False, False), (1.0, False, True, True)])
+def test_fused_sums_and_gradients_equal_the_naive_twins(dtype, chunk, tau, kl, ce, zero_w):
+    h_s, w_s, h_t, w_t, ids, w = problem(dtype, zero_w=zero_w)
+    ref = naive(h_s, w_s, h_t, w_t, ids, w, tau, kl, ce)
+    got = fused_distill_loss(h_s, w_s, h_t if kl else None, w_t if kl else None, ids, w, temperature=tau, kl=kl,
+                             ce=ce, chunk_tokens=chunk)
+    assert list(got) == list(ref)
+    tol = TOL_OF[dtype]
+    for name in ref:
+        assert_close(f"{name} sum", got[name][0], ref[name][0], tol)
+        assert torch.equal(got[name][1], ref[name][1]), name  # counts: B*T, sum of w[:, :-1]
+        assert got[name][0].dtype == ref[name][0].dtype and got[name][1].dtype == ref[name][1].dtype
+    coef = {"kl": 0.37, "ce": 1.9}  # different scales per term: each sum's gradient is scaled on its own
+    for a, b, what in zip(grads(got, coef, h_s, w_s), grads(ref, coef, h_s, w_s), ("grad h_s", "grad w_s")):
+        assert a.dtype == b.dtype
+        assert_close(what, a, b, tol)
+
+
+def test_each_sum_alone_has_its_own_gradient():
+    h_s, w_s, h_t, w_t, ids, w = problem(torch.float64, zero_w=True)
+    ref = naive(h_s, w_s, h_t, w_t, ids, w, 2.0)
+    got = fused_distill_loss(h_s, w_s, h_t, w_t, ids, w, temperature=2.0, chunk_tokens=4)
+    for name in ("kl", "ce"):
+        a = torch.autograd.grad(got[name][0] * 3.0, (h_s, w_s), retain_graph=True)
+        b = torch.autograd.grad(ref[name][0] * 3.0, (h_s, w_s), retain_graph=True)
+        for x, y in zip(a, b):
+            assert_close(f"{name} alone", x, y, "fp64_exact")
+
+
+def test_zero_weights_give_zero_ce_and_zero_gradient():
+    h_s, w_s, h_t, w_t, ids, w = problem(torch.float64)
+    got = fused_distill_loss(h_s, w_s, None, None, ids, torch.zeros_like(w), kl=False, chunk_tokens=3)
+    total, count = got["ce"]
+    assert float(total.detach()) == 0.0 and float(count) == 0.0
+    gh, gw = torch.autograd.grad(total, (h_s, w_s))
+    assert not gh.any() and not gw.any()
+
+
+def test_under_autocast_the_matmuls_run_in_the_autocast_dtype_as_the_naive_path():
+    """CPU bf16 autocast stands in for the GPU's: logits in bf16, float32 softmax math, grads in the inputs' dtypes."""
+    h_s, w_s, h_t, w_t, ids, w = problem(torch.float32, B=2, T=16, C=32, Ct=24, V=300)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ref = naive(h_s, w_s, h_t, w_t, ids, w, 2.0)
+        got = fused_distill_loss(h_s, w_s, h_t, w_t, ids, w, temperature=2.0, chunk_tokens=7)
+    coef = {"kl": 1.0, "ce": 0.2}
+    for name in ref:
+        assert_close(f"{name} sum", got[name][0], ref[name][0], "bf16_kernel")
+    for a, b, what in zip(grads(got, coef, h_s, w_s), grads(ref, coef, h_s, w_s), ("grad h_s", "grad w_s")):
+        assert a.dtype == b.dtype == torch.float32
+        assert_close(what, a, b, "bf16_kernel")
+
+
+def test_bad_calls_are_refused():
+    h_s, w_s, h_t, w_t, ids, w = problem(torch.float32)
+    with pytest.raises(ValueError, match="bias"):
+        fused_distill_loss(h_s, w_s, h_t, w_t, ids, w, bias=torch.zeros(w_s.shape[0]))
+    with pytest.raises(ValueError, match="needs the teacher"):
+        fused_distill_loss(h_s, w_s, None, None, ids, w)
+    with pytest.raises(ValueError, match="chunk_tokens=0"):
+        fused_distill_loss(h_s, w_s, h_t, w_t, ids, w, chunk_tokens=0)
+    with pytest.raises(ValueError, match="at least one term"):
+        fused_distill_loss(h_s, w_s, h_t, w_t, ids, w, kl=False, ce=False)
+    with pytest.raises(ValueError, match="shapes"):
+        fused_distill_loss(h_s, w_s.T, h_t, w_t, ids, w)
+
+
+# ---- models: the final hidden state, and a distill step fused vs naive ------------------------------------------
+def tiny_hybrid(teacher):
+    from headscope.heads import Head
+    from headscope.mask import HeadMask
+    from hybrid.convert import from_mask
+
+    return from_mask(teacher, HeadMask.for_model(teacher.config, [Head(0, 1), Head(1, 2)]), check_fingerprint=False)
+
+
+@pytest.mark.parametrize("family", ["qwen3", "llama"])
+def test_hidden_states_last_is_the_lm_heads_input_for_hf_and_the_hybrid(family):
+    """transformers 5 ties hidden_states[-1] to the post-norm last_hidden_state; HybridModel returns the normed
+    state last: lm_head(hidden_states[-1]) are the full logits, with one logit row computed."""
+    from model_factories import tiny_model
+
+    from hybrid.train.stages import final_hidden
+
+    teacher = tiny_model(family)
+    ids = torch.randint(0, 128, (2, 9))  # [B, T]
+    for m in (teacher, tiny_hybrid(teacher)):
+        full = m(input_ids=ids, attention_mask=torch.ones_like(ids)).logits  # [B, T, V]
+        h, weight = final_hidden(m, ids)  # [B, T, C], [V, C]
+        assert weight is m.lm_head.weight
+        assert_close(f"{type(m).__name__} logits", h @ weight.T, full, "fp32")
+
+
+def test_a_model_whose_hidden_state_is_not_the_heads_input_is_refused():
+    from model_factories import tiny_model
+
+    from hybrid.train.stages import final_hidden
+
+    m = tiny_model("qwen3", seed=1)
+    m.lm_head.register_forward_hook(lambda mod, args, out: out * 2.0)  # a logit scale the fused loss would miss
+    with pytest.raises(RuntimeError, match="fused_loss='off'"):
+        final_hidden(m, torch.randint(0, 128, (2, 9)))
+
+
+def distill_step(cfg, student, teacher, ids, w):
+    """The trainer's loss on these terms (world 1) and d loss / d parameters."""
+    from contextlib import nullcontext
+
+    from hybrid.train.stages import distill_loss
+
+    terms = distill_loss(cfg, student, teacher, ids, w, nullcontext())
+    counts = torch.stack([c.detach().float() for *_, c in terms])  # [n_terms]
+    loss = sum(wt * total / counts[j].clamp_min(1e-12) for j, (_, wt, total, _) in enumerate(terms))
+    params = [p for p in student.parameters() if p.requires_grad]
+    return [(name, wt, total.detach()) for name, wt, total, _ in terms], loss, torch.autograd.grad(loss, params)
+
+
+@pytest.mark.parametrize("kl_weight,ce_weight,temperature", [(1.0, 0.2, 1.0), (0.5, 0.0, 2.0), (0.0, 1.0, 1.0)])
+def test_a_tiny_distill_step_fused_equals_naive(tiny_teacher_dir, kl_weight, ce_weight, temperature):
+    from hybrid.train import StageConfig
+    from hybrid.train.build import load_teacher
+    from hybrid.train.stages import use_fused_loss
+    from train_factories import stage
+
+    teacher, _ = load_teacher(str(tiny_teacher_dir), torch.device("cpu"))
+    student = tiny_hybrid(teacher).train()
+    assert student.lm_head.weight is student.model.embed_tokens.weight  # tied: both gradients reach it
+    g = torch.Generator().manual_seed(3)
+    ids = torch.randint(0, teacher.config.vocab_size, (2, 24), generator=g)  # [B, T]
+    w = torch.rand(2, 24, generator=g) * 2  # [B, T]
+    res = {}
+    for mode in ("off", "on"):
+        cfg = StageConfig(**stage("distill", kl_weight=kl_weight, ce_weight=ce_weight, temperature=temperature,
+                                  fused_loss=mode))
+        assert use_fused_loss(cfg, student, teacher, ids) == (mode == "on")
+        res[mode] = distill_step(cfg, student, teacher, ids, w)
+    (n_sums, n_loss, n_grads), (f_sums, f_loss, f_grads) = res["off"], res["on"]
+    assert [x[:2] for x in f_sums] == [x[:2] for x in n_sums]  # names and weights
+    for (name, _, a), (_, _, b) in zip(f_sums, n_sums):
+        assert_close(f"{name} sum", a, b, "fp32")
+    assert_close("loss", f_loss, n_loss, "fp32")
+    for (name, _), a, b in zip([(n, p) for n, p in student.named_parameters() if p.requires_grad], f_grads, n_grads):
+        assert_close(name, a, b, "fp32")
+    auto = StageConfig(**stage("distill"))
+    assert auto.fused_loss == "auto" and not use_fused_loss(auto, student, teacher, ids)  # CPU: the naive path
+
+
+def test_fused_on_is_refused_where_it_cannot_run(tiny_teacher_dir):
+    from hybrid.train import StageConfig
+    from hybrid.train.build import load_teacher
+    from hybrid.train.stages import use_fused_loss
+    from train_factories import stage
+
+    teacher, _ = load_teacher(str(tiny_teacher_dir), torch.device("cpu"))
+    student = tiny_hybrid(teacher)
+    student.lm_head = torch.nn.Linear(student.config.hidden_size, student.config.vocab_size, bias=True)
+    ids = torch.zeros(1, 16, dtype=torch.long)
+    with pytest.raises(ValueError, match=r"stages\[distill\]\.fused_loss='on': .*bias"):
+        use_fused_loss(StageConfig(**stage("distill", fused_loss="on")), student, teacher, ids)
+    assert not use_fused_loss(StageConfig(**stage("distill", fused_loss="auto")), student, teacher, ids)
+
+
+# ---- config -------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("patch,match", [
+    ({"stages": [{"name": "distill", "steps": 1, "lr": 1e-3, "fused_loss": "yes"}]},
+     r"stages\[distill\]\.fused_loss='yes': must be one of \('auto', 'on', 'off'\)"),
+    ({"stages": [{"name": "align", "steps": 1, "lr": 1e-3, "fused_loss": "on"}]},
+     r"stages\[align\]\.fused_loss='on': the fused loss is a 'distill' option"),
+    ({"distributed": "fsdp", "stages": [{"name": "distill", "steps": 1, "lr": 1e-3, "fused_loss": "on"}]},
+     r"stages\[distill\]\.fused_loss='on': FSDP shards the lm_head weight"),
+])
+def test_bad_fused_loss_configs_are_refused(patch, match):
+    from hybrid.train import TrainConfig, TrainConfigError
+
+    with pytest.raises(TrainConfigError, match=match):
+        TrainConfig.from_dict({"out": "/tmp/x", "mask": "m.json", **patch})
+
+
+def test_fused_loss_leaves_the_fingerprint_alone():
+    from hybrid.train import TrainConfig
+
+    d = {"out": "/tmp/x", "mask": "m.json", "stages": [{"name": "distill", "steps": 1, "lr": 1e-3}]}
+    cfg = TrainConfig.from_dict(d)
+    off = TrainConfig.from_dict({**d, "stages": [{**d["stages"][0], "fused_loss": "off"}]})
+    assert off.stages[0].fused_loss == "off" and off.fingerprint() == cfg.fingerprint()
+    assert TrainConfig.from_dict(off.to_dict()) == off
+
+
+@pytest.mark.slow  # ~30 s on 2 shared cores (two processes plus one)
+def test_ddp_with_the_fused_loss_matches_one_naive_process(tmp_path, tiny_teacher_dir, tiny_mask):
+    """2 gloo processes (DDP: the wrapper's forward runs, its gradient hooks fire for the tied lm_head) with
+    fused_loss="on" vs one process with the naive loss, same global batch: the same losses at every step."""
+    from hybrid.train.cli import main
+    from hybrid.train.logs import read_log
+
+    def toml(name: str, fused: str, extra: str = "") -> Path:
+        p = tmp_path / f"{name}.toml"
+        p.write_text(f'''out = "{tmp_path / name}"
+teacher = "{tiny_teacher_dir}"
+mask = "{tiny_mask}"
+device = "cpu"
+progress = false
+eval = "none"
+log_every = 1
+threads = 1
+{extra}
+[data]
+text = 0.5
+niah = 0.25
+reasoning = 0.25
+multikey = 0.0
+copy = 0.0
+
+[[stages]]
+name = "distill"
+steps = 3
+lr = 3e-3
+seq_len = 32
+batch_size = 4
+temperature = 2.0
+fused_loss = "{fused}"
+''')
+        return p
+
+    assert main(["--config", str(toml("one", "off"))]) == 0
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                           "-m", "hybrid.train.cli", "--config", str(toml("two", "on", 'distributed = "ddp"'))],
+                          env=env, capture_output=True, text=True, timeout=600, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    a = [r for r in read_log(tmp_path / "one" / "log.jsonl") if "loss" in r]
+    b = [r for r in read_log(tmp_path / "two" / "log.jsonl") if "loss" in r]
+    assert [r["step"] for r in a] == [r["step"] for r in b] == [1, 2, 3]
+    for ra, rb in zip(a, b):
+        for k in ("loss", "loss_kl", "loss_ce"):
+            assert rb[k] == pytest.approx(ra[k], rel=1e-4, abs=1e-6), (k, ra, rb)
