@@ -286,3 +286,11 @@ fused_loss = "{fused}"
     for ra, rb in zip(a, b):
         for k in ("loss", "loss_kl", "loss_ce"):
             assert rb[k] == pytest.approx(ra[k], rel=1e-4, abs=1e-6), (k, ra, rb)
+    # the tied embedding / lm_head weight's update over the 3 steps: the same (its gradient reached DDP's reducer)
+    from safetensors.torch import load_file
+
+    key = "model.embed_tokens.weight"
+    start = load_file(tiny_teacher_dir / "model.safetensors")[key].double()  # [V, C]
+    one, two = (load_file(tmp_path / n / "hybrid" / "model.safetensors")[key].double() for n in ("one", "two"))
+    assert float((one - start).norm()) > 0
+    assert_close("embedding update", two - start, one - start, 1e-4)
