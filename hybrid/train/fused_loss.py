@@ -41,6 +41,38 @@ def _matmul_dtype(h: torch.Tensor) -> torch.dtype:
     return h.dtype
 
 
+def _chunk_terms(s: torch.Tensor, t: torch.Tensor | None, tg: torch.Tensor, wc: torch.Tensor, tau: float,
+                 do_kl: bool, do_ce: bool):
+    """One chunk's (kl_sum, ce_sum, {term: d sum / d s [n, V]}); s, t [n, V] float logits (overwritten), tg [n] the
+    targets, wc [n] their weights. At tau 1 the two terms share softmax(s)."""
+    kl = ce = None
+    g = {}
+    rows = torch.arange(s.shape[0], device=s.device)  # [n]
+    shared = do_kl and do_ce and tau == 1.0
+    if do_kl:
+        ls = F.log_softmax(s if tau == 1.0 else s / tau, -1)  # [n, V]
+        lt = F.log_softmax(t if tau == 1.0 else t / tau, -1)  # [n, V]
+        pt = lt.exp()  # [n, V]
+        kl = lt.sub_(ls).mul_(pt).sum() * tau ** 2  # sum of p_t * (log p_t - log p_s), times tau^2
+        del lt
+        if shared:
+            ce = -(ls[rows, tg] * wc).sum()  # log p_s at the targets
+        ps = ls.exp_()  # [n, V]: softmax(s / tau)
+        if shared:
+            g["kl"] = ps - pt  # [n, V] (ps is kept for the CE term)
+        else:
+            g["kl"] = ps.sub_(pt) if tau == 1.0 else ps.sub_(pt).mul_(tau)  # [n, V]: tau * (p_s - p_t)
+        del pt
+    if do_ce:
+        if not shared:
+            lse = torch.logsumexp(s, -1)  # [n]
+            ce = ((lse - s[rows, tg]) * wc).sum()
+            ps = s.sub_(lse[:, None]).exp_()  # [n, V]: softmax(s), in place of s
+        ps.mul_(wc[:, None])[rows, tg] -= wc  # [n, V]: w * (softmax(s) - onehot)
+        g["ce"] = ps
+    return kl, ce, g
+
+
 class _FusedDistill(torch.autograd.Function):
     """(kl_sum, ce_sum) of flattened tokens; gradients computed in forward, scaled in backward."""
 
@@ -63,25 +95,13 @@ class _FusedDistill(torch.autograd.Function):
                 b = min(a + chunk, N)
                 hc = h_s[a:b].to(dt)  # [n, C]
                 s = (hc @ ws.T).to(acc)  # [n, V]
-                g = {}
+                t = (h_t[a:b].to(dt) @ wt.T).to(acc) if do_kl else None  # [n, V]
+                kl_c, ce_c, g = _chunk_terms(s, t, target[a:b], weight[a:b].to(acc), tau, do_kl, do_ce)
+                del s, t
                 if do_kl:
-                    t = (h_t[a:b].to(dt) @ wt.T).to(acc)  # [n, V]
-                    ls = F.log_softmax(s / tau, -1)  # [n, V]
-                    lt = F.log_softmax(t / tau, -1)  # [n, V]
-                    del t
-                    pt = lt.exp()  # [n, V]
-                    sums["kl"] += (pt * (lt - ls)).sum() * tau ** 2
-                    del lt
-                    g["kl"] = ls.exp_().sub_(pt).mul_(tau)  # [n, V]: tau * (p_s - p_t)
-                    del pt
+                    sums["kl"] += kl_c
                 if do_ce:
-                    tg, wc = target[a:b], weight[a:b].to(acc)  # [n], [n]
-                    lse = torch.logsumexp(s, -1)  # [n]
-                    sums["ce"] += ((lse - s.gather(1, tg[:, None])[:, 0]) * wc).sum()
-                    p = s.sub_(lse[:, None]).exp_()  # [n, V]: softmax(s), in place of s
-                    p[torch.arange(b - a, device=p.device), tg] -= 1.0
-                    g["ce"] = p.mul_(wc[:, None])  # [n, V]: w * (softmax(s) - onehot)
-                del s
+                    sums["ce"] += ce_c
                 for n in names:
                     gd = g.pop(n).to(dt)  # [n, V]
                     if need_h:

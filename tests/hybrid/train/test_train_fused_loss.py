@@ -51,7 +51,8 @@ def grads(terms, coef, h_s, w_s):
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize("chunk", [1, 5, 14, 64])  # N = 14 tokens: 5 does not divide it, 64 > N
 @pytest.mark.parametrize("tau,kl,ce,zero_w", [(1.0, True, True, False), (2.5, True, True, True),
-                                              (0.7, True, False, False), (1.0, False, True, True)])
+                                              (0.7, True, False, False), (1.0, True, False, False),
+                                              (1.0, False, True, True), (3.0, False, True, False)])
 def test_fused_sums_and_gradients_equal_the_naive_twins(dtype, chunk, tau, kl, ce, zero_w):
     h_s, w_s, h_t, w_t, ids, w = problem(dtype, zero_w=zero_w)
     ref = naive(h_s, w_s, h_t, w_t, ids, w, tau, kl, ce)
