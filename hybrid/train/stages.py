@@ -79,7 +79,15 @@ def align_loss(cfg, student, teacher, ids, w, autocast) -> list[Term]:
 
 def distill_loss(cfg, student, teacher, ids, w, autocast) -> list[Term]:
     if use_fused_loss(cfg, student, teacher if cfg.kl_weight else None, ids):
-        return _distill_fused(cfg, student, teacher, ids, w, autocast)
+        try:
+            return _distill_fused(cfg, student, teacher, ids, w, autocast)
+        except FusedLossMismatch as err:  # "auto": warn once and keep training on the naive path
+            if cfg.fused_loss == "on":
+                raise
+            import warnings
+
+            warnings.warn(f"{err}; stage '{cfg.name}' continues with the naive loss (full logits)", stacklevel=2)
+            _FUSED_OFF.add(getattr(student, "module", student))
     with torch.no_grad(), autocast:
         t_logits = teacher(input_ids=ids, attention_mask=_real(ids)).logits  # [B, T, V]
     with autocast:
@@ -94,7 +102,13 @@ def distill_loss(cfg, student, teacher, ids, w, autocast) -> list[Term]:
 
 # ---- the fused loss (hybrid.train.fused_loss): lm_head + KL + CE in chunks, no [B, T, V] logits -------------------
 FUSED_LOSS = ("auto", "on", "off")  # StageConfig.fused_loss
+AUTO_DEVICES = ("cuda",)  # where "auto" fuses (CPU keeps the naive path: its bit-identity tests)
 _HEAD_CHECKED: "weakref.WeakSet[nn.Module]" = weakref.WeakSet()  # models whose final hidden state was checked
+_FUSED_OFF: "weakref.WeakSet[nn.Module]" = weakref.WeakSet()  # students whose check failed under "auto"
+
+
+class FusedLossMismatch(RuntimeError):
+    """A model's hidden_states[-1] is not its lm_head's input (another transformers version, a logit scale)."""
 
 
 def _fused_refusal(model: nn.Module) -> str | None:
@@ -118,12 +132,12 @@ def use_fused_loss(cfg, student, teacher, ids: torch.Tensor) -> bool:
     """``cfg.fused_loss``: "on" (refused where it cannot run), "off", or "auto" = on for a CUDA batch when the
     student and the teacher (None: not used) allow it (not FSDP, a bias-free nn.Linear lm_head)."""
     mode = getattr(cfg, "fused_loss", "off")
-    if mode == "off":
+    if mode == "off" or (mode == "auto" and getattr(student, "module", student) in _FUSED_OFF):
         return False
     why = _fused_refusal(student) or (_fused_refusal(teacher) if teacher is not None else None)
     if mode == "on" and why is not None:
         raise ValueError(f"stages[{cfg.name}].fused_loss='on': {why}; use fused_loss='auto' or 'off'")
-    return why is None and (mode == "on" or ids.device.type == "cuda")
+    return why is None and (mode == "on" or ids.device.type in AUTO_DEVICES)
 
 
 def final_hidden(model: nn.Module, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -143,7 +157,7 @@ def final_hidden(model: nn.Module, ids: torch.Tensor) -> tuple[torch.Tensor, tor
             mine = F.linear(h[:, -1], weight).float()  # [B, V]
             err = float((mine - ref).norm() / ref.norm().clamp_min(1e-30))
         if not (h.shape[:2] == ids.shape and err < 1e-2):
-            raise RuntimeError(f"fused_loss: {type(m).__name__}'s hidden_states[-1] {tuple(h.shape)} is not the "
+            raise FusedLossMismatch(f"fused_loss: {type(m).__name__}'s hidden_states[-1] {tuple(h.shape)} is not the "
                                f"lm_head's input (relative error {err:.2e} of the last logits); set the stage's "
                                "fused_loss='off'")
         _HEAD_CHECKED.add(m)

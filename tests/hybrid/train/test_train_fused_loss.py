@@ -151,8 +151,43 @@ def test_a_model_whose_hidden_state_is_not_the_heads_input_is_refused():
 
     m = tiny_model("qwen3", seed=1)
     m.lm_head.register_forward_hook(lambda mod, args, out: out * 2.0)  # a logit scale the fused loss would miss
-    with pytest.raises(RuntimeError, match="fused_loss='off'"):
+    with pytest.raises(RuntimeError, match="fused_loss='off'"):  # FusedLossMismatch
         final_hidden(m, torch.randint(0, 128, (2, 9)))
+
+
+@pytest.mark.parametrize("mode", ["auto", "on"])
+def test_a_failed_head_check_falls_back_under_auto_and_stops_under_on(mode, monkeypatch):
+    """A model whose final hidden state is not the lm_head's input: "on" stops with the error; "auto" warns once,
+    computes this step's loss on the naive path and stays there (a GPU run is not lost to another transformers)."""
+    from contextlib import nullcontext
+
+    from model_factories import tiny_model
+
+    from hybrid.train import StageConfig
+    from hybrid.train import stages
+    from hybrid.train.stages import FusedLossMismatch, distill_loss, kl_div, weighted_ce
+
+    from train_factories import stage
+
+    monkeypatch.setattr(stages, "AUTO_DEVICES", ("cpu", "cuda"))  # "auto" fuses here as on a GPU
+    teacher, student = tiny_model("qwen3", seed=1), tiny_model("qwen3", seed=2)
+    student.lm_head.register_forward_hook(lambda mod, args, out: out * 2.0)
+    cfg = StageConfig(**stage("distill", fused_loss=mode))
+    ids, w = torch.randint(0, 128, (2, 9)), torch.ones(2, 9)  # [B, T]
+    if mode == "on":
+        with pytest.raises(FusedLossMismatch, match="fused_loss='off'"):
+            distill_loss(cfg, student, teacher, ids, w, nullcontext())
+        return
+    with pytest.warns(UserWarning, match="continues with the naive loss"):
+        terms = distill_loss(cfg, student, teacher, ids, w, nullcontext())
+    s, t = student(input_ids=ids).logits, teacher(input_ids=ids).logits  # [B, T, V]
+    assert_close("kl", terms[0][2], kl_div(s, t)[0], "fp32")
+    assert_close("ce", terms[1][2], weighted_ce(s, ids, w)[0], "fp32")
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the second step: naive at once, no second warning
+        distill_loss(cfg, student, teacher, ids, w, nullcontext())
 
 
 def distill_step(cfg, student, teacher, ids, w):
