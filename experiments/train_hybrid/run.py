@@ -86,6 +86,9 @@ def main(argv: list[str] | None = None) -> dict:
                          "throughput over --batches at the stage-1/2 length; writes OUT/throughput.json")
     ap.add_argument("--batches", default=None,
                     help="batch sizes of --throughput-only, comma-separated (default 8,16,32,48,64; tiny 1,2)")
+    ap.add_argument("--compare-naive", action="store_true",
+                    help="--throughput-only: also time each batch with fused_loss='off' (full logits) beside the "
+                         "distill stage's own fused_loss setting")
     ap.add_argument("--stop-after", type=float, default=None, metavar="SECONDS",
                     help="stop the training at the first checkpoint written after SECONDS from the start (exit 3; "
                          "continue with --resume): a GPU call that ends cleanly instead of being killed")
@@ -257,30 +260,53 @@ def throughput_only(a, base, teacher, device, T: int, mask) -> dict:
     steps, warmup = (2, 1) if a.tiny else (10, 3)
     student, _ = build_hybrid(teacher, base.mask, base.hybrid)
     student = student.to(device)
+    fused = next((s.fused_loss for s in base.stages if s.name == "distill"), "auto")  # the training's setting
     rows = []
+
+    def peak_gib() -> float | None:
+        if device.type != "cuda":
+            return None
+        gib = round(torch.cuda.max_memory_allocated(device) / 2 ** 30, 1)
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+        return gib
+
     for B in batches:
         row: dict = {"batch_size": B, "seq_len": T}
         t0 = time.time()
+        if a.compare_naive:  # first, on its own peak memory; its out-of-memory does not end the sweep
+            try:
+                row["distill_naive"] = measure_distill(student, teacher, B, T, steps=steps, warmup=warmup,
+                                                       fused_loss="off")
+            except torch.OutOfMemoryError as err:
+                row["distill_naive"] = {"oom": str(err).splitlines()[0][:200]}
+            gc.collect()
+            row["distill_naive"]["max_memory_gib"] = peak_gib()
         try:
-            row["distill"] = measure_distill(student, teacher, B, T, steps=steps, warmup=warmup)
+            row["distill"] = measure_distill(student, teacher, B, T, steps=steps, warmup=warmup, fused_loss=fused)
+            gc.collect()
+            row["distill"]["max_memory_gib"] = peak_gib()
             row["teacher_train"] = measure_lm(teacher, B, T, steps=steps, warmup=warmup)
+            gc.collect()
+            row["teacher_train"]["max_memory_gib"] = peak_gib()
         except torch.OutOfMemoryError as err:
             row["oom"] = str(err).splitlines()[0][:200]
-        gc.collect()
-        if device.type == "cuda":
-            row["max_memory_gib"] = round(torch.cuda.max_memory_allocated(device) / 2 ** 30, 1)
-            torch.cuda.empty_cache()
-            torch.cuda.reset_peak_memory_stats(device)
+            gc.collect()
+            row["max_memory_gib"] = peak_gib()
         row["seconds"] = round(time.time() - t0, 1)
         rows.append(row)
         if "oom" in row:
             print(f"[throughput] batch {B} x {T}: out of memory; the sweep ends here", flush=True)
             break
         d, t = row["distill"], row["teacher_train"]
-        print(f"[throughput] batch {B} x {T}: stage 2 {d['tokens_per_s']:,.0f} tokens/s, {d['tflops']:.1f} TFLOP/s, "
-              f"MFU {d['mfu']:.1%} | teacher training step {t['tokens_per_s']:,.0f} tokens/s, "
-              f"{t['tflops']:.1f} TFLOP/s, MFU {t['mfu']:.1%} ({row['seconds']} s"
-              f"{', ' + str(row['max_memory_gib']) + ' GiB' if 'max_memory_gib' in row else ''})", flush=True)
+        naive = row.get("distill_naive")
+        naive_s = "" if naive is None else (
+            " | naive loss: out of memory" if "oom" in naive else
+            f" | naive loss {naive['tokens_per_s']:,.0f} tokens/s, MFU {naive['mfu']:.1%}, {naive['max_memory_gib']} GiB")
+        print(f"[throughput] batch {B} x {T}: stage 2 ({'fused' if d['fused_loss'] else 'naive'} loss) "
+              f"{d['tokens_per_s']:,.0f} tokens/s, {d['tflops']:.1f} TFLOP/s, MFU {d['mfu']:.1%}, "
+              f"{d['max_memory_gib']} GiB{naive_s} | teacher training step {t['tokens_per_s']:,.0f} tokens/s, "
+              f"{t['tflops']:.1f} TFLOP/s, MFU {t['mfu']:.1%} ({row['seconds']} s)", flush=True)
     ok = [r for r in rows if "distill" in r]
     if not ok:
         raise SystemExit(f"--throughput-only: every batch size failed ({rows}); try smaller --batches")

@@ -70,11 +70,15 @@ def _timed(step, device, warmup: int, steps: int) -> tuple[float, float | None]:
 
 
 def measure_distill(student: nn.Module, teacher: nn.Module, batch_size: int, seq_len: int, steps: int = 10,
-                    warmup: int = 3, temperature: float = 1.0, peak: float = H200_BF16_PEAK) -> dict[str, Any]:
-    """Time ``steps`` stage-2 steps (teacher forward, student forward + backward, AdamW) on random tokens."""
-    from hybrid.train.losses import kl_div, weighted_ce
-
+                    warmup: int = 3, temperature: float = 1.0, peak: float = H200_BF16_PEAK,
+                    fused_loss: str = "auto") -> dict[str, Any]:
+    """Time ``steps`` stage-2 steps (teacher forward, student forward + backward, AdamW) on random tokens, the
+    loss by the trainer's own ``distill_loss`` (kl 1, ce 0.2) with ``fused_loss`` ("auto" / "on" / "off",
+    hybrid.train.fused_loss); the row's ``fused`` says which path ran."""
     import copy
+    from types import SimpleNamespace
+
+    from hybrid.train.stages import distill_loss, use_fused_loss
 
     student = copy.deepcopy(student)  # the caller's model is left as it was
     device = next(student.parameters()).device
@@ -84,31 +88,29 @@ def measure_distill(student: nn.Module, teacher: nn.Module, batch_size: int, seq
     g = torch.Generator(device="cpu").manual_seed(0)
     ids = torch.randint(0, V, (batch_size, seq_len), generator=g).to(device)  # [B, T]
     w = torch.ones(batch_size, seq_len, device=device)  # [B, T]
-    mask = torch.ones_like(ids)  # [B, T] random ids are real tokens
     params = [p for p in student.parameters()]
     for p in params:
         p.requires_grad_(True)
     opt = torch.optim.AdamW(params, lr=1e-5, fused=device.type == "cuda" or None)
     student.train()
 
+    cfg = SimpleNamespace(name="distill", kl_weight=1.0, ce_weight=0.2, temperature=temperature,
+                          fused_loss=fused_loss)
+
     def step() -> None:
-        with torch.no_grad(), autocast:
-            t_logits = teacher(input_ids=ids, attention_mask=mask).logits  # [B, T, V]
-        with autocast:
-            s_logits = student(input_ids=ids, attention_mask=mask).logits  # [B, T, V]
-        kl, n = kl_div(s_logits, t_logits, temperature)
-        ce, m = weighted_ce(s_logits, ids, w)
-        loss = kl / n + 0.2 * ce / m
+        terms = distill_loss(cfg, student, teacher, ids, w, autocast)
+        loss = sum(wt * total / count for _, wt, total, count in terms)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
 
     seconds, util = _timed(step, device, warmup, steps)
+    fused = use_fused_loss(cfg, student, teacher, ids)  # after the steps: False where "auto" fell back
     tokens = batch_size * seq_len * steps
     s_f, t_f = forward_flops_per_token(student, seq_len), forward_flops_per_token(teacher, seq_len)
     tps = tokens / seconds
     flops = 3 * s_f + t_f
-    return {"kind": "distill", "batch_size": batch_size, "seq_len": seq_len, "steps": steps,
+    return {"kind": "distill", "fused_loss": fused, "batch_size": batch_size, "seq_len": seq_len, "steps": steps,
             "seconds": round(seconds, 3), "tokens_per_s": round(tps, 1),
             "student_fwd_flops_per_token": s_f, "teacher_fwd_flops_per_token": t_f,
             "model_flops_per_token": flops, "tflops": round(tps * flops / 1e12, 3),

@@ -80,16 +80,23 @@ def test_tiny_pipeline_selects_its_mask(tmp_path):
 
 def test_throughput_only_sweeps_batches_without_training(tmp_path):
     """run.py --throughput-only: the untrained hybrid's stage-2 step and the teacher's training step per batch size,
-    the best by MFU; no training folder (the GPU measures MFU in one short call)."""
+    the best by MFU; no training folder (the GPU measures MFU in one short call). The stage's fused_loss setting
+    ("on" here) is what the sweep times, and --compare-naive times the full-logits loss beside it."""
     mask = kv_group_mask(tmp_path / "mask.json")
+    cfg = tmp_path / "tiny_fused.toml"
+    text = (ROOT / "experiments/train_hybrid/tiny.toml").read_text()
+    cfg.write_text(text.replace('name = "distill"', 'name = "distill"\nfused_loss = "on"', 1))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    p = subprocess.run([sys.executable, str(SCRIPT), "--config", str(ROOT / "experiments/train_hybrid/tiny.toml"),
+    p = subprocess.run([sys.executable, str(SCRIPT), "--config", str(cfg),
                         "--out", str(tmp_path / "o"), "--tiny", "--mask", str(mask), "--throughput-only",
-                        "--batches", "1,2"], env=env, cwd=ROOT, capture_output=True, text=True, check=True)
+                        "--batches", "1,2", "--compare-naive"], env=env, cwd=ROOT, capture_output=True, text=True,
+                       check=True)
     out = json.loads((tmp_path / "o" / "throughput.json").read_text())
     assert [r["batch_size"] for r in out["rows"]] == [1, 2]
     for r in out["rows"]:
         assert r["distill"]["kind"] == "distill" and r["teacher_train"]["kind"] == "teacher_train"
+        assert r["distill"]["fused_loss"] is True and r["distill_naive"]["fused_loss"] is False
+        assert r["distill_naive"]["tokens_per_s"] > 0
         assert r["distill"]["tokens_per_s"] > 0 and r["distill"]["mfu"] >= 0 and r["seq_len"] == 64  # MFU: ~0 on a CPU
         d = r["distill"]  # model FLOPs = student fwd + bwd (3x) + teacher fwd, attention included
         assert d["model_flops_per_token"] == pytest.approx(3 * d["student_fwd_flops_per_token"]
