@@ -223,7 +223,10 @@ class HeadFusion(nn.Module):
 def calibrate_fusion(model: nn.Module, teacher: nn.Module, input_ids: torch.Tensor) -> torch.Tensor:
     """Set every layer's gamma_h to the teacher's RMS of head h's output (o_proj input) on ``input_ids``.
 
-    After this, a normalised head starts with the teacher head's scale. Returns gamma [L, H]."""
+    After this, a normalised head starts with the teacher head's scale. The token-level baseline normalises both
+    of a head's branches (sliding window, GDN) and sums them: both its ``swa_gamma`` and ``gdn_gamma`` get the
+    teacher head's RMS (the same rule: every normalised head output starts at the teacher head's scale). Returns
+    gamma [L, H]."""
     from headscope.arch import describe
     from headscope.hooks import record_inputs
 
@@ -234,7 +237,16 @@ def calibrate_fusion(model: nn.Module, teacher: nn.Module, input_ids: torch.Tens
     for l in range(arch.n_layers):
         zl = z[l].double().reshape(*z[l].shape[:2], arch.n_heads, arch.head_dim)  # [B, T, H, D]
         rms = zl.pow(2).mean(dim=(0, 1, 3)).sqrt()  # [H]
-        fusion = model.model.layers[l].self_attn.fusion
+        attn = model.model.layers[l].self_attn
+        if hasattr(attn, "swa_gamma"):  # the token-level baseline (hybrid.layers.token_attention)
+            if attn.mode == "none":
+                raise ValueError("calibrate_fusion: fusion='none' has no gamma (the token-level baseline's branches "
+                                 "are summed unscaled)")
+            attn.swa_gamma.copy_(rms.to(attn.swa_gamma))
+            attn.gdn_gamma.copy_(rms.to(attn.gdn_gamma))
+            gammas.append(rms)
+            continue
+        fusion = attn.fusion
         if fusion.gamma is None:
             raise ValueError(f"calibrate_fusion needs a fusion mode with gamma (one of "
                              f"{sorted(n for n, m in FUSIONS.items() if m.norm)}); fusion='none' has none")

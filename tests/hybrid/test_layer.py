@@ -181,6 +181,23 @@ def test_calibrate_fusion_sets_gamma_to_teacher_head_rms():
     assert_close("gamma", model.model.layers[2].self_attn.fusion.gamma, expected, "fp64_exact")
 
 
+def test_calibrate_fusion_sets_both_gammas_of_the_token_level_baseline():
+    """The token-level baseline's heads sum two normalised branches: each gets the teacher head's RMS; its
+    fusion='none' has no gamma to set and is refused."""
+    from hybrid.builders import from_token_level
+
+    teacher, _ = build()
+    ids = torch.randint(0, 128, (2, 11))
+    model = from_token_level(teacher, window=4)
+    gamma = calibrate_fusion(model, teacher, ids)  # [L, H]
+    for l, layer in enumerate(model.model.layers):
+        assert_close("swa_gamma", layer.self_attn.swa_gamma, gamma[l], "fp64_exact")
+        assert_close("gdn_gamma", layer.self_attn.gdn_gamma, gamma[l], "fp64_exact")
+    assert not torch.allclose(gamma, torch.ones_like(gamma))
+    with pytest.raises(ValueError, match="no gamma"):
+        calibrate_fusion(from_token_level(teacher, window=4, fusion="none"), teacher, ids)
+
+
 @pytest.mark.parametrize("fusion", sorted(FUSIONS))
 def test_fusion_project_equals_o_proj_of_the_fused_heads(fusion):
     """The layer's fast path (no [B, T, H*D] buffer, gamma folded into o_proj's columns) computes

@@ -119,6 +119,15 @@ def test_a_fresh_hybrid_starts_with_the_teachers_head_scales(tmp_path, tiny_teac
         assert torch.allclose(gamma, torch.ones_like(gamma)) and not events
 
 
+def test_the_token_level_baseline_is_calibrated_too(tmp_path, tiny_teacher_dir, tiny_mask):
+    """Study 3's token-level variant trains through the same trainer: both branch gammas start calibrated."""
+    res = run(tiny_config(tmp_path / "o", tiny_teacher_dir, tiny_mask, hybrid={"granularity": "token", "window": 8},
+                          stages=[stage("align", steps=1, lr=1e-12)]))
+    attn = res.model.model.layers[0].self_attn
+    assert not torch.allclose(attn.swa_gamma, torch.ones_like(attn.swa_gamma))
+    torch.testing.assert_close(attn.swa_gamma, attn.gdn_gamma, rtol=1e-4, atol=1e-6)
+
+
 def test_a_missing_plotly_costs_the_figure_not_the_run(tmp_path, tiny_teacher_dir, tiny_mask, monkeypatch):
     import hybrid.train.trainer as trainer
 
