@@ -15,6 +15,7 @@
 # past it; TRAIN_TIMEOUT (s, default 530 reference / 500 otherwise) kills run.py; PARITY=1 (default for
 # reference.toml only) re-checks fla's Hopper backward at head dim 32 (D = 32 and 64 are verified:
 # hybrid/ops/gdn.py); N_EVAL prompts per NIAH length (default 30); BATCHES for throughput (default 8,16,32,48,64);
+# PARITY_CHECK=0 skips the backend parity of the trained hybrid (after a finished run, <= PARITY_TIMEOUT=120 s);
 # TRACE=SECONDS dumps every thread's stack that often (experiments/trace_run.py); RUN_ARGS: more run.py arguments (a
 # CPU dry run of the script: CONFIG=experiments/train_hybrid/smollm2_tiny.toml RUN_ARGS="--tiny --n 1", python3 on PATH
 # the project's venv).
@@ -107,6 +108,12 @@ case $rc in
 *) echo "run.py failed (rc=$rc)" ;;
 esac
 cp "$RUN/results.json" "$RUN/eval_rows.csv" "$OUT/" 2>/dev/null
+# the trained hybrid under each precision and kernel backend (experiments/train_hybrid/backend_parity.py): the
+# eighth session's hybrid scored 4.22 in the trainer's bf16 check and 4.55 reloaded in float32 on the same windows
+if [ "$rc" = 0 ] && [ -f "$RUN/run/hybrid/config.json" ] && [ "${PARITY_CHECK:-1}" = 1 ]; then
+    timeout "${PARITY_TIMEOUT:-120}" python3 experiments/train_hybrid/backend_parity.py --model "$RUN/run/hybrid" \
+        --out "$OUT/backend_parity.json" 2>&1 | grep -v "^Loading" | tail -12
+fi
 # the run comes back in parts of 15 MB ($OUT: 8 files of <= 16 MiB): mask, scores, log, figure, and the trained
 # weights where they fit (the reference's ~28 MB; not SmolLM2's); here: cat run.tgz.part* | tar -xz -C runs/gpu_hybrid,
 # then python experiments/train_hybrid/run.py --config CONFIG --out runs/gpu_hybrid --eval-only
