@@ -9,7 +9,7 @@ windows at --length) and the largest logit difference against the float32 run wi
 
     precision  fp32 | bf16 autocast (the training's)
     backends   auto (fla chunk / recurrent, Triton prologue, SDPA) | torch twins (GDN torch_chunk, prologue torch,
-               attention sdpa) | one op at a time back on its twin
+               attention eager) | one op at a time on its fast kernel (attn=sdpa), the others on their twins
 
     python experiments/train_hybrid/backend_parity.py --model runs/gpu_hybrid/run/hybrid [--out parity.json]
 
@@ -54,12 +54,13 @@ def main(argv: list[str] | None = None) -> dict:
     tok = AutoTokenizer.from_pretrained(a.model, local_files_only=True)
     model = AutoModelForCausalLM.from_pretrained(a.model, dtype=torch.float32).to(device).eval()
     gpu = device.type == "cuda"
-    twins = {"gdn": "torch_chunk", "prologue": "torch", "attn": "sdpa"}
+    twins = {"gdn": "torch_chunk", "prologue": "torch", "attn": "eager"}  # eager: float32 scores and softmax
     auto = {"gdn": "auto", "prologue": "auto", "attn": "auto"}
     settings = [("fp32", "twins", twins), ("fp32", "auto", auto), ("bf16_autocast", "twins", twins),
                 ("bf16_autocast", "auto", auto)]
     if gpu:  # each op alone on its fast kernel, the others on their twins (bf16 autocast, as in training)
-        settings += [("bf16_autocast", f"{op}=auto", {**twins, op: "auto"}) for op in twins]
+        settings += [("bf16_autocast", f"{op}=fast", {**twins, op: "sdpa" if op == "attn" else "auto"})
+                     for op in twins]
     ids = torch.randint(0, model.config.vocab_size, (2, a.length), generator=torch.Generator().manual_seed(0))
     ids = ids.to(device)  # [B, T]
     ref = None
