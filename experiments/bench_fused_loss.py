@@ -25,8 +25,7 @@ from pathlib import Path
 
 import torch
 
-from hybrid.train.fused_loss import fused_distill_loss
-from hybrid.train.losses import kl_div, weighted_ce
+from hybrid.train.fused_loss import fused_distill_loss, naive_distill_loss
 
 
 def make_inputs(B: int, T: int, V: int, C: int, Ct: int, device: torch.device, seed: int = 0):
@@ -46,25 +45,13 @@ def loss_of(terms: dict, kl_weight: float, ce_weight: float) -> torch.Tensor:
     return sum(weights[n] * total / count for n, (total, count) in terms.items())
 
 
-def naive_terms(h_s, w_s, h_t, w_t, ids, w, tau, kl, ce):
-    with torch.no_grad():
-        t = torch.nn.functional.linear(h_t, w_t)  # [B, T, V]
-    s = torch.nn.functional.linear(h_s, w_s)  # [B, T, V]
-    out = {}
-    if kl:
-        out["kl"] = kl_div(s, t, tau)
-    if ce:
-        out["ce"] = weighted_ce(s, ids, w)
-    return out
-
-
 def run_once(method: str, chunk: int, inputs, args, autocast):
     h_s, w_s, h_t, w_t, ids, w = inputs
     h_s.grad = w_s.grad = None
     kl, ce = args.kl_weight > 0, args.ce_weight > 0
     with autocast:
         if method == "naive":
-            terms = naive_terms(h_s, w_s, h_t, w_t, ids, w, args.temperature, kl, ce)
+            terms = naive_distill_loss(h_s, w_s, h_t, w_t, ids, w, temperature=args.temperature, kl=kl, ce=ce)
         else:
             terms = fused_distill_loss(h_s, w_s, h_t, w_t, ids, w, temperature=args.temperature, kl=kl, ce=ce,
                                        chunk_tokens=chunk)

@@ -108,6 +108,7 @@ def main(argv: list[str] | None = None) -> dict:
     from hybrid.train import TrainConfig, run
     from hybrid.train.evals import MAX_EVAL_LENGTH, eval_lengths
     from hybrid.train.throughput import measure_distill, measure_lm
+    from hybrid.train.trainer import RunResult, read_history
     from hybrid.train.variants import make_mask
 
     a.out.mkdir(parents=True, exist_ok=True)
@@ -139,8 +140,6 @@ def main(argv: list[str] | None = None) -> dict:
         return throughput_only(a, base, teacher, device, L0, mask)
 
     if a.eval_only:
-        from hybrid.train.trainer import RunResult, read_history
-
         run_dir = Path(base.out)
         if not (run_dir / "hybrid" / "config.json").exists() or not (run_dir / "log.jsonl").exists():
             raise SystemExit(f"--eval-only: no finished run in {run_dir} (hybrid/config.json and log.jsonl); "
@@ -157,10 +156,10 @@ def main(argv: list[str] | None = None) -> dict:
             sys.exit(3)
         train_minutes = (time.time() - t0) / 60
         print(f"[run.py] training done in {train_minutes:.2f} min", flush=True)
-    from hybrid.train.trainer import read_history
-
-    # each stage's last minutes, from the whole log: a resumed call's own history holds only the steps it trained
-    stage_minutes = {r["stage"]: r["minutes"] for r in read_history(base.out) if "minutes" in r}
+    # each stage's last minutes, from the whole log (--eval-only's history is that log already): a resumed call's
+    # own history holds only the steps it trained
+    history = result.history if a.eval_only else read_history(base.out)
+    stage_minutes = {r["stage"]: r["minutes"] for r in history if "minutes" in r}
     if a.eval_only or a.resume:  # the training's own clock: the stages' minutes (set-up and warm-up steps not counted)
         train_minutes = sum(stage_minutes.values())
     t_eval = time.time()

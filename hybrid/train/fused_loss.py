@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-__all__ = ["fused_distill_loss", "DEFAULT_CHUNK_TOKENS"]
+__all__ = ["fused_distill_loss", "naive_distill_loss", "DEFAULT_CHUNK_TOKENS"]
 
 DEFAULT_CHUNK_TOKENS = 2048  # logits of one chunk: 2048 x 49152 float32 = 0.4 GB for SmolLM2
 
@@ -132,6 +132,24 @@ class _FusedDistill(torch.autograd.Function):
         if grad_w is not None:
             grad_w = grad_w.to(ctx.w_dtype)
         return grad_h, grad_w, None, None, None, None, None, None, None, None, None
+
+
+def naive_distill_loss(h_s: torch.Tensor, w_s: torch.Tensor, h_t: torch.Tensor | None, w_t: torch.Tensor | None,
+                       ids: torch.Tensor, w: torch.Tensor, *, temperature: float = 1.0, kl: bool = True,
+                       ce: bool = True) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """The naive twin of ``fused_distill_loss`` (same arguments, same result): the full logits
+    ``h @ W^T`` [B, T, V], then ``losses.kl_div`` and ``losses.weighted_ce`` on them, autograd for the gradients."""
+    from hybrid.train.losses import kl_div, weighted_ce
+
+    s = F.linear(h_s, w_s)  # [B, T, V]
+    out = {}
+    if kl:
+        with torch.no_grad():
+            t = F.linear(h_t, w_t)  # [B, T, V]
+        out["kl"] = kl_div(s, t, temperature)
+    if ce:
+        out["ce"] = weighted_ce(s, ids, w)
+    return out
 
 
 def fused_distill_loss(h_s: torch.Tensor, w_s: torch.Tensor, h_t: torch.Tensor | None, w_t: torch.Tensor | None,

@@ -2,6 +2,7 @@
 into stage 2 (stages.distill_loss, StageConfig.fused_loss)."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -10,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hybrid.train.fused_loss import fused_distill_loss
+from hybrid.train.fused_loss import fused_distill_loss, naive_distill_loss
 from hybrid.train.losses import kl_div, weighted_ce
 from testing_utils import assert_close
 
@@ -33,13 +34,7 @@ def problem(dtype, B=2, T=7, C=8, Ct=6, V=33, seed=0, zero_w=False):
 
 
 def naive(h_s, w_s, h_t, w_t, ids, w, tau, kl=True, ce=True):
-    s, t = h_s @ w_s.T, h_t @ w_t.T  # [B, T, V] each
-    out = {}
-    if kl:
-        out["kl"] = kl_div(s, t, tau)
-    if ce:
-        out["ce"] = weighted_ce(s, ids, w)
-    return out
+    return naive_distill_loss(h_s, w_s, h_t, w_t, ids, w, temperature=tau, kl=kl, ce=ce)
 
 
 def grads(terms, coef, h_s, w_s):
@@ -165,7 +160,7 @@ def test_a_failed_head_check_falls_back_under_auto_and_stops_under_on(mode, monk
 
     from hybrid.train import StageConfig
     from hybrid.train import stages
-    from hybrid.train.stages import FusedLossMismatch, distill_loss, kl_div, weighted_ce
+    from hybrid.train.stages import FusedLossMismatch, distill_loss
 
     from train_factories import stage
 
@@ -281,39 +276,20 @@ def test_ddp_with_the_fused_loss_matches_one_naive_process(tmp_path, tiny_teache
     from hybrid.train.cli import main
     from hybrid.train.logs import read_log
 
-    def toml(name: str, fused: str, extra: str = "") -> Path:
-        p = tmp_path / f"{name}.toml"
-        p.write_text(f'''out = "{tmp_path / name}"
-teacher = "{tiny_teacher_dir}"
-mask = "{tiny_mask}"
-device = "cpu"
-progress = false
-eval = "none"
-log_every = 1
-threads = 1
-{extra}
-[data]
-text = 0.5
-niah = 0.25
-reasoning = 0.25
-multikey = 0.0
-copy = 0.0
+    from train_factories import stage, tiny_config
 
-[[stages]]
-name = "distill"
-steps = 3
-lr = 3e-3
-seq_len = 32
-batch_size = 4
-temperature = 2.0
-fused_loss = "{fused}"
-''')
+    def config(name: str, fused: str, **kw) -> Path:  # a JSON config file (TrainConfig.from_file reads it)
+        cfg = tiny_config(tmp_path / name, tiny_teacher_dir, tiny_mask, **kw,
+                          stages=[stage("distill", steps=3, seq_len=32, batch_size=4, temperature=2.0,
+                                        fused_loss=fused)])
+        p = tmp_path / f"{name}.json"
+        p.write_text(json.dumps(cfg.to_dict()))
         return p
 
-    assert main(["--config", str(toml("one", "off"))]) == 0
+    assert main(["--config", str(config("one", "off"))]) == 0
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                           "-m", "hybrid.train.cli", "--config", str(toml("two", "on", 'distributed = "ddp"'))],
+                           "-m", "hybrid.train.cli", "--config", str(config("two", "on", distributed="ddp"))],
                           env=env, capture_output=True, text=True, timeout=600, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-3000:]
     a = [r for r in read_log(tmp_path / "one" / "log.jsonl") if "loss" in r]
