@@ -25,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+from headscope.io import write_text
 from hybrid.train.fused_loss import fused_distill_loss, naive_distill_loss
 
 
@@ -150,7 +151,7 @@ def main() -> None:
         out.append(r)
     if os.environ.get("OUT"):
         path = Path(os.environ["OUT"]) / "bench_fused_loss.json"
-        path.write_text(json.dumps({"args": vars(args), "device": str(device), "rows": out}, indent=1))
+        write_text(path, json.dumps({"args": vars(args), "device": str(device), "rows": out}, indent=1))
         print(f"wrote {path}")
 
 

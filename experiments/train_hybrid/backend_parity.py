@@ -47,6 +47,7 @@ def main(argv: list[str] | None = None) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     import hybrid
+    from headscope.io import write_text
     from hybrid.train.evals import EvalContext, heldout_loss
 
     hybrid.register()
@@ -83,7 +84,7 @@ def main(argv: list[str] | None = None) -> dict:
            "length": a.length, "samples": a.samples, "rows": rows}
     if a.out:
         a.out.parent.mkdir(parents=True, exist_ok=True)
-        a.out.write_text(json.dumps(out, indent=1))
+        write_text(a.out, json.dumps(out, indent=1))
     return out
 
 
