@@ -1,7 +1,10 @@
 """Periodic evaluations during training: a named registry of callables ``fn(ctx: EvalContext) -> dict``.
 
 "default": held-out next-token loss on fixed windows of the shipped held-out haystack text, and single-key
-NIAH teacher-forced accuracy (``headscope.ablation.answer_accuracy``) on fixed prompts at the stage's length.
+NIAH teacher-forced accuracy (``headscope.ablation.answer_accuracy``) on fixed prompts at the stage's length; in a
+stage at another length than the run's first stage, also the held-out loss at that first length
+(``eval_heldout_loss_base``), so that every stage is compared on the same windows (a loss at 8192 tokens is not
+one at 2048: the ninth session's stage 3 lowered the 8192 loss and raised the 2048 one by 0.35 nats).
 "none": no evaluation. Pass any other callable to ``hybrid.train.run(config, evaluate=fn)``.
 """
 from __future__ import annotations
@@ -26,6 +29,12 @@ class EvalContext:
     autocast: AbstractContextManager
     seed: int = 0
     cache: dict = field(default_factory=dict)  # per-run memo (fixed evaluation data)
+    base_len: int | None = None  # the run's first stage's length: the held-out loss is also taken there
+
+
+def _with_len(ctx: EvalContext, seq_len: int) -> EvalContext:
+    return EvalContext(ctx.model, ctx.tokenizer, seq_len, ctx.n_samples, ctx.device, ctx.autocast, ctx.seed,
+                       ctx.cache, ctx.base_len)
 
 
 @torch.no_grad()
@@ -69,6 +78,9 @@ def niah_accuracy(ctx: EvalContext) -> float:
 
 def default_eval(ctx: EvalContext) -> dict[str, float]:
     out = {"eval_heldout_loss": round(heldout_loss(ctx), 4)}
+    if ctx.base_len and ctx.base_len != ctx.seq_len:
+        out["eval_heldout_loss_base"] = round(heldout_loss(_with_len(ctx, ctx.base_len)), 4)
+        out["heldout_base_len"] = ctx.base_len
     try:
         out["eval_niah_acc"] = round(niah_accuracy(ctx), 4)
     except Exception as err:  # a tokenizer/length the task cannot serve: report, do not stop training

@@ -384,7 +384,8 @@ class Trainer:
         was = model.training
         model.eval()
         ctx = EvalContext(model, self.tokenizer, s.seq_len, self.config.eval_samples, self.env.device,
-                          self.env.autocast(), self.config.seed, self._eval_cache)
+                          self.env.autocast(), self.config.seed, self._eval_cache,
+                          base_len=self.config.stages[0].seq_len)
         t0 = time.time()
         with torch.random.fork_rng(devices=[self.env.device] if self.env.device.type == "cuda" else []):
             res = self.evaluate(ctx)

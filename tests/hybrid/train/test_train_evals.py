@@ -42,3 +42,27 @@ def test_reference_teacher_lengths_are_unchanged():
 
     teacher, _ = load_model("default", device="cpu")  # trained at 2048 (train_summary.json)
     assert eval_lengths(teacher, SMOL) == (2048, (4096, 8192, 16384))
+
+
+def test_default_eval_also_takes_the_heldout_loss_at_the_runs_first_length():
+    """A stage at 4x the length is also checked at the first stage's length, on the same windows as that stage's
+    check (a loss at 8192 tokens is not comparable to one at 2048); a stage at the first length is checked once."""
+    from contextlib import nullcontext
+
+    import torch
+
+    from headscope.reference import load_model
+    from hybrid.train.evals import EvalContext, default_eval, heldout_loss
+
+    model, tok = load_model("default", device="cpu")
+    cache: dict = {}
+
+    def ctx(seq_len):
+        return EvalContext(model, tok, seq_len, 2, torch.device("cpu"), nullcontext(), cache=cache, base_len=32)
+
+    short = default_eval(ctx(32))
+    assert "eval_heldout_loss_base" not in short and "heldout_base_len" not in short
+    long = default_eval(ctx(64))
+    assert long["heldout_base_len"] == 32
+    assert long["eval_heldout_loss_base"] == short["eval_heldout_loss"] == round(heldout_loss(ctx(32)), 4)
+    assert long["eval_heldout_loss"] == round(heldout_loss(ctx(64)), 4) != long["eval_heldout_loss_base"]

@@ -45,6 +45,9 @@ def test_smoke_three_stages_losses_go_down_and_the_saved_hybrid_reloads(tmp_path
         assert len(ls) == 6 and sum(ls[-2:]) < sum(ls[:2]), (name, ls)
     evals = [r for r in res.history if "eval_heldout_loss" in r]
     assert [r["stage"] for r in evals] == ["align", "distill", "long"]
+    # the long stage is also checked at the first stage's length (on the distill check's windows)
+    assert [r.get("heldout_base_len") for r in evals] == [None, None, 32]
+    assert 0 < evals[2]["eval_heldout_loss_base"] < 20
     assert (tmp_path / "out" / "training.html").exists()
     log = [json.loads(l) for l in (tmp_path / "out" / "log.jsonl").read_text().splitlines()]
     assert {"lr", "tok_per_s", "grad_norm", "loss"} <= set([r for r in log if "event" not in r][0])
