@@ -89,6 +89,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--compare-naive", action="store_true",
                     help="--throughput-only: also time each batch with fused_loss='off' (full logits) beside the "
                          "distill stage's own fused_loss setting")
+    ap.add_argument("--profile", action="store_true",
+                    help="--throughput-only: also profile each batch's stage-2 step and teacher step "
+                         "(hybrid.train.throughput.profile_step: kernel time by category, top kernels)")
     ap.add_argument("--stop-after", type=float, default=None, metavar="SECONDS",
                     help="stop the training at the first checkpoint written after SECONDS from the start (exit 3; "
                          "continue with --resume): a GPU call that ends cleanly instead of being killed")
@@ -244,6 +247,15 @@ def reasoning_left_out(scores_path: Path) -> str | None:
     return json.loads(scores_path.read_text()).get("settings", {}).get("reasoning_left_out")
 
 
+def print_profile(what: str, prof: dict, top: int = 12) -> None:
+    cats = ", ".join(f"{k} {v['share']:.0%}" for k, v in prof["categories"].items())
+    print(f"[profile] {what}: {prof['step_ms']} ms a step, kernels {prof['kernel_ms_per_step']} ms ({prof['timer']}): "
+          f"{cats}", flush=True)
+    for r in prof["top"][:top]:
+        print(f"[profile]   {r['share']:6.1%} {r['ms']:9.3f} ms {r['calls']:5d}x  {r['category']:<11} {r['name'][:90]}",
+              flush=True)
+
+
 def throughput_only(a, base, teacher, device, T: int, mask) -> dict:
     """Stage-2 throughput of the untrained hybrid (the mask, the config's hybrid options) against the teacher's
     own training step, at each batch size of --batches (an out-of-memory batch ends the sweep); the best by
@@ -282,10 +294,11 @@ def throughput_only(a, base, teacher, device, T: int, mask) -> dict:
             gc.collect()
             row["distill_naive"]["max_memory_gib"] = peak_gib()
         try:
-            row["distill"] = measure_distill(student, teacher, B, T, steps=steps, warmup=warmup, fused_loss=fused)
+            row["distill"] = measure_distill(student, teacher, B, T, steps=steps, warmup=warmup, fused_loss=fused,
+                                             profile=a.profile)
             gc.collect()
             row["distill"]["max_memory_gib"] = peak_gib()
-            row["teacher_train"] = measure_lm(teacher, B, T, steps=steps, warmup=warmup)
+            row["teacher_train"] = measure_lm(teacher, B, T, steps=steps, warmup=warmup, profile=a.profile)
             gc.collect()
             row["teacher_train"]["max_memory_gib"] = peak_gib()
         except torch.OutOfMemoryError as err:
@@ -306,6 +319,8 @@ def throughput_only(a, base, teacher, device, T: int, mask) -> dict:
               f"{d['tokens_per_s']:,.0f} tokens/s, {d['tflops']:.1f} TFLOP/s, MFU {d['mfu']:.1%}, "
               f"{d['max_memory_gib']} GiB{naive_s} | teacher training step {t['tokens_per_s']:,.0f} tokens/s, "
               f"{t['tflops']:.1f} TFLOP/s, MFU {t['mfu']:.1%} ({row['seconds']} s)", flush=True)
+        for kind in ("distill", "teacher_train") if a.profile else ():
+            print_profile(f"batch {B} {kind}", row[kind]["profile"])
     ok = [r for r in rows if "distill" in r]
     if not ok:
         raise SystemExit(f"--throughput-only: every batch size failed ({rows}); try smaller --batches")

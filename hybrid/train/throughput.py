@@ -6,9 +6,14 @@ Gated DeltaNet heads 6 x D^2 (state read k^T S, rank-one write, output q^T S; th
 intra-chunk terms are left out, so the count is a lower bound). A stage-2 step costs the student's forward and
 backward (3x forward) plus the teacher's forward (1x). MFU = tokens/s x FLOPs/token / peak (H200 bf16 dense:
 790 TFLOP/s).
+
+``profile=True`` adds where a step's time goes (``profile_step``): torch.profiler over two more steps, the device
+kernels (CPU ops without a GPU) summed by category (``KERNEL_CATEGORIES``: matmul, gdn, attention, loss, norm,
+elementwise, optimizer, copy, other) and the top kernels by self time.
 """
 from __future__ import annotations
 
+import re
 import time
 from typing import Any
 
@@ -16,7 +21,7 @@ import torch
 import torch.nn as nn
 
 __all__ = ["H200_BF16_PEAK", "linear_flops_per_token", "attention_flops_per_token", "forward_flops_per_token",
-           "measure_distill", "measure_lm"]
+           "measure_distill", "measure_lm", "profile_step", "kernel_category", "KERNEL_CATEGORIES"]
 
 H200_BF16_PEAK = 790e12
 
@@ -57,6 +62,70 @@ def _utilisation(device: torch.device) -> float | None:
         return None
 
 
+# first match wins; names of CUDA kernels (cuBLAS / CUTLASS / Triton / ATen) and, on CPU, of aten ops
+KERNEL_CATEGORIES: list[tuple[str, str]] = [
+    ("optimizer", r"adam|multi_tensor_apply|_foreach"),
+    ("gdn", r"chunk_gated_delta|gated_delta|chunk_fwd|chunk_bwd|chunk_scaled_dot|solve_tril|wy_fast|"
+            r"chunk_local_cumsum|recompute_w_u|fused_recurrent|prologue|_gdn|l2norm|kkt"),
+    ("attention", r"flash|fmha|sdpa|scaled_dot_product|attention|cudnn_.*(mha|attn)"),
+    ("loss", r"softmax|cross_entropy|nll_loss|kl_div|logsumexp|fused_distill|_lse"),
+    ("matmul", r"gemm|matmul|\bmm\b|addmm|bmm|cutlass|xmma|nvjet|sm90_|sm80_|cublas|linear"),
+    ("norm", r"rms_?norm|layer_?norm|_norm_"),
+    ("copy", r"memcpy|memset|copy_|_to_copy|cat_|catarray|index|gather|scatter"),
+    ("elementwise", r"elementwise|vectorized|reduce|unrolled|silu|mul|add|pow|sqrt|exp|sum|mean|where|fill|div|"
+                    r"lerp|sub|neg|clamp|sigmoid|softplus|tanh"),
+]
+
+
+def kernel_category(name: str) -> str:
+    """The ``KERNEL_CATEGORIES`` entry whose pattern matches ``name`` first (case-insensitive), else "other"."""
+    low = name.lower()
+    for cat, pattern in KERNEL_CATEGORIES:
+        if re.search(pattern, low):
+            return cat
+    return "other"
+
+
+def profile_step(step, device: torch.device, steps: int = 2, top: int = 25) -> dict[str, Any]:
+    """Run ``step`` ``steps`` times under torch.profiler: self time per category (ms per step and share) and the
+    ``top`` kernels. On CUDA only device kernels count (their self CUDA time); on CPU, the aten ops' self CPU
+    time. ``step_ms``: the profiled wall time per step (profiling slows it a little)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = device.type == "cuda"
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    _sync(device)
+    t0 = time.perf_counter()
+    with profile(activities=acts) as prof:
+        for _ in range(steps):
+            step()
+        _sync(device)
+    wall = (time.perf_counter() - t0) / steps
+    rows = []
+    for e in prof.key_averages():
+        if cuda:
+            us = getattr(e, "self_device_time_total", None)
+            if us is None:
+                us = getattr(e, "self_cuda_time_total", 0.0)
+            if getattr(e, "device_type", None) is not None and "CUDA" not in str(e.device_type):
+                continue
+        else:
+            us = e.self_cpu_time_total
+        if us and us > 0:
+            rows.append((e.key, float(us) / 1e3 / steps, int(e.count) // steps))
+    total = sum(ms for _, ms, _ in rows) or 1.0
+    cats: dict[str, float] = {}
+    for name, ms, _ in rows:
+        cats[kernel_category(name)] = cats.get(kernel_category(name), 0.0) + ms
+    rows.sort(key=lambda r: -r[1])
+    return {"timer": "self CUDA time of device kernels" if cuda else "self CPU time of aten ops",
+            "step_ms": round(wall * 1e3, 2), "kernel_ms_per_step": round(total, 2),
+            "categories": {k: {"ms": round(v, 2), "share": round(v / total, 4)}
+                           for k, v in sorted(cats.items(), key=lambda kv: -kv[1])},
+            "top": [{"name": n[:160], "category": kernel_category(n), "ms": round(ms, 3), "calls": c,
+                     "share": round(ms / total, 4)} for n, ms, c in rows[:top]]}
+
+
 def _timed(step, device, warmup: int, steps: int) -> tuple[float, float | None]:
     for _ in range(warmup):
         step()
@@ -71,10 +140,10 @@ def _timed(step, device, warmup: int, steps: int) -> tuple[float, float | None]:
 
 def measure_distill(student: nn.Module, teacher: nn.Module, batch_size: int, seq_len: int, steps: int = 10,
                     warmup: int = 3, temperature: float = 1.0, peak: float = H200_BF16_PEAK,
-                    fused_loss: str = "auto") -> dict[str, Any]:
+                    fused_loss: str = "auto", profile: bool = False) -> dict[str, Any]:
     """Time ``steps`` stage-2 steps (teacher forward, student forward + backward, AdamW) on random tokens, the
     loss by the trainer's own ``distill_loss`` (kl 1, ce 0.2) with ``fused_loss`` ("auto" / "on" / "off",
-    hybrid.train.fused_loss); the row's ``fused`` says which path ran."""
+    hybrid.train.fused_loss); the row's ``fused`` says which path ran; ``profile``: also ``profile_step``."""
     import copy
     from types import SimpleNamespace
 
@@ -110,7 +179,8 @@ def measure_distill(student: nn.Module, teacher: nn.Module, batch_size: int, seq
     s_f, t_f = forward_flops_per_token(student, seq_len), forward_flops_per_token(teacher, seq_len)
     tps = tokens / seconds
     flops = 3 * s_f + t_f
-    return {"kind": "distill", "fused_loss": fused, "batch_size": batch_size, "seq_len": seq_len, "steps": steps,
+    prof = {"profile": profile_step(step, device)} if profile else {}
+    return {**prof, "kind": "distill", "fused_loss": fused, "batch_size": batch_size, "seq_len": seq_len, "steps": steps,
             "seconds": round(seconds, 3), "tokens_per_s": round(tps, 1),
             "student_fwd_flops_per_token": s_f, "teacher_fwd_flops_per_token": t_f,
             "model_flops_per_token": flops, "tflops": round(tps * flops / 1e12, 3),
@@ -118,8 +188,9 @@ def measure_distill(student: nn.Module, teacher: nn.Module, batch_size: int, seq
 
 
 def measure_lm(model: nn.Module, batch_size: int, seq_len: int, steps: int = 10, warmup: int = 3,
-               peak: float = H200_BF16_PEAK) -> dict[str, Any]:
-    """The teacher's own training step (forward + backward + AdamW, next-token CE), for comparison."""
+               peak: float = H200_BF16_PEAK, profile: bool = False) -> dict[str, Any]:
+    """The teacher's own training step (forward + backward + AdamW, next-token CE), for comparison; ``profile``:
+    also ``profile_step``."""
     import copy
 
     device = next(model.parameters()).device
@@ -144,7 +215,8 @@ def measure_lm(model: nn.Module, batch_size: int, seq_len: int, steps: int = 10,
     seconds, util = _timed(step, device, warmup, steps)
     tps = batch_size * seq_len * steps / seconds
     flops = 3 * forward_flops_per_token(model, seq_len)
-    return {"kind": "teacher_train", "batch_size": batch_size, "seq_len": seq_len, "steps": steps,
+    prof = {"profile": profile_step(step, device)} if profile else {}
+    return {**prof, "kind": "teacher_train", "batch_size": batch_size, "seq_len": seq_len, "steps": steps,
             "seconds": round(seconds, 3), "tokens_per_s": round(tps, 1), "model_flops_per_token": flops,
             "tflops": round(tps * flops / 1e12, 3), "mfu": round(tps * flops / peak, 5), "peak_flops": peak,
             "gpu_utilisation_percent": util}

@@ -89,7 +89,7 @@ def test_throughput_only_sweeps_batches_without_training(tmp_path):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     p = subprocess.run([sys.executable, str(SCRIPT), "--config", str(cfg),
                         "--out", str(tmp_path / "o"), "--tiny", "--mask", str(mask), "--throughput-only",
-                        "--batches", "1,2", "--compare-naive"], env=env, cwd=ROOT, capture_output=True, text=True,
+                        "--batches", "1,2", "--compare-naive", "--profile"], env=env, cwd=ROOT, capture_output=True, text=True,
                        check=True)
     out = json.loads((tmp_path / "o" / "throughput.json").read_text())
     assert [r["batch_size"] for r in out["rows"]] == [1, 2]
@@ -97,6 +97,10 @@ def test_throughput_only_sweeps_batches_without_training(tmp_path):
         assert r["distill"]["kind"] == "distill" and r["teacher_train"]["kind"] == "teacher_train"
         assert r["distill"]["fused_loss"] is True and r["distill_naive"]["fused_loss"] is False
         assert r["distill_naive"]["tokens_per_s"] > 0
+        for kind in ("distill", "teacher_train"):  # --profile: kernel time by category, on CPU the aten ops'
+            prof = r[kind]["profile"]
+            assert prof["categories"]["matmul"]["ms"] > 0 and prof["top"] and prof["step_ms"] > 0
+            assert abs(sum(c["share"] for c in prof["categories"].values()) - 1) < 1e-2
         assert r["distill"]["tokens_per_s"] > 0 and r["distill"]["mfu"] >= 0 and r["seq_len"] == 64  # MFU: ~0 on a CPU
         d = r["distill"]  # model FLOPs = student fwd + bwd (3x) + teacher fwd, attention included
         assert d["model_flops_per_token"] == pytest.approx(3 * d["student_fwd_flops_per_token"]
@@ -105,6 +109,7 @@ def test_throughput_only_sweeps_batches_without_training(tmp_path):
     assert best["distill"] == max((r["distill"] for r in out["rows"]), key=lambda d: d["tokens_per_s"])
     assert best["teacher_train_best"] == max((r["teacher_train"] for r in out["rows"]), key=lambda d: d["tokens_per_s"])
     assert out["mask"]["fa_heads"] == 8 and "MFU" in p.stdout
+    assert "[profile] batch 2 distill:" in p.stdout
     assert not (tmp_path / "o" / "run").exists() and not (tmp_path / "o" / "results.json").exists()
 
 

@@ -1,0 +1,47 @@
+"""hybrid.train.throughput: the profiler's kernel categories and the profile of a step."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hybrid.train.throughput import KERNEL_CATEGORIES, kernel_category, profile_step
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.mark.parametrize("name, category", [
+    ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1", "matmul"),
+    ("nvjet_tst_128x256_64x4_1x2_h_bz_coopA_NNT", "matmul"),
+    ("aten::mm", "matmul"),
+    ("aten::addmm", "matmul"),
+    ("chunk_gated_delta_rule_fwd_kernel_h_blockdim64", "gdn"),
+    ("chunk_fwd_kernel_o", "gdn"),
+    ("solve_tril_16x16_kernel", "gdn"),
+    ("_prologue_fwd_kernel", "gdn"),
+    ("flash_fwd_kernel", "attention"),
+    ("pytorch_flash::flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel", "attention"),
+    ("cunn_SoftMaxForward<4, float, float, float, LogSoftMaxForwardEpilogue>", "loss"),
+    ("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<FusedAdamMathFunctor>", "optimizer"),
+    ("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<c10::BFloat16>>", "elementwise"),
+    ("Memcpy DtoD (Device -> Device)", "copy"),
+    ("some_new_kernel", "other"),
+])
+def test_kernel_names_fall_into_their_category(name, category):
+    assert kernel_category(name) == category
+    assert category == "other" or category in dict(KERNEL_CATEGORIES)
+
+
+def test_profile_of_a_cpu_step_counts_its_matmuls():
+    w = torch.randn(256, 256, requires_grad=True)  # [D, D]
+    x = torch.randn(64, 256)  # [N, D]
+
+    def step():
+        y = (x @ w).relu().sum()
+        y.backward()
+
+    prof = profile_step(step, torch.device("cpu"), steps=2, top=5)
+    assert prof["timer"] == "self CPU time of aten ops" and prof["step_ms"] > 0
+    assert len(prof["top"]) <= 5 and prof["top"][0]["ms"] >= prof["top"][-1]["ms"]
+    assert prof["categories"]["matmul"]["share"] > 0
+    assert abs(sum(c["share"] for c in prof["categories"].values()) - 1) < 1e-2
+    assert {r["calls"] for r in prof["top"] if r["name"] == "aten::mm"} == {2}  # forward + the grad of w (x needs none), per step
