@@ -8,7 +8,8 @@
 #             also makes the mask (kept in $RUN for the training calls) and fla's first-call autotuning at this head
 #             dim (kept in ~/.triton while the machine stays warm, and saved to $OUT for experiments/gpu_cache/);
 #             RUN_ARGS="--compare-naive" also times the full-logits stage-2 loss beside the fused one; RUN_ARGS="--profile" adds
-#             each step's kernel time by category and its top kernels (hybrid.train.throughput.profile_step)
+#             each step's kernel time by category and its top kernels (hybrid.train.throughput.profile_step),
+#             "--compile" times the step with the student's decoder layers torch.compile'd beside the eager one
 # stage       put the carried GGUF parts into /tmp/stage and stop (a call that only carries a part)
 # Env: CONFIG; RESUME=1 continues the run in $RUN (/tmp/th-<config name>) after a call that stopped at a checkpoint
 # (exit 3: "continue with --resume") or was killed; BUDGET_SCALE multiplies the stages' max_minutes (default 0.6 for

@@ -25,6 +25,7 @@ selection_scores); SmolLM2-135M does not, so its mask comes from NIAH alone (res
 from __future__ import annotations
 
 import argparse
+import copy
 import gc
 import json
 import sys
@@ -89,6 +90,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--compare-naive", action="store_true",
                     help="--throughput-only: also time each batch with fused_loss='off' (full logits) beside the "
                          "distill stage's own fused_loss setting")
+    ap.add_argument("--compile", action="store_true",
+                    help="--throughput-only: also time each batch's stage-2 step with the student's decoder layers "
+                         "torch.compile'd (hybrid.train.build.compile_decoder_layers; TrainConfig.compile trains so)")
     ap.add_argument("--profile", action="store_true",
                     help="--throughput-only: also profile each batch's stage-2 step and teacher step "
                          "(hybrid.train.throughput.profile_step: kernel time by category, top kernels)")
@@ -262,7 +266,7 @@ def throughput_only(a, base, teacher, device, T: int, mask) -> dict:
     stage-2 tokens/s (= by MFU: one length, the same FLOPs per token) is the result. Model FLOPs:
     hybrid.train.throughput (student fwd + bwd + teacher fwd, attention cores included; MFU against 790 TFLOP/s)."""
     from headscope.io import write_text
-    from hybrid.train.build import build_hybrid
+    from hybrid.train.build import build_hybrid, compile_decoder_layers
     from hybrid.train.throughput import measure_distill, measure_lm
 
     if a.tiny:
@@ -271,6 +275,7 @@ def throughput_only(a, base, teacher, device, T: int, mask) -> dict:
     steps, warmup = (2, 1) if a.tiny else (10, 3)
     student, _ = build_hybrid(teacher, base.mask, base.hybrid)
     student = student.to(device)
+    compiled = None
     fused = next((s.fused_loss for s in base.stages if s.name == "distill"), "auto")  # the training's setting
     rows = []
 
@@ -293,6 +298,17 @@ def throughput_only(a, base, teacher, device, T: int, mask) -> dict:
                 row["distill_naive"] = {"oom": str(err).splitlines()[0][:200]}
             gc.collect()
             row["distill_naive"]["max_memory_gib"] = peak_gib()
+        if a.compile:  # first, as --compare-naive; the compiled layers' first steps (warm-up) compile
+            if compiled is None:
+                compiled = copy.deepcopy(student)
+                compile_decoder_layers(compiled)
+            try:
+                row["distill_compiled"] = measure_distill(compiled, teacher, B, T, steps=steps, warmup=warmup,
+                                                          fused_loss=fused, profile=a.profile)
+            except torch.OutOfMemoryError as err:
+                row["distill_compiled"] = {"oom": str(err).splitlines()[0][:200]}
+            gc.collect()
+            row["distill_compiled"]["max_memory_gib"] = peak_gib()
         try:
             row["distill"] = measure_distill(student, teacher, B, T, steps=steps, warmup=warmup, fused_loss=fused,
                                              profile=a.profile)
@@ -315,12 +331,17 @@ def throughput_only(a, base, teacher, device, T: int, mask) -> dict:
         naive_s = "" if naive is None else (
             " | naive loss: out of memory" if "oom" in naive else
             f" | naive loss {naive['tokens_per_s']:,.0f} tokens/s, MFU {naive['mfu']:.1%}, {naive['max_memory_gib']} GiB")
+        comp = row.get("distill_compiled")
+        naive_s += "" if comp is None else (
+            " | compiled: out of memory" if "oom" in comp else
+            f" | compiled {comp['tokens_per_s']:,.0f} tokens/s, MFU {comp['mfu']:.1%}, {comp['max_memory_gib']} GiB")
         print(f"[throughput] batch {B} x {T}: stage 2 ({'fused' if d['fused_loss'] else 'naive'} loss) "
               f"{d['tokens_per_s']:,.0f} tokens/s, {d['tflops']:.1f} TFLOP/s, MFU {d['mfu']:.1%}, "
               f"{d['max_memory_gib']} GiB{naive_s} | teacher training step {t['tokens_per_s']:,.0f} tokens/s, "
               f"{t['tflops']:.1f} TFLOP/s, MFU {t['mfu']:.1%} ({row['seconds']} s)", flush=True)
-        for kind in ("distill", "teacher_train") if a.profile else ():
-            print_profile(f"batch {B} {kind}", row[kind]["profile"])
+        for kind in ("distill", "distill_compiled", "teacher_train") if a.profile else ():
+            if "profile" in row.get(kind, {}):
+                print_profile(f"batch {B} {kind}", row[kind]["profile"])
     ok = [r for r in rows if "distill" in r]
     if not ok:
         raise SystemExit(f"--throughput-only: every batch size failed ({rows}); try smaller --batches")
@@ -333,12 +354,19 @@ def throughput_only(a, base, teacher, device, T: int, mask) -> dict:
            "best": {"batch_size": best["batch_size"], "seq_len": T, "distill": d,
                     "teacher_train_same_batch": best["teacher_train"],
                     "teacher_train_best": best_teacher["teacher_train"]}}
+    comp = [r["distill_compiled"] for r in ok if "tokens_per_s" in r.get("distill_compiled", {})]
+    if comp:
+        out["best"]["distill_compiled"] = max(comp, key=lambda c: c["tokens_per_s"])
     write_text(a.out / "throughput.json", json.dumps(out, indent=1, default=str))
     print(f"stage 2 (best: batch {best['batch_size']} x {T}): {d['tokens_per_s']:,.0f} tokens/s, {d['tflops']:.1f} "
           f"TFLOP/s = MFU {d['mfu']:.2%} of {d['peak_flops'] / 1e12:.0f} TFLOP/s (model FLOPs/token: student fwd "
           f"{d['student_fwd_flops_per_token'] / 1e6:.0f}M x 3 + teacher fwd {d['teacher_fwd_flops_per_token'] / 1e6:.0f}M"
           f"); teacher training step at that batch: MFU {best['teacher_train']['mfu']:.2%}, best "
           f"{best_teacher['teacher_train']['mfu']:.2%} (batch {best_teacher['batch_size']})")
+    if comp:
+        c = out["best"]["distill_compiled"]
+        print(f"stage 2, compiled decoder layers (best: batch {c['batch_size']}): {c['tokens_per_s']:,.0f} tokens/s "
+              f"= MFU {c['mfu']:.2%}")
     return out
 
 

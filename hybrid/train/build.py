@@ -50,6 +50,19 @@ def build_hybrid(teacher: nn.Module, mask_path: str, options: dict[str, Any]):
     return model.train(), mask
 
 
+def compile_decoder_layers(model: nn.Module) -> int:
+    """``torch.compile`` each decoder layer in place (``nn.Module.compile``: parameter names, state dicts and
+    checkpoints are unchanged; fla's Triton kernels and the FA offset's ``int()`` are graph breaks). Layers of
+    one structure share their compiled code; returns how many layers were compiled."""
+    layers = getattr(getattr(model, "model", None), "layers", None)
+    if layers is None:
+        raise TypeError(f"compile: {type(model).__name__} has no .model.layers (a transformers decoder or a "
+                        "hybrid); set compile = false")
+    for layer in layers:
+        layer.compile()
+    return len(layers)
+
+
 def build_pretrain_model(mcfg, tokenizer, device: torch.device) -> nn.Module:
     """A fresh Qwen3-architecture model of ``mcfg`` (hybrid.train.ModelConfig), or the folder ``init_from``."""
     from transformers import AutoModelForCausalLM, Qwen3Config, Qwen3ForCausalLM

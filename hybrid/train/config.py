@@ -230,6 +230,9 @@ class TrainConfig:
     # stage's corpus before training; False: gamma_init (1), which on SmolLM2 leaves the hybrid's logits far from the
     # teacher's at step 0 (KL 11 vs 0.8 with every head FA: docs/training.md)
     calibrate_fusion: bool = True
+    # torch.compile each decoder layer of the student (hybrid.train.build.compile_decoder_layers) before training:
+    # the first step of each new shape compiles; not with distributed = "fsdp"; not part of the fingerprint
+    compile: bool = False
     model: ModelConfig = field(default_factory=ModelConfig)
     checkpoint_every: int = 0  # steps; 0: only at each stage end
     keep_checkpoints: int = 2
@@ -294,6 +297,11 @@ class TrainConfig:
                 _bad(f"stages[{s.name}]", "seq_len", s.seq_len,
                      f"stage 3 ('long') must train at >= {LONG_FACTOR}x the align/distill length "
                      f"({max(short)}), i.e. seq_len >= {LONG_FACTOR * max(short)}")
+        if not isinstance(self.compile, bool):
+            _bad("run", "compile", self.compile, "must be true or false")
+        if self.compile and self.distributed == "fsdp":
+            _bad("run", "compile", self.compile, "compiling FSDP-wrapped layers is not supported here; use "
+                 "distributed = 'ddp' or compile = false")
         for s in stages:
             if s.fused_loss == "on" and self.distributed == "fsdp":
                 _bad(f"stages[{s.name}]", "fused_loss", s.fused_loss, "FSDP shards the lm_head weight, which the "
@@ -316,7 +324,7 @@ class TrainConfig:
         return json.loads(json.dumps(dataclasses.asdict(self), default=list))
 
     def fingerprint(self, ignore: tuple[str, ...] = ("out", "device", "threads", "progress", "log_every",
-                                                      "distributed"),
+                                                      "distributed", "compile"),
                     ignore_stage: tuple[str, ...] = ("fused_loss",)) -> str:
         """sha256 of the settings that change the result (bookkeeping-only fields left out: ``ignore`` of the run,
         ``ignore_stage`` of each stage, e.g. how the loss is computed), 16 hex digits."""

@@ -149,6 +149,12 @@ class Trainer:
             if start_index < only:
                 raise CheckpointError(f"--stage {only + 1}: stage {start_index + 1} is not finished in {out}; run "
                                       f"the earlier stages first (--stage {start_index + 1} or --stage all)")
+        # the student only, after calibration (eager) and before DDP wraps it; not the teacher, which also samples
+        # text (generate: a new shape at every decode step)
+        if cfg.compile:
+            from hybrid.train.build import compile_decoder_layers
+
+            self.log.write({"event": "compile", "layers": compile_decoder_layers(self.student)})
         torch.manual_seed(cfg.seed * 1000 + env.rank)  # per-process randomness (head dropout)
         if rng is not None:
             set_rng_state(rng)

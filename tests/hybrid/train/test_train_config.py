@@ -99,3 +99,16 @@ def test_schedule_warmup_cosine_then_constant():
     assert all(a >= b for a, b in zip(lrs[10:60], lrs[11:61]))  # cosine decay
     assert lrs[60:] == [pytest.approx(0.1)] * 40  # then constant
     assert lrs[35] == pytest.approx(0.1 + 0.9 * 0.5)  # half-way through the cosine
+
+
+def test_compile_is_a_bool_not_with_fsdp_and_not_in_the_fingerprint(tmp_path):
+    from hybrid.train.config import TrainConfig, TrainConfigError
+
+    cfg = TrainConfig.from_dict({"out": str(tmp_path), "mask": "m.json",
+                                 "stages": [{"name": "align", "steps": 1, "lr": 1e-3}]})
+    assert cfg.compile is False
+    assert cfg.replace(compile=True).fingerprint() == cfg.fingerprint()  # how it runs, not what it learns
+    with pytest.raises(TrainConfigError, match="compile.*'yes'.*true or false"):
+        cfg.replace(compile="yes")
+    with pytest.raises(TrainConfigError, match="compile.*FSDP.*distributed = 'ddp' or compile = false"):
+        cfg.replace(compile=True, distributed="fsdp")

@@ -283,3 +283,18 @@ def test_the_next_stages_workers_start_during_the_stage_before_and_give_the_same
     assert seen[0] == (1, None)  # after align's first step: distill's workers start; not started before
     here = run(tiny_config(tmp_path / "h", tiny_teacher_dir, tiny_mask, stages=stages))  # workers=0: no early start
     assert losses(early.history, "distill") == pytest.approx(losses(here.history, "distill"), rel=1e-5)
+
+
+@pytest.mark.slow  # torch.compile on CPU: ~1-3 min of inductor for the tiny layers
+def test_compiled_student_trains_as_the_eager_one(tmp_path, tiny_teacher_dir, tiny_mask):
+    """compile = true: the student's decoder layers run torch.compile'd (one `compile` event); losses follow the
+    eager run's within float tolerance and the saved hybrid has the same parameter names."""
+    stages = [stage("align", steps=2, seq_len=32), stage("distill", steps=2, seq_len=32)]
+    eager = run(tiny_config(tmp_path / "e", tiny_teacher_dir, tiny_mask, stages=stages))
+    comp = run(tiny_config(tmp_path / "c", tiny_teacher_dir, tiny_mask, stages=stages, compile=True))
+    for name in ("align", "distill"):
+        torch.testing.assert_close(torch.tensor(losses(comp.history, name)), torch.tensor(losses(eager.history, name)),
+                                   rtol=1e-3, atol=1e-4)
+    log = [json.loads(l) for l in (tmp_path / "c" / "log.jsonl").read_text().splitlines()]
+    assert [l["layers"] for l in log if l.get("event") == "compile"] == [eager.model.config.num_hidden_layers]
+    assert comp.model.state_dict().keys() == eager.model.state_dict().keys()
