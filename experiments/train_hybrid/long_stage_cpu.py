@@ -189,12 +189,12 @@ def main(argv: list[str] | None = None) -> dict:
 def table(result: dict, short: int) -> str:
     long = 4 * short
     keys = (f"loss@{short}", f"loss@{long}", f"niah@{long}")
-    lines = [f"{'model':<12}" + "".join(f"{k:>14}" for k in keys) + f"{'ratio@' + str(short):>14}"]
+    lines = [f"{'model':<20}" + "".join(f"{k:>14}" for k in keys) + f"{'ratio@' + str(short):>14}"]
     t = result["teacher"]
     rows = [("teacher", t), ("stage 2", result["stage2"])] + [(f"3: {n}", r) for n, r in result["variants"].items()]
     for n, r in rows:
         ratio = math.exp(r[keys[0]] - t[keys[0]])
-        lines.append(f"{n:<12}" + "".join(f"{r[k]:>14.4f}" for k in keys) + f"{ratio:>14.3f}")
+        lines.append(f"{n:<20}" + "".join(f"{r[k]:>14.4f}" for k in keys) + f"{ratio:>14.3f}")
     return "\n".join(lines)
 
 
