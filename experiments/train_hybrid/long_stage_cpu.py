@@ -10,8 +10,8 @@ the same token budget, and measures before and after: held-out loss at SHORT and
     python experiments/train_hybrid/long_stage_cpu.py --mask /tmp/ref9/mask.json --out /tmp/long_stage
     # -> OUT/results.json (written after each variant), OUT/base (stages 1-2), OUT/v-<name> (each variant)
 
-Variants (``VARIANTS``): "reference" (reference.toml's stage 3: the run's mixture, CE, lr = 0.4 x the distill lr,
-cosine over 2/3 of the steps then constant), "text" (the same with a text-heavy mixture), "low_lr" (lr / 4),
+Variants (``VARIANTS``): "reference" (reference.toml's stage 3 as the ninth session ran it: the run's mixture, CE,
+lr = 0.4 x the distill lr, cosine over 2/3 of the steps then constant; reference.toml now has "low_lr"'s lr), "text" (the same with a text-heavy mixture), "low_lr" (lr / 4),
 "distill_kl" (the registered "distill" stage at the long length: KL to the teacher + CE, the reference lr),
 "distill_kl_low_lr" (the same at lr / 4). Caveat of the KL variants: here the long length (4x SHORT) is within
 the teacher's training length (2048), as it is not on the GPU (8192, where the teacher's NIAH falls to 0.23).
@@ -32,7 +32,7 @@ import torch
 # the run's [data] of reference.toml (every stage's mixture unless a variant gives its own)
 REFERENCE_MIXTURE = {"text": 0.3, "niah": 0.25, "multikey": 0.2, "reasoning": 0.2, "copy": 0.0, "teacher": 0.05}
 TEXT_MIXTURE = {"text": 0.7, "niah": 0.1, "multikey": 0.1, "reasoning": 0.1, "copy": 0.0, "teacher": 0.0}
-DISTILL_LR = 5e-4  # reference.toml's stage 2; its stage 3 has 2e-4 = 0.4x
+DISTILL_LR = 5e-4  # reference.toml's stage 2; its stage 3 had 2e-4 = 0.4x (the H200 run), now 5e-5 = 0.1x
 
 
 def _long(name: str, lr_scale: float, data: dict | None = None, **extra: Any):
