@@ -166,7 +166,9 @@ def main(argv: list[str] | None = None) -> dict:
     # each stage's last minutes, from the whole log (--eval-only's history is that log already): a resumed call's
     # own history holds only the steps it trained
     history = result.history if a.eval_only else read_history(base.out)
-    stage_minutes = {r["stage"]: r["minutes"] for r in history if "minutes" in r}
+    names = [s.name for s in base.stages]  # a stage name used twice (a "distill" stage 3) is keyed "distill (3)"
+    stage_minutes = {(r["stage"] if names.count(r["stage"]) == 1 else f"{r['stage']} ({r['stage_index'] + 1})"):
+                     r["minutes"] for r in history if "minutes" in r}
     if a.eval_only or a.resume:  # the training's own clock: the stages' minutes (set-up and warm-up steps not counted)
         train_minutes = sum(stage_minutes.values())
     t_eval = time.time()
