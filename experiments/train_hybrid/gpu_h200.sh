@@ -50,6 +50,9 @@
 #   autotune results restored), call 5 454 s (stopped at distill step 600), call 6 341 s (the rest; stages 9.5 min in
 #   all), an evaluation-only resume 204 s. Part 4 (16.6 MB) also fits beside the reference call's carry (64.3 MB),
 #   which saves one call; the throughput call (4) may be skipped once measured: carry part 4 with a `stage` call.
+#   Measured again 2026-12-01 (docs/results/train_session9_h200): reference call with part 4 389 s (training 4.42
+#   min, evaluation, backend parity), `stage` 2 s each, throughput with --compare-naive at 16,32,64 113 s, call 5
+#   468 s (stopped at distill step 600), call 6 512 s (the rest, evaluation 165 s, backend parity).
 #   In all ~1200-1350 device seconds (20-23 min) of a session's 30. If the machine went cold in between, everything
 #   staged is gone: calls 1-4 again (call 4's throughput may be skipped by running `stage` with part 4 instead).
 set -uo pipefail
