@@ -34,5 +34,8 @@ def test_backend_parity_rows_on_cpu(tmp_path):
     assert rows["fp32", "auto"]["max_abs_logit_diff_vs_fp32_twins"] == 0.0
     assert rows["fp32", "auto"]["heldout_loss"] == rows["fp32", "twins"]["heldout_loss"]
     assert 0 < rows["bf16_autocast", "twins"]["max_abs_logit_diff_vs_fp32_twins"] < 1.0
+    bf = rows["bf16_autocast", "twins"]  # where the largest difference is, and how the rest compares
+    assert 0 <= bf["max_diff_at_row_position"][0] < 2 and 0 <= bf["max_diff_at_row_position"][1] < 64
+    assert 0 < bf["mean_abs_logit_diff"] <= bf["max_abs_logit_diff_vs_fp32_twins"] and bf["max_abs_ref_logit_there"] > 0
     assert json.loads((tmp_path / "p.json").read_text())["rows"] == out["rows"]
     assert torch.isfinite(torch.tensor([r["heldout_loss"] for r in out["rows"]])).all()
