@@ -94,7 +94,8 @@ def scoring_settings(hf: nn.Module, arch: Any, pairs: list, seed: int, batch_siz
 def score(model: Any, task: Any = "niah", *, tokenizer: Any = None, n_samples: int = 8, seed: int = 0,
           metric: "str | Callable" = "logit_diff", backend: str = "auto", batch_size: int | None = None,
           device: "str | torch.device | None" = None, progress: bool = True, on_clean_failure: str = "warn",
-          min_clean_accuracy: float = 0.5, task_config: dict | None = None, **task_kwargs) -> HeadScores:
+          min_clean_accuracy: float = 0.5, task_config: dict | None = None, shard: str | None = None,
+          **task_kwargs) -> HeadScores:
     """Receiver score of every head (METHOD.md section 1) on ``n_samples`` pairs of ``task``.
 
     task: a registered name ("niah", ...), a Task object, or a list of TokenizedPair.
@@ -102,6 +103,9 @@ def score(model: Any, task: Any = "niah", *, tokenizer: Any = None, n_samples: i
     on_clean_failure: "warn" | "drop" | "error" when the clean accuracy is below min_clean_accuracy
     ("drop" scores only the pairs the model answers correctly). Pairs whose corruption does not change
     the metric are dropped with a warning (an error if none is left).
+    shard: "heads" | "samples" | "auto" splits the work over the processes of torch.distributed (run under
+    torchrun, process group started) and returns the gathered scores on every rank
+    (headscope.patching.sharded); None (default): this process scores everything.
     """
     resolve_backend(model, backend)  # a bad name fails before any work
     model, hf, arch, _, pairs, name = prepare_scoring(model, task, tokenizer, n_samples, seed, device,
@@ -110,4 +114,4 @@ def score(model: Any, task: Any = "niah", *, tokenizer: Any = None, n_samples: i
     settings = scoring_settings(hf, arch, pairs, seed, batch_size, task_config, task_kwargs)
     return receiver_scores(engine, pairs, resolve_metric(metric), task=name, progress=progress,
                            on_clean_failure=on_clean_failure, min_clean_accuracy=min_clean_accuracy,
-                           settings=settings)
+                           settings=settings, shard=shard)

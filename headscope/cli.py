@@ -31,8 +31,46 @@ class UsageError(ValueError):
 
 # ----------------------------------------------------------------------------- helpers
 
+_RANK = 0  # this process's rank under torchrun (--shard); only rank 0 logs and writes files
+
+
 def _log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
+    if _RANK == 0:
+        print(msg, file=sys.stderr, flush=True)
+
+
+def _start_shard(args: argparse.Namespace) -> str | None:
+    """--shard: start the process group from torchrun's environment (each rank on its own GPU when there are
+    GPUs); returns the shard mode for ``score``, or None in a single process (nothing to split)."""
+    global _RANK
+    if getattr(args, "shard", None) is None:
+        return None
+    import os
+
+    import torch
+
+    from headscope.patching.sharded import init_from_env
+
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    if args.device is None:
+        args.device = f"cuda:{local}" if torch.cuda.is_available() else "cpu"
+    if not init_from_env(args.device):
+        _log(f"--shard {args.shard}: one process (not started by torchrun): nothing to split")
+        return None
+    import torch.distributed as dist
+
+    _RANK = dist.get_rank()
+    _log(f"--shard {args.shard}: {dist.get_world_size()} processes ({dist.get_backend()}); rank 0 writes the files")
+    return args.shard
+
+
+def _stop_shard() -> None:
+    global _RANK
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+    _RANK = 0
 
 
 def _value(text: str) -> Any:
@@ -291,7 +329,8 @@ def _print_estimate(model, tokenizer, tasks: list[str], args: argparse.Namespace
 
 def _score_kwargs(task: str, args: argparse.Namespace) -> dict[str, Any]:
     return dict(n_samples=args.n_samples, seed=args.seed, metric=args.metric, batch_size=args.batch_size,
-                progress=not args.quiet, on_clean_failure=args.on_clean_failure, **_task_kwargs(task, args))
+                progress=not args.quiet, on_clean_failure=args.on_clean_failure,
+                shard=getattr(args, "shard_mode", None), **_task_kwargs(task, args))
 
 
 def _receiver(model, tokenizer, task: str, args: argparse.Namespace):
@@ -331,11 +370,13 @@ def cmd_score(args: argparse.Namespace) -> None:
     paths = _scores_paths(args.out, args.task)
     for path in paths:
         _check_out(path, SCORES_KIND, args)
+    args.shard_mode = _start_shard(args)
     model, tokenizer = _load_model(args.model, args)
     _print_estimate(model, tokenizer, args.task, args, 0)
     for task, path in zip(args.task, paths):
         s = _receiver(model, tokenizer, task, args)
-        s.to_json(path)
+        if _RANK == 0:
+            s.to_json(path)
         _log(f"wrote {path}")
 
 
@@ -363,6 +404,7 @@ def cmd_run(args: argparse.Namespace) -> None:
     _check_figure(args.plot, args)
     if args.weights is not None and len(args.weights) != len(tasks):
         raise UsageError(f"--weights has {len(args.weights)} values for {len(tasks)} tasks {tasks}")
+    args.shard_mode = _start_shard(args)
     model, tokenizer = _load_model(args.model, args)
     arch = describe(model)
     _check_budget(args, model, arch.n_layers, arch.n_heads)
@@ -382,6 +424,8 @@ def cmd_run(args: argparse.Namespace) -> None:
                           "context_length": args.context_length, "sender_rounds": rounds,
                           "method": "receiver scores" if not rounds else
                           "receiver + sender scores (iterated path patching), combined per task"})
+    if _RANK != 0:  # every rank holds the same gathered scores; rank 0 writes them
+        return
     if args.save_scores:
         paths = iter(_save_scores_paths(args.save_scores, tasks, rounds > 0))
         for s in [*receivers.values(), *senders.values(), fused]:
@@ -500,6 +544,9 @@ def _add_score_opts(p: argparse.ArgumentParser) -> None:
                    help="when the model gets under half of the clean prompts right: warn (default), score only "
                         "the pairs it solves (drop), or stop (error)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument("--shard", choices=["heads", "samples", "auto"], default=None,
+                   help="under torchrun (`torchrun --nproc_per_node N -m headscope ...`): split the scoring over "
+                        "the processes (one GPU each, or gloo on CPUs) by heads or by samples; rank 0 writes")
 
 
 def _add_selection(p: argparse.ArgumentParser) -> None:
@@ -640,6 +687,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _fail(f"--sender-rounds must be >= 0, got {args.sender_rounds}")
     try:
         args.func(args)
+        if getattr(args, "shard_mode", None):
+            _stop_shard()
     except KeyboardInterrupt:
         return _fail("interrupted", code=130)
     except Exception as err:

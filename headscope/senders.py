@@ -27,6 +27,7 @@ from headscope.metrics import resolve_metric
 from headscope.patching.engine import receiver_scores as _normalized_scores
 from headscope.patching.backends import PATH_BACKENDS, check_path_backend, make_path_backend
 from headscope.patching.path import normalize_receivers
+from headscope.patching.sharded import is_main_process
 from headscope.results import HeadScores
 
 __all__ = ["sender_scores", "iterated_path_patching", "PathPatchingResult", "PATH_BACKENDS", "default_k"]
@@ -46,23 +47,23 @@ def _prepare(model: Any, task: Any, tokenizer: Any, n_samples: int, seed: int, d
 
 def _score_senders(hf: nn.Module, arch: Arch, pairs: list, receivers: Sequence[Head], metric, backend: str,
                    batch_size: int | None, progress: bool, task: str, on_clean_failure: str,
-                   min_clean_accuracy: float, settings: dict) -> HeadScores:
+                   min_clean_accuracy: float, settings: dict, shard: str | None = None) -> HeadScores:
     if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1):
         raise ValueError(f"batch_size must be an int >= 1 or None, got {batch_size!r}")
     engine = make_path_backend(hf, receivers, backend, batch_size)
     bar = None
-    if progress:
+    if progress and is_main_process():
         from tqdm.auto import tqdm
         bar = tqdm(total=len(pairs) * arch.n_total, desc=f"sender scores ({backend}, {task}, {len(receivers)} "
                                                          "receivers)", unit="sender")
 
-    class _WithBar:  # the engine normalizes; our bar counts senders
+    class _WithBar:  # the engine normalizes; our bar counts senders (under sharding: rank 0's, a share)
         name, n_layers, n_heads, n_kv_heads = engine.name, engine.n_layers, engine.n_heads, engine.n_kv_heads
         answer_logits = staticmethod(engine.answer_logits)
 
         @staticmethod
-        def patched_metrics(pair, metric, pbar=None):
-            return engine.patched_metrics(pair, metric, bar)
+        def patched_metrics(pair, metric, pbar=None, heads=None):
+            return engine.patched_metrics(pair, metric, bar, heads=heads)
 
     last = max(r.layer for r in receivers)
     info = dict(settings)
@@ -73,7 +74,7 @@ def _score_senders(hf: nn.Module, arch: Arch, pairs: list, receivers: Sequence[H
     try:
         out = _normalized_scores(_WithBar(), pairs, metric, task=task, progress=False,
                                  on_clean_failure=on_clean_failure, min_clean_accuracy=min_clean_accuracy,
-                                 settings=info)
+                                 settings=info, shard=shard)
     finally:
         if bar is not None:
             bar.close()
@@ -86,20 +87,21 @@ def sender_scores(model: Any, task: Any, receivers: Any, *, tokenizer: Any = Non
                   seed: int = 0, metric: "str | Callable" = "logit_diff", backend: str = "hf",
                   batch_size: int | None = None, device: "str | torch.device | None" = None, progress: bool = True,
                   on_clean_failure: str = "warn", min_clean_accuracy: float = 0.5, task_config: dict | None = None,
-                  **task_kwargs) -> HeadScores:
+                  shard: str | None = None, **task_kwargs) -> HeadScores:
     """Sender score of every head through ``receivers`` (METHOD.md section 1) on ``n_samples`` pairs.
 
     task: a registered name ("niah", ...), a Task object, or a list of TokenizedPair (as in ``score``).
     receivers: heads (Head or (layer, head)), e.g. ``receiver_scores.top(5)``.
     backend: "hf" (fast, exact) or "naive" (the plain reference loop). Returns HeadScores(kind="sender")
     with the raw per-sample scores [N, L, H]; senders at layers >= the last receiver layer are 0.
+    shard: split the work over torch.distributed's processes, as in ``score``.
     """
     check_path_backend(backend)
     hf, arch, _, pairs, name = _prepare(model, task, tokenizer, n_samples, seed, device, task_config, task_kwargs)
     heads = normalize_receivers(receivers, arch.n_layers, arch.n_heads)
     settings = scoring_settings(hf, arch, pairs, seed, batch_size, task_config, task_kwargs)
     return _score_senders(hf, arch, pairs, heads, resolve_metric(metric), backend, batch_size, progress, name,
-                          on_clean_failure, min_clean_accuracy, settings)
+                          on_clean_failure, min_clean_accuracy, settings, shard)
 
 
 # ---- iterated path patching ------------------------------------------------------------------------
@@ -167,7 +169,8 @@ def iterated_path_patching(model: Any, task: Any = "niah", *, tokenizer: Any = N
                            seed: int = 0, metric: "str | Callable" = "logit_diff", backend: str = "hf",
                            batch_size: int | None = None, device: "str | torch.device | None" = None,
                            progress: bool = True, on_clean_failure: str = "warn", min_clean_accuracy: float = 0.5,
-                           task_config: dict | None = None, **task_kwargs) -> PathPatchingResult:
+                           task_config: dict | None = None, shard: str | None = None,
+                           **task_kwargs) -> PathPatchingResult:
     """Iterated path patching: round 1's receivers are the top-k heads by receiver score; round r+1's
     are the top-k senders of round r (clipped mean score > ``min_score``).
 
@@ -175,7 +178,8 @@ def iterated_path_patching(model: Any, task: Any = "niah", *, tokenizer: Any = N
     was not already a receiver (in particular when the top set stops changing). ``receiver_scores``:
     computed with ``headscope.api.score`` on the same pairs if None. ``k``: default 2% of all heads
     (at least 1). ``rule``/``weight``: how ``fusion.combine`` merges the receiver score with the sender
-    score (the maximum over rounds) into ``combined``.
+    score (the maximum over rounds) into ``combined``. ``shard``: split every round (and the receiver
+    scores, when computed here) over torch.distributed's processes, as in ``score``.
     """
     if isinstance(max_rounds, bool) or not isinstance(max_rounds, int) or max_rounds < 1:
         raise ValueError(f"max_rounds must be an int >= 1, got {max_rounds!r}")
@@ -196,7 +200,7 @@ def iterated_path_patching(model: Any, task: Any = "niah", *, tokenizer: Any = N
 
         receiver_scores = score(hf, raw, metric=metric_fn, backend=backend if backend in BACKENDS else "auto",
                                 batch_size=batch_size, progress=progress, on_clean_failure=on_clean_failure,
-                                min_clean_accuracy=min_clean_accuracy)
+                                min_clean_accuracy=min_clean_accuracy, shard=shard)
     if not isinstance(receiver_scores, HeadScores):
         raise TypeError(f"receiver_scores must be HeadScores (headscope.api.score), got "
                         f"{type(receiver_scores).__name__}")
@@ -211,7 +215,7 @@ def iterated_path_patching(model: Any, task: Any = "niah", *, tokenizer: Any = N
     converged = False
     for r in range(1, max_rounds + 1):
         send = _score_senders(hf, arch, pairs, receivers, metric_fn, backend, batch_size, progress, name,
-                              on_clean_failure, min_clean_accuracy, {**settings, "round": r})
+                              on_clean_failure, min_clean_accuracy, {**settings, "round": r}, shard)
         rounds.append((receivers, send))
         seen |= set(receivers)
         top = [h for h in send.top(k) if send[h] > min_score]

@@ -20,8 +20,11 @@ import torch.nn as nn
 
 from headscope.arch import Arch, describe
 from headscope.hooks import hooks, pre, record_inputs
+from headscope.heads import Head
 from headscope.metrics import Metric, greedy_correct
 from headscope.patching.inputs import PatchPair
+from headscope.patching.sharded import (Shard, all_reduce_sum, broadcast_from_main, check_same_pairs,
+                                        resolve_shard, shard_heads, supports_heads)
 from headscope.results import HeadScores
 
 __all__ = ["Backend", "NaiveBackend", "receiver_scores", "CleanFailureError", "DegeneratePairError",
@@ -46,12 +49,24 @@ class Backend(Protocol):
         """ids  # [T] -> logits at answer_pos  # [A, V]"""
 
     def patched_metrics(self, pair: PatchPair, metric: Metric, pbar=None) -> torch.Tensor:
-        """M_patched of every head  # [L, H] float64"""
+        """M_patched of every head  # [L, H] float64. A backend that can also takes ``heads=`` (a list of
+        Head): only those entries are computed (the rest are meaningless), for sharded scoring."""
 
 
 def model_device(model: nn.Module) -> torch.device:
     p = next(model.parameters(), None)
     return p.device if p is not None else torch.device("cpu")
+
+
+def head_jobs(n_layers: int, n_heads: int, heads: Sequence[Head] | None = None) -> list[tuple[int, int]]:
+    """(layer, head) of every head in (layer, head) order, or of ``heads`` only (checked, sorted)."""
+    if heads is None:
+        return [(l, h) for l in range(n_layers) for h in range(n_heads)]
+    jobs = sorted({(int(x.layer), int(x.head)) for x in heads})
+    bad = [Head(l, h) for l, h in jobs if l >= n_layers or h >= n_heads]
+    if bad:
+        raise ValueError(f"heads {bad[:3]} are outside this model's {n_layers} layers x {n_heads} heads")
+    return jobs
 
 
 def head_batches(n_layers: int, n_heads: int, batch_size: int):
@@ -110,23 +125,23 @@ class NaiveBackend:
         return self._logits(ids[None], answer_pos)[0]  # [A, V]
 
     @torch.inference_mode()
-    def patched_metrics(self, pair: PatchPair, metric: Metric, pbar=None) -> torch.Tensor:
+    def patched_metrics(self, pair: PatchPair, metric: Metric, pbar=None,
+                        heads: Sequence[Head] | None = None) -> torch.Tensor:
         with record_inputs(self.arch.out_projs) as z_corrupt:
             self._logits(pair.corrupt_ids[None], pair.answer_pos)
         out = torch.zeros(self.n_layers, self.n_heads, dtype=torch.float64)  # [L, H]
-        for l in range(self.n_layers):
-            for h in range(self.n_heads):
-                with patch_heads(self.arch.out_projs, self.arch, [(l, h)], z_corrupt):
-                    logits = self._logits(pair.clean_ids[None], pair.answer_pos)  # [1, A, V]
-                out[l, h] = metric(logits, pair)[0]
-                if pbar is not None:
-                    pbar.update(1)
+        for l, h in head_jobs(self.n_layers, self.n_heads, heads):
+            with patch_heads(self.arch.out_projs, self.arch, [(l, h)], z_corrupt):
+                logits = self._logits(pair.clean_ids[None], pair.answer_pos)  # [1, A, V]
+            out[l, h] = metric(logits, pair)[0]
+            if pbar is not None:
+                pbar.update(1)
         return out
 
 
 def receiver_scores(backend: Backend, pairs: Sequence[PatchPair], metric: Metric, *, task: str = "custom",
                     progress: bool = True, on_clean_failure: str = "warn", min_clean_accuracy: float = 0.5,
-                    denom_eps: float = 1e-4, settings: dict | None = None) -> HeadScores:
+                    denom_eps: float = 1e-4, settings: dict | None = None, shard: str | None = None) -> HeadScores:
     """Receiver scores of every head on every pair, normalized per pair.
 
     Clean check: greedy teacher-forced exact match of the clean answer. If the accuracy is below
@@ -134,11 +149,19 @@ def receiver_scores(backend: Backend, pairs: Sequence[PatchPair], metric: Metric
     pairs the model gets wrong (raising if none is left).
     Degenerate pairs (|M_clean - M_corrupt| <= denom_eps * max(|M_clean|, 1)) are dropped with a
     warning; if every pair is degenerate, DegeneratePairError is raised.
+    shard: "heads" | "samples" | "auto" splits the work over the processes of torch.distributed (torchrun)
+    and gathers the scores on every rank (headscope.patching.sharded); None: this process does everything.
     """
     if on_clean_failure not in ("warn", "drop", "error"):
         raise ValueError(f"on_clean_failure={on_clean_failure!r}; use 'warn', 'drop' or 'error'")
     if not pairs:
         raise ValueError("no pairs to score: pass n_samples >= 1 or a non-empty list of pairs")
+    sharding = resolve_shard(shard, len(pairs))  # None: one process
+    if sharding is not None:
+        if sharding.mode == "heads" and not supports_heads(backend):
+            raise ValueError(f"shard='heads': the {backend.name!r} backend cannot score a subset of heads; use "
+                             "shard='samples' (or a backend that can: 'hf', 'naive')")
+        check_same_pairs(pairs, task)
     m_clean, m_corrupt, correct = [], [], []
     for p in pairs:
         lc = backend.answer_logits(p.clean_ids, p.answer_pos)  # [A, V]
@@ -146,6 +169,10 @@ def receiver_scores(backend: Backend, pairs: Sequence[PatchPair], metric: Metric
         m_clean.append(float(metric(lc, p)[0]))
         m_corrupt.append(float(metric(lx, p)[0]))
         correct.append(greedy_correct(lc, p.clean_answer_ids))
+    if sharding is not None:  # every rank decides with rank 0's numbers (GPUs may differ in the last bits)
+        clean = broadcast_from_main(torch.tensor([m_clean, m_corrupt, correct], dtype=torch.float64))  # [3, N]
+        m_clean, m_corrupt = clean[0].tolist(), clean[1].tolist()
+        correct = [bool(c) for c in clean[2].tolist()]
     acc = sum(correct) / len(correct)
     keep = list(range(len(pairs)))
     dropped: dict[int, str] = {}
@@ -183,19 +210,8 @@ def receiver_scores(backend: Backend, pairs: Sequence[PatchPair], metric: Metric
             dropped[i] = "corruption does not change the metric"
         keep = [i for i in keep if i not in set(degenerate)]
 
-    n_heads = backend.n_layers * backend.n_heads
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
-        bar = tqdm(total=n_heads * len(keep), desc=f"receiver scores ({backend.name}, {task})", unit="head")
-    rows = []
-    try:
-        for i in keep:
-            m_patched = backend.patched_metrics(pairs[i], metric, bar)  # [L, H]
-            rows.append((m_clean[i] - m_patched) / (m_clean[i] - m_corrupt[i]))
-    finally:
-        if bar is not None:
-            bar.close()
+    m_patched = _patched(backend, pairs, keep, metric, task, progress, sharding)  # [N, L, H]
+    rows = [(m_clean[i] - m_patched[j]) / (m_clean[i] - m_corrupt[i]) for j, i in enumerate(keep)]
     per_sample = torch.stack(rows)  # [N, L, H]
     if not torch.isfinite(per_sample).all():
         raise FloatingPointError("non-finite receiver scores (NaN/inf logits?); check the model's dtype")
@@ -203,8 +219,42 @@ def receiver_scores(backend: Backend, pairs: Sequence[PatchPair], metric: Metric
     info.update(backend=backend.name, metric=metric.name, n_pairs=len(pairs), n_scored=len(keep),
                 clean_accuracy=acc, dropped={str(k): v for k, v in sorted(dropped.items())},
                 on_clean_failure=on_clean_failure, denom_eps=denom_eps)
+    if sharding is not None:
+        info.update(shard=sharding.mode, world_size=sharding.world)
     idx = torch.tensor(keep)
     return HeadScores(task=task, per_sample_raw=per_sample, kind="receiver", n_kv_heads=backend.n_kv_heads,
                       clean_metric=torch.tensor(m_clean, dtype=torch.float64)[idx],
                       corrupt_metric=torch.tensor(m_corrupt, dtype=torch.float64)[idx],
                       clean_correct=torch.tensor(correct)[idx], settings=info)
+
+
+def _patched(backend: Backend, pairs: Sequence[PatchPair], keep: list[int], metric: Metric, task: str,
+             progress: bool, sharding: Shard | None) -> torch.Tensor:
+    """M_patched of every head on the kept pairs  # [N, L, H] float64: all here, or this rank's share, summed
+    over the ranks (each entry computed by one rank; the others add exact zeros)."""
+    L, H = backend.n_layers, backend.n_heads
+    mine_pairs, heads = list(range(len(keep))), None
+    if sharding is not None and sharding.mode == "samples":
+        mine_pairs = mine_pairs[sharding.rank::sharding.world]
+    if sharding is not None and sharding.mode == "heads":
+        heads = shard_heads(L, H, sharding.rank, sharding.world)
+    owned = torch.zeros(L, H, dtype=torch.bool)  # [L, H] the heads this process computes
+    for h in heads if heads is not None else [Head(l, h) for l in range(L) for h in range(H)]:
+        owned[h.layer, h.head] = True
+    bar = None
+    if progress and (sharding is None or sharding.rank == 0):
+        from tqdm.auto import tqdm
+        where = "" if sharding is None else f", rank 0 of {sharding.world}"
+        bar = tqdm(total=int(owned.sum()) * len(mine_pairs), desc=f"receiver scores ({backend.name}, {task}{where})",
+                   unit="head")
+    out = torch.zeros(len(keep), L, H, dtype=torch.float64)  # [N, L, H]
+    try:
+        for j in mine_pairs:
+            pair = pairs[keep[j]]
+            m = backend.patched_metrics(pair, metric, bar) if heads is None else \
+                backend.patched_metrics(pair, metric, bar, heads=heads)  # [L, H]
+            out[j] = torch.where(owned, m.to(torch.float64), torch.zeros((), dtype=torch.float64))
+    finally:
+        if bar is not None:
+            bar.close()
+    return out if sharding is None else all_reduce_sum(out)

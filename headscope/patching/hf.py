@@ -26,9 +26,10 @@ import torch.nn as nn
 
 from headscope.arch import describe
 from headscope.batching import micro_batches
+from headscope.heads import Head
 from headscope.metrics import Metric
 from headscope.hooks import hooks, post, record_inputs
-from headscope.patching.engine import model_device, patch_heads
+from headscope.patching.engine import head_jobs, model_device, patch_heads
 from headscope.patching.inputs import PatchPair
 
 __all__ = ["HFBackend", "HFFastConfig"]
@@ -123,6 +124,17 @@ def _cache_kv(cache: Any, l: int) -> tuple[torch.Tensor, torch.Tensor]:
     return cache.key_cache[l], cache.value_cache[l]  # older transformers
 
 
+def by_layer(jobs: Sequence[tuple[int, int]], batch: int) -> list[list[tuple[int, int]]]:
+    """``jobs`` as one group per layer when a batch holds a whole layer's jobs (no batch row then recomputes
+    layers below its own: a subset of heads, as a rank of sharded scoring has, keeps that), else one group."""
+    groups: dict[int, list[tuple[int, int]]] = {}
+    for l, h in jobs:
+        groups.setdefault(l, []).append((l, h))
+    if groups and batch >= max(len(g) for g in groups.values()):
+        return list(groups.values())
+    return [list(jobs)]
+
+
 class HFBackend:
     """Receiver scores of a Hugging Face causal LM by suffix-only, layer-skipping, head-batched re-runs."""
 
@@ -195,7 +207,8 @@ class HFBackend:
         return batch
 
     @torch.inference_mode()
-    def patched_metrics(self, pair: PatchPair, metric: Metric, pbar=None) -> torch.Tensor:
+    def patched_metrics(self, pair: PatchPair, metric: Metric, pbar=None,
+                        heads: Sequence[Head] | None = None) -> torch.Tensor:
         arch, p0, T = self.arch, pair.first_diff, pair.seq_len
         # Clean run: the KV cache of the prefix, and every layer's output on the suffix.
         cache = None
@@ -219,7 +232,7 @@ class HFBackend:
 
         suffix_ids = pair.clean_ids[p0:][None]  # [1, T - p0]
         rows = pair.answer_pos - p0  # [A] answer rows within the suffix
-        jobs = [(l, h) for l in range(self.n_layers) for h in range(self.n_heads)]
+        jobs = head_jobs(self.n_layers, self.n_heads, heads)
         out = torch.zeros(self.n_layers, self.n_heads, dtype=torch.float64)  # [L, H]
         z_skip = z_clean if skip_attention else None
 
@@ -230,12 +243,14 @@ class HFBackend:
             if self.config.batch_size is None:
                 self._batch = size
 
-        for chunk, logits in micro_batches(jobs, run, self._auto_batch(T - p0, T), device=self.device,
-                                           on_shrink=remember):
-            for (l, h), v in zip(chunk, metric(logits, pair).tolist()):  # metric: [B]
-                out[l, h] = v
-            if pbar is not None:
-                pbar.update(len(chunk))
+        groups = [jobs] if heads is None else by_layer(jobs, self._auto_batch(T - p0, T))
+        for group in groups:
+            for chunk, logits in micro_batches(group, run, self._auto_batch(T - p0, T), device=self.device,
+                                               on_shrink=remember):
+                for (l, h), v in zip(chunk, metric(logits, pair).tolist()):  # metric: [B]
+                    out[l, h] = v
+                if pbar is not None:
+                    pbar.update(len(chunk))
         return out
 
     def _run_batch(self, jobs, suffix_ids, p0, prefix, layer_out, z_corrupt, rows, z_clean=None) -> torch.Tensor:

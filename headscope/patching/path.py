@@ -45,7 +45,7 @@ from headscope.heads import Head
 from headscope.metrics import Metric
 from headscope.batching import micro_batches
 from headscope.hooks import hooks, post, pre, record_inputs
-from headscope.patching.engine import NaiveBackend
+from headscope.patching.engine import NaiveBackend, head_jobs
 from headscope.patching.hf import HFBackend, HFFastConfig, _record_layer_outputs, _replay_layers, prefix_kv
 from headscope.patching.inputs import PatchPair
 
@@ -148,27 +148,28 @@ class NaivePathBackend(NaiveBackend):
             yield
 
     @torch.inference_mode()
-    def patched_metrics(self, pair: PatchPair, metric: Metric, pbar=None) -> torch.Tensor:
-        """M_path of every sender  # [L, H] float64 (M_clean for the unreachable ones when skipped)."""
+    def patched_metrics(self, pair: PatchPair, metric: Metric, pbar=None,
+                        heads: Sequence[Head] | None = None) -> torch.Tensor:
+        """M_path of every sender  # [L, H] float64 (M_clean for the unreachable ones when skipped); with
+        ``heads``, of those senders only."""
         with record_inputs(self.arch.out_projs) as z_clean:
             m_clean = float(metric(self._logits(pair.clean_ids[None], pair.answer_pos), pair)[0])
         with record_inputs(self.arch.out_projs) as z_corrupt:
             self._logits(pair.corrupt_ids[None], pair.answer_pos)
         out = torch.full((self.n_layers, self.n_heads), m_clean, dtype=torch.float64)  # [L, H]
-        for ls in range(self.n_layers):
-            for hs in range(self.n_heads):
-                if ls >= self.last_layer and self.skip_unreachable:
-                    if pbar is not None:
-                        pbar.update(1)
-                    continue
-                with self._sender_hooks((ls, hs), z_clean, z_corrupt) as inputs:
-                    self._logits(pair.clean_ids[None], pair.answer_pos)
-                z_recv = self._receiver_z(inputs)
-                with self._receiver_hooks(z_recv):
-                    logits = self._logits(pair.clean_ids[None], pair.answer_pos)  # [1, A, V]
-                out[ls, hs] = metric(logits, pair)[0]
+        for ls, hs in head_jobs(self.n_layers, self.n_heads, heads):
+            if ls >= self.last_layer and self.skip_unreachable:
                 if pbar is not None:
                     pbar.update(1)
+                continue
+            with self._sender_hooks((ls, hs), z_clean, z_corrupt) as inputs:
+                self._logits(pair.clean_ids[None], pair.answer_pos)
+            z_recv = self._receiver_z(inputs)
+            with self._receiver_hooks(z_recv):
+                logits = self._logits(pair.clean_ids[None], pair.answer_pos)  # [1, A, V]
+            out[ls, hs] = metric(logits, pair)[0]
+            if pbar is not None:
+                pbar.update(1)
         return out
 
 
@@ -291,8 +292,10 @@ class HFPathBackend:
         return self.hf.answer_logits(ids, answer_pos)  # [A, V]
 
     @torch.inference_mode()
-    def patched_metrics(self, pair: PatchPair, metric: Metric, pbar=None) -> torch.Tensor:
-        """M_path of every sender  # [L, H] float64 (M_clean for the unreachable ones, not computed)."""
+    def patched_metrics(self, pair: PatchPair, metric: Metric, pbar=None,
+                        heads: Sequence[Head] | None = None) -> torch.Tensor:
+        """M_path of every sender  # [L, H] float64 (M_clean for the unreachable ones, not computed); with
+        ``heads``, of those senders only."""
         arch, hf, p0, T = self.arch, self.hf, pair.first_diff, pair.seq_len
         # Clean run: prefix KV cache; layer outputs, attention outputs and z on the suffix.
         cache = None
@@ -311,9 +314,10 @@ class HFPathBackend:
         run = dict(suffix_ids=pair.clean_ids[p0:][None], p0=p0, prefix=prefix, layer_out=layer_out,
                    attn_out=attn_out, z_clean=z_clean, z_corrupt=z_corrupt, rows=pair.answer_pos - p0)
         out = torch.full((self.n_layers, self.n_heads), m_clean, dtype=torch.float64)  # [L, H]
-        jobs = [(l, h) for l in range(self.last_layer) for h in range(self.n_heads)]
+        asked = head_jobs(self.n_layers, self.n_heads, heads)
+        jobs = [(l, h) for l, h in asked if l < self.last_layer]
         if pbar is not None:
-            pbar.update(self.n_layers * self.n_heads - len(jobs))  # unreachable senders: exactly 0, no compute
+            pbar.update(len(asked) - len(jobs))  # unreachable senders: exactly 0, no compute
         batches = micro_batches(jobs, lambda chunk: self._run_batch(chunk, **run), hf._auto_batch(T - p0, T),
                                 device=self.device)
         for chunk, logits in batches:  # logits  # [B, A, V]
