@@ -29,6 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--config", required=True, help="the study TOML (experiments/studies/reference.toml)")
     ap.add_argument("--out", default=None, help="the study folder (default: the config's out)")
     ap.add_argument("--dry-run", action="store_true", help="the config's [dry_run] settings (CPU, tiny)")
+    ap.add_argument("--profile", default=None, help="merge the config's [profiles.NAME] table (e.g. cpu)")
     ap.add_argument("--steps-scale", type=float, default=float(os.environ.get("STEPS_SCALE", "1")),
                     help="multiply every stage's steps (default: env STEPS_SCALE or 1)")
     ap.add_argument("--only", default="", help="comma-separated variant names")
@@ -45,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     from hybrid.train.studies import StudyConfig, StudyError, run_study
 
     try:
-        cfg = StudyConfig.from_file(a.config, dry_run=a.dry_run, steps_scale=a.steps_scale)
+        cfg = StudyConfig.from_file(a.config, dry_run=a.dry_run, steps_scale=a.steps_scale, profile=a.profile)
         command = "python " + " ".join([Path(sys.argv[0]).as_posix()] + sys.argv[1:]) + (
             f"  [STEPS_SCALE={a.steps_scale:g}]" if a.steps_scale != 1 else "")
         result = run_study(cfg, out=a.out, only=tuple(x for x in a.only.split(",") if x),

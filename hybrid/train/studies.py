@@ -81,6 +81,8 @@ class StudyConfig:
     train_length: int = 0  # the teacher's training length (0: headscope.evaluate.training_length(teacher))
     steps_scale: float = 1.0  # already applied to train.stages; recorded
     dry_run: bool = False
+    profile: str = ""  # the [profiles.NAME] table merged in (e.g. "cpu": a CPU-scale replication), "" for none
+    profile_note: str = ""  # that table's `note`: what its numbers are (shown above the tables)
     warmup: bool = True  # on CUDA: tune fla's kernels once in the main process before the hybrids' workers start
     scores: dict = field(default_factory=lambda: {"n_samples": 16, "context_length": 1024, "haystack": "heldout"})
     hybrid: dict = field(default_factory=dict)  # HybridOptions shared by every variant
@@ -175,8 +177,10 @@ class StudyConfig:
 
     @classmethod
     def from_file(cls, path: str | Path, *, dry_run: bool = False, steps_scale: float = 1.0,
-                  **overrides: Any) -> "StudyConfig":
+                  profile: str | None = None, **overrides: Any) -> "StudyConfig":
         """Read the TOML; ``dry_run`` merges its ``[dry_run]`` table (``variants`` there: the names to keep);
+        ``profile`` merges its ``[profiles.NAME]`` table the same way (``note`` there: what its numbers are;
+        ``extra_variants``: variants only the profile has, e.g. a sliding window matched to its shorter length);
         ``steps_scale`` multiplies every stage's steps; ``overrides`` replace top-level fields."""
         import tomllib
 
@@ -188,6 +192,18 @@ class StudyConfig:
         except tomllib.TOMLDecodeError as err:
             raise StudyError(f"study config {p} is not valid TOML: {err}") from None
         dry = data.pop("dry_run", {})
+        profiles = data.pop("profiles", {})
+        extra: list[dict] = []
+        if profile:
+            if dry_run:
+                raise StudyError("--dry-run and --profile: give one of them")
+            if profile not in profiles:
+                raise StudyError(f"profile {profile!r}: {p} has no [profiles.{profile}] table; known: "
+                                 f"{sorted(profiles) or 'none'}")
+            dry = dict(profiles[profile])
+            data["profile"], data["profile_note"] = profile, str(dry.pop("note", ""))
+            extra = list(dry.pop("extra_variants", []))
+            dry_run = True  # merge it as the dry-run table is merged below (recorded as the profile, not dry_run)
         if dry_run:
             if not dry:
                 raise StudyError(f"--dry-run: {p} has no [dry_run] table")
@@ -197,13 +213,15 @@ class StudyConfig:
                 names = [v.get("name") for v in data.get("variants", [])]
                 missing = sorted(set(keep) - set(names))
                 if missing:
-                    raise StudyError(f"[dry_run].variants: {missing} are not variants of {p}")
+                    where = f"[profiles.{profile}]" if profile else "[dry_run]"
+                    raise StudyError(f"{where}.variants: {missing} are not variants of {p}")
                 data["variants"] = [v for v in data["variants"] if v.get("name") in keep]
+            data["variants"] = list(data.get("variants", [])) + extra
         if not (isinstance(steps_scale, (int, float)) and steps_scale > 0):
             raise StudyError(f"steps_scale={steps_scale!r}: must be > 0 (STEPS_SCALE / --steps-scale)")
         if "train" in data and "stages" in data["train"]:
             data["train"]["stages"] = _scale_stages(data["train"]["stages"], steps_scale)
-        data.update(steps_scale=float(steps_scale), dry_run=bool(dry_run), **overrides)
+        data.update(steps_scale=float(steps_scale), dry_run=bool(dry_run) and not profile, **overrides)
         return cls.from_dict(data)
 
 

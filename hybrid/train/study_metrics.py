@@ -174,6 +174,8 @@ def markdown_block(collected: dict, *, command: str, figure: str | None = None, 
     head = []
     if cfg.get("dry_run"):
         head.append("**CPU dry run (tiny settings), not a result**: these cells only show that the pipeline runs.")
+    if cfg.get("profile"):
+        head.append(f"**Profile `{cfg['profile']}`**: {cfg.get('profile_note') or 'settings of that profile'}")
     head += [f"- made by: `{command}`" + (f" (raw JSON: `{source}`)" if source else ""),
              f"- teacher: `{cfg['teacher']}` (training length {cfg['train_length']}); seeds {cfg['seeds']}; "
              f"evaluation seed {cfg['eval'].get('seed', 0)}",

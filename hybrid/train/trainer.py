@@ -370,6 +370,8 @@ class Trainer:
                            "lr": lr, "grad_norm": float(gnorm), "seq_len": ids.shape[1], "tokens": tokens,
                            "tok_per_s": round(tok_log / max(now - t_log, 1e-9), 1),
                            "minutes": round(clock.elapsed() / 60, 3)}
+                    if env.device.type == "cuda":  # this process's peak (DDP/FSDP ranks are alike)
+                        rec["gpu_mem_gib"] = round(torch.cuda.max_memory_allocated(env.device) / 2**30, 2)
                     self._record(rec)
                     bar.set_postfix(loss=f"{rec['loss']:.4g}", tok_s=f"{rec['tok_per_s']:.3g}")
                     t_log, tok_log = now, 0

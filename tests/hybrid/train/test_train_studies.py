@@ -54,6 +54,30 @@ def test_reference_config_loads_and_scales_every_stage_alike():
     assert dry.train["data"]["corpus"] == "heldout" and dry.train["data"]["fast_niah"]  # merged, not replaced
 
 
+def test_cpu_profile_merges_its_table_adds_its_variants_and_says_what_it_is(tmp_path):
+    cpu = StudyConfig.from_file(CONFIG, profile="cpu")
+    base = StudyConfig.from_file(CONFIG)
+    assert cpu.profile == "cpu" and "CPU-scale" in cpu.profile_note and not cpu.dry_run
+    assert cpu.device == "cpu" and cpu.train_length == 256 and base.profile == "" and base.train_length == 0
+    assert [s["seq_len"] for s in cpu.train["stages"]] == [256, 256, 1024]
+    assert cpu.train["data"]["corpus"] == base.train["data"]["corpus"]  # merged, not replaced
+    names = [v.name for v in cpu.variants]
+    assert "token-swa257" not in names and names[-1] == "token-swa33" and cpu.variant("token-swa33").window == 33
+    assert "token-swa33" not in [v.name for v in base.variants]
+    assert [i[0] for i in eval_items(cpu, cpu.train_length)][:1] == ["niah@248"]
+    cfg = cpu.to_dict()
+    cfg["train_length"] = 256
+    block = markdown_block({"config": cfg, "calls": [], "runs": []}, command="c")
+    assert "**Profile `cpu`**: a CPU-scale replication" in block and "not a result" not in block
+    with pytest.raises(StudyError, match=r"no \[profiles.gpu\] table; known: \['cpu'\]"):
+        StudyConfig.from_file(CONFIG, profile="gpu")
+    with pytest.raises(StudyError, match="give one of them"):
+        StudyConfig.from_file(CONFIG, profile="cpu", dry_run=True)
+    bad = write(tmp_path, MINIMAL + '[profiles.x]\nvariants = ["zz"]\n')
+    with pytest.raises(StudyError, match=r"\[profiles.x\].variants: \['zz'\]"):
+        StudyConfig.from_file(bad, profile="x")
+
+
 def test_smollm2_config_is_studies_2_to_5_with_two_seeds_at_the_teachers_length():
     cfg = StudyConfig.from_file(SMOLLM2)
     assert cfg.teacher == "smollm2-135m" and cfg.seeds == (0, 1) and cfg.parallel == 9
