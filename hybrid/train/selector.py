@@ -242,16 +242,17 @@ class HeadSelector(nn.Module):
         g = self.gates()  # [L, H]
         rec = []
         for l, (x, zf, proj) in enumerate(zip(xs, z_fa, o_projs)):
-            zf = zf.float()  # [B, T, H, D]
-            zg = self.gdn_heads(l, x.float())  # [B, T, H, D]
-            gl = g[l][:, None]  # [H, 1]
-            z = gl * zf + (1 - gl) * zg  # [B, T, H, D]
-            B, T = z.shape[:2]
-            W = proj.weight.float()  # [C, H*D], frozen
-            bias = proj.bias.float() if proj.bias is not None else None
-            y = F.linear(z.reshape(B, T, -1), W, bias)  # [B, T, C]
-            t = F.linear(zf.reshape(B, T, -1), W, bias)  # [B, T, C]: the teacher's attention output
-            rec.append((y - t).pow(2).sum() / t.pow(2).sum().clamp_min(1e-12))
+            zg = self.gdn_heads(l, x.float())  # [B, T, H, D] (bf16 under CUDA autocast: fla's kernels)
+            with torch.autocast(zg.device.type, enabled=False):  # the error in float32: y - t is small near g = 1
+                zf = zf.float()  # [B, T, H, D]
+                B, T = zf.shape[:2]
+                W = proj.weight.float()  # [C, H*D], frozen
+                bias = proj.bias.float() if proj.bias is not None else None
+                # o_proj(g zf + (1 - g) zg) - o_proj(zf) = W ((1 - g)(zg - zf)): the bias cancels
+                d = (1 - g[l])[:, None] * (zg.float() - zf)  # [B, T, H, D]
+                err = F.linear(d.reshape(B, T, -1), W)  # [B, T, C]
+                t = F.linear(zf.reshape(B, T, -1), W, bias)  # [B, T, C]: the teacher's attention output
+                rec.append(err.pow(2).sum() / t.pow(2).sum().clamp_min(1e-12))
         recon = torch.stack(rec).mean()
         pen = self.cfg.penalty * (g.mean() - self.cfg.budget) ** 2
         loss = recon + pen

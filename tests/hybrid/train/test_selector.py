@@ -108,3 +108,31 @@ def test_a_gqa_llama_teacher_trains_with_biases_off(tmp_path):
     assert r.gates.shape == (2, 6) and r.settings["hybrid"]["gdn_conv"] and len(r.history) == 3
     mask = selector_mask(r, teacher, k=1, unit="kv_group")
     assert len(mask.fa_heads) == 2
+
+
+def test_the_gdn_branch_is_the_hybrids_and_gate_one_is_the_teacher(tiny_qwen3):
+    """Gate 0 everywhere: the selector's layer is the all-GDN hybrid's attention (hybrid.from_mask, same gamma);
+    gate 1: the teacher's attention output exactly (zero error)."""
+    from headscope.arch import describe
+    from headscope.mask import HeadMask
+    from hybrid.convert import from_mask
+    from hybrid.train.selector import HeadSelector, _capture
+
+    sel = HeadSelector(tiny_qwen3, cfg(), {"seed": 4})
+    ids = next(batches())  # [B, T]
+    xs, z_fa = _capture(tiny_qwen3, ids)
+    sel.calibrate(z_fa)
+    hyb = from_mask(tiny_qwen3, HeadMask.for_model(tiny_qwen3, []), allow_degenerate=True, seed=4)
+    T = ids.shape[1]
+    pos = torch.arange(T)
+    cos, sin = hyb.model.rotary_emb(pos, torch.float32)  # [T, D] each
+    projs = describe(tiny_qwen3).out_projs
+    with torch.no_grad():
+        for l, layer in enumerate(hyb.model.layers):
+            layer.self_attn.fusion.gamma.copy_(sel.gamma[l])
+            want = layer.self_attn(xs[l], pos, cos, sin)  # [B, T, C]
+            got = projs[l](sel.gdn_heads(l, xs[l]).reshape(*ids.shape, -1))  # [B, T, C]
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+        sel.logits.fill_(60.0)  # every gate 1
+        loss, terms = sel.loss(xs, z_fa, list(projs))
+    assert terms["recon"] < 1e-12 and terms["mean_gate"] == pytest.approx(1.0)
