@@ -100,7 +100,10 @@ class VariantSpec:
         if self.selector:
             from hybrid.train.selector import SelectorConfig
 
-            SelectorConfig.from_dict(self.selector)  # names a bad field and value now
+            try:
+                SelectorConfig.from_dict(self.selector)  # names a bad field and value now
+            except ValueError as err:
+                raise ValueError(f"variant {self.name!r}: selector: {err}") from None
         if self.kind == "layerwise" and self.ratio is None:
             bad("ratio", "a layer-wise variant needs ratio='LA:FA' (e.g. '3:1')")
         if self.kind == "token" and (not isinstance(self.window, int) or self.window < 2):
