@@ -1,11 +1,11 @@
-"""Issue 15's studies 2-5 on one device: every variant of the config trained with the same three-stage budget and
+"""Issue 15's studies 2-5 and 7 on one device: every variant of the config trained with the same three-stage budget and
 evaluated with the same prompts, side by side (one process each), resumable. Writes OUT/studies.json; the tables
 come from experiments/studies/render_studies.py.
 
 GPU (one H200; see experiments/studies/gpu_h200.sh, which wraps this with a timeout and tars the results):
     python experiments/studies/run_studies.py --config experiments/studies/reference.toml --out runs/studies \
         --deadline-s 480
-CPU dry run (tiny settings, 5 variants, minutes; not a result):
+CPU dry run (tiny settings, 6 variants, minutes; not a result):
     python experiments/studies/run_studies.py --config experiments/studies/reference.toml --out /tmp/st --dry-run
 Studies 2-5 on the real teacher SmolLM2-135M-Instruct, 2 seeds (`STUDIES=2 CONFIG=experiments/studies/smollm2.toml
 bash experiments/studies/gpu_h200.sh` on the H200, then STUDIES=3,4,5; its dry run uses the real model on the CPU,
@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps-scale", type=float, default=float(os.environ.get("STEPS_SCALE", "1")),
                     help="multiply every stage's steps (default: env STEPS_SCALE or 1)")
     ap.add_argument("--only", default="", help="comma-separated variant names")
-    ap.add_argument("--studies", default="", help="comma-separated study numbers (2,3,4,5)")
+    ap.add_argument("--studies", default="", help="comma-separated study numbers (2,3,4,5,7)")
     ap.add_argument("--parallel", type=int, default=None, help="variants in flight at once (0: all)")
     ap.add_argument("--deadline-s", type=float, default=float(os.environ.get("DEADLINE_S", "0")),
                     help="stop every worker after this many seconds (0: none); rerun to continue")

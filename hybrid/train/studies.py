@@ -32,7 +32,8 @@ from typing import Any
 
 from hybrid.train.variants import VariantSpec
 
-__all__ = ["StudyConfig", "StudyError", "run_study", "collect", "variant_dir", "eval_items", "EVALUATIONS_USED"]
+__all__ = ["StudyConfig", "StudyError", "run_study", "collect", "variant_dir", "eval_items", "EVALUATIONS_USED",
+           "build_context"]
 
 EVALUATIONS_USED = ("niah", "niah_multikey", "reasoning", "perplexity")
 _EVAL_SCALARS = {"timeout_s": 300.0, "token_budget": 65536, "batch_size": 16, "seed": 0}
@@ -87,6 +88,7 @@ class StudyConfig:
     scores: dict = field(default_factory=lambda: {"n_samples": 16, "context_length": 1024, "haystack": "heldout"})
     hybrid: dict = field(default_factory=dict)  # HybridOptions shared by every variant
     eval: dict = field(default_factory=dict)
+    selector: dict = field(default_factory=dict)  # SelectorConfig fields shared by the "learned" variants
 
     def __post_init__(self) -> None:
         vs = tuple(v if isinstance(v, VariantSpec) else VariantSpec.from_dict(v) for v in self.variants)
@@ -133,6 +135,15 @@ class StudyConfig:
                                  + (" (use the top-level field)" if k in ("teacher", "device") else "")
                                  + (" (use the top-level [hybrid] table or a variant's)" if k == "hybrid" else ""))
         self.train_config("check", "mask.json", {}, 0)  # validates [train] and [hybrid] now
+        if not isinstance(self.selector, dict):
+            raise StudyError(f"[selector]={self.selector!r}: give a table of SelectorConfig fields")
+        if self.selector:
+            from hybrid.train.selector import SelectorConfig
+
+            try:
+                SelectorConfig.from_dict(self.selector)
+            except ValueError as err:
+                raise StudyError(f"[selector]: {err}") from None
 
     # ---- views ---------------------------------------------------------------------------------
     def variant(self, name: str) -> VariantSpec:
@@ -258,18 +269,30 @@ def eval_items(cfg: StudyConfig, train_length: int) -> list[tuple[str, str, dict
 
 # ---- preparing a variant (main process) -------------------------------------------------------------------
 
+def build_context(cfg: StudyConfig, tokenizer, device, folder: Path | None):
+    """What a variant that trains to build its mask (kind "learned") needs: the study's tokenizer and training
+    mixture (the first stage's data), the device, the variant's folder (its cache) and the ``[selector]`` table."""
+    from hybrid.train.variants import BuildContext
+
+    tc = cfg.train_config("selector", "mask.json", {}, 0)
+    return BuildContext(tokenizer=tokenizer, data=tc.data_for(tc.stages[0]), device=device, folder=folder,
+                        selector=dict(cfg.selector))
+
+
 def _prepare(cfg: StudyConfig, out: Path, spec: VariantSpec, seed: int, teacher, scores,
-             restart_changed: bool = False) -> bool:
-    """Write the variant's folder (variant.json, mask.json, train.json); False when it is infeasible."""
+             restart_changed: bool = False, tokenizer=None, device=None) -> bool:
+    """Write the variant's folder (variant.json, mask.json, train.json); False when it is infeasible. A variant
+    whose kind trains to build its mask (``spec.needs_data``) trains here, on ``device``, with ``tokenizer``."""
     from headscope.io import write_text
     from hybrid.train.checkpoint import latest_checkpoint
     from hybrid.train.variants import InfeasibleVariant, build_variant
 
     d = variant_dir(out, spec.name, seed)
     d.mkdir(parents=True, exist_ok=True)
+    context = build_context(cfg, tokenizer, device, d) if spec.needs_data else None
     try:
         built = build_variant(spec, teacher, scores=scores, seed=seed, base_options=cfg.hybrid,
-                              train_length=cfg.train_length)
+                              train_length=cfg.train_length, context=context)
     except InfeasibleVariant as err:
         write_text(d / "infeasible.json", json.dumps({"variant": spec.to_dict(), "seed": seed, "status": "infeasible",
                                                       "reason": str(err)}, indent=1))
@@ -530,11 +553,11 @@ def run_study(cfg: StudyConfig, *, out: str | Path | None = None, only: tuple[st
         teacher.to("cpu")
         _release_cuda()
     for s, seed in hybrids:  # ... then the variants that need no scores
-        if not s.needs_scores and _prepare(cfg, out, s, seed, teacher, None, restart_changed):
+        if not s.needs_scores and not s.needs_data and _prepare(cfg, out, s, seed, teacher, None, restart_changed):
             queue.append(_Job(s, seed))
     launch_ready()
-    later = [(s, seed) for s, seed in todo if s.needs_scores]
-    if later:
+    later = [(s, seed) for s, seed in todo if s.needs_scores or s.needs_data]  # while those train: scores, selectors
+    if any(s.needs_scores for s, _ in later):
         from hybrid.train.variants import selection_scores
 
         ts = time.time()
@@ -545,9 +568,12 @@ def run_study(cfg: StudyConfig, *, out: str | Path | None = None, only: tuple[st
         teacher.to("cpu")
         _release_cuda()  # the workers share the GPU: this process keeps no cached blocks
         print(f"[studies] teacher scores ready ({time.time() - ts:.1f} s; {out / 'scores.json'})", flush=True)
-        for s, seed in later:
-            if _prepare(cfg, out, s, seed, teacher, scores, restart_changed):
-                queue.append(_Job(s, seed))
+    for s, seed in later:
+        if s.needs_data:
+            print(f"[studies] {s.name} seed {seed}: training its selector on {device}", flush=True)
+        if _prepare(cfg, out, s, seed, teacher, scores if s.needs_scores else None, restart_changed, tok, device):
+            queue.append(_Job(s, seed))
+            launch_ready()
     del teacher
     timeout_s = float(cfg.eval_setting("timeout_s"))
     last_status = time.time()

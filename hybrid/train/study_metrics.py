@@ -18,6 +18,7 @@ STUDY_TITLES = {
     3: "Study 3: granularity (head-level 7:1, layer-wise 3:1 and 7:1, token-level sliding window + GDN)",
     4: "Study 4: fusion (per-head norm with scale, no norm, per-head gated competition)",
     5: "Study 5: FA branch (no RoPE + log-length scaling, against keeping RoPE), past the training length",
+    7: "Study 7: a learned selector (a gate per head, FA or GDN) against causal and random selection",
 }
 
 
@@ -60,7 +61,7 @@ def _fmt(vals: list[float | None], digits: int = 2) -> str:
 
 def _describe(v: dict) -> str:
     kind = v["kind"]
-    if kind == "select":
+    if kind in ("select", "learned"):
         from fractions import Fraction
 
         unit = "KV groups" if v["unit"] == "kv_group" else "query heads"
@@ -70,6 +71,8 @@ def _describe(v: dict) -> str:
             budget = f"{v['ratio']} (LA:FA) in {unit}"
         else:
             budget = f"{v['k']} {unit}"
+        if kind == "learned":
+            return f"learned gates ({v['strategy']} top), {budget}"
         return f"{v['strategy']}, {budget}"
     if kind == "layerwise":
         return f"layer-wise {v['ratio']}"

@@ -15,11 +15,18 @@ Kinds:
   ``granularity="layer"``.
 - "token": every head sliding-window attention (``window`` keys) + Gated DeltaNet (``granularity="token"``).
 - "teacher": no hybrid; the teacher itself (evaluated, not trained).
+- "learned": a learned selector (``hybrid.train.selector``: a static gate per head mixing the teacher's own
+  attention with a GDN branch, trained layer-locally against the teacher under an FA-budget penalty), then the
+  top gates at the budget through ``headscope.select`` (``strategy`` ranks them, default "global"; ``unit`` and
+  fraction / ratio / k as for "select"). It needs training data (``needs_data``): ``build_variant``'s
+  ``context`` (a ``BuildContext``: the tokenizer, the study's data mixture, the device, a folder where the gates
+  are cached so a resumed study reuses them); the variant's ``selector`` table holds ``SelectorConfig`` fields
+  over the context's (the study's ``[selector]``). The mask's settings say strategy "learned".
 """
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -27,8 +34,8 @@ import torch
 
 from headscope.registry import Registry
 
-__all__ = ["VariantSpec", "VariantKind", "BuiltVariant", "InfeasibleVariant", "VARIANT_KINDS", "build_variant",
-           "selection_scores", "make_mask", "mask_shares"]
+__all__ = ["VariantSpec", "VariantKind", "BuiltVariant", "BuildContext", "InfeasibleVariant", "VARIANT_KINDS",
+           "build_variant", "selection_scores", "make_mask", "mask_shares"]
 
 
 class InfeasibleVariant(ValueError):
@@ -44,13 +51,14 @@ class VariantSpec:
     kind: str = "select"
     studies: tuple[int, ...] = ()
     label: str = ""  # a longer description for tables (default: the name)
-    strategy: str = "global"  # kind "select": a name in headscope.selection.STRATEGIES
-    unit: str = "head"  # kind "select": "head" (FA query heads) or "kv_group" (KV cache share)
-    fraction: float | None = None  # kind "select": the budget (one of fraction / ratio / k)
+    strategy: str = "global"  # kind "select" / "learned": a name in headscope.selection.STRATEGIES
+    unit: str = "head"  # kind "select" / "learned": "head" (FA query heads) or "kv_group" (KV cache share)
+    fraction: float | None = None  # kind "select" / "learned": the budget (one of fraction / ratio / k)
     ratio: str | None = None  # "select" (LA:FA budget) or "layerwise" (LA:FA layers, e.g. "3:1")
     k: int | None = None
     window: int = 512  # kind "token": keys per query of the sliding window (its KV cache holds window - 1)
     hybrid: dict = field(default_factory=dict)  # HybridOptions overrides of this variant
+    selector: dict = field(default_factory=dict)  # kind "learned": SelectorConfig fields (over the study's)
     seeds: tuple[int, ...] | None = None  # the study's seeds this variant runs with (None: all of them)
 
     def __post_init__(self) -> None:
@@ -71,17 +79,31 @@ class VariantSpec:
                     isinstance(x, bool) or not isinstance(x, int) or x < 0 for x in self.seeds):
                 bad("seeds", "give a non-empty list of ints >= 0 (a subset of the study's seeds), or leave it out")
             object.__setattr__(self, "seeds", tuple(self.seeds))
-        if self.kind == "select":
+        if self.kind in ("select", "learned"):
             from headscope.selection import STRATEGIES, UNITS
 
             if self.strategy not in STRATEGIES:
                 bad("strategy", f"not a selection strategy; known: {list(STRATEGIES)}")
+            if self.kind == "learned" and not STRATEGIES.entry(self.strategy).uses_scores:
+                bad("strategy", "a learned variant ranks its gates: give a strategy that uses scores ("
+                    f"{[n for n in STRATEGIES if STRATEGIES.entry(n).uses_scores]})")
             if self.unit not in UNITS:
                 bad("unit", f"must be one of {UNITS}")
             given = [n for n in ("fraction", "ratio", "k") if getattr(self, n) is not None]
             if len(given) != 1:
                 raise ValueError(f"variant {self.name!r}: give exactly one budget of fraction / ratio / k "
                                  f"(got {given or 'none'})")
+        if not isinstance(self.selector, dict):
+            bad("selector", "give a table of hybrid.train.selector.SelectorConfig fields")
+        if self.selector and self.kind != "learned":
+            bad("selector", "only a variant of kind 'learned' trains a selector")
+        if self.selector:
+            from hybrid.train.selector import SelectorConfig
+
+            try:
+                SelectorConfig.from_dict(self.selector)  # names a bad field and value now
+            except ValueError as err:
+                raise ValueError(f"variant {self.name!r}: selector: {err}") from None
         if self.kind == "layerwise" and self.ratio is None:
             bad("ratio", "a layer-wise variant needs ratio='LA:FA' (e.g. '3:1')")
         if self.kind == "token" and (not isinstance(self.window, int) or self.window < 2):
@@ -90,6 +112,11 @@ class VariantSpec:
     @property
     def needs_scores(self) -> bool:
         return VARIANT_KINDS[self.kind].needs_scores(self)
+
+    @property
+    def needs_data(self) -> bool:
+        """The kind trains something to build its mask (``BuildContext`` with a tokenizer and data)."""
+        return VARIANT_KINDS[self.kind].needs_data(self)
 
     @property
     def trains(self) -> bool:
@@ -118,17 +145,31 @@ class BuiltVariant:
     info: dict[str, Any]  # FA query-head share, KV share at the training length, layers with FA, ...
 
 
+@dataclass
+class BuildContext:
+    """What a kind that trains to build its mask needs (kind "learned"); the other kinds ignore it."""
+
+    tokenizer: Any = None
+    data: Any = None  # a hybrid.train.DataConfig: the study's training mixture
+    device: Any = None  # where to train (None: the teacher's device); the teacher is moved there and back
+    folder: Any = None  # where a kind caches what it learned (the variant's folder); None: no cache
+    selector: dict = field(default_factory=dict)  # SelectorConfig fields shared by the study's learned variants
+    hybrid: dict = field(default_factory=dict)  # the HybridOptions the variant is trained with (build_variant's)
+
+
 @dataclass(frozen=True)
 class VariantKind:
-    build: Callable[[VariantSpec, Any, Any, int], tuple[Any, dict[str, Any]]]  # (spec, teacher, scores, seed)
+    # (spec, teacher, scores, seed, context: BuildContext | None) -> (mask, hybrid options)
+    build: Callable[[VariantSpec, Any, Any, int, Any], tuple[Any, dict[str, Any]]]
     needs_scores: Callable[[VariantSpec], bool] = lambda spec: False
     doc: str = ""
+    needs_data: Callable[[VariantSpec], bool] = lambda spec: False
 
 
 VARIANT_KINDS: Registry[VariantKind] = Registry("variant kind")
 
 
-def _select(spec: VariantSpec, teacher, scores, seed: int):
+def _select(spec: VariantSpec, teacher, scores, seed: int, context=None):
     from headscope.mask import model_shape
     from headscope.selection import STRATEGIES, select
 
@@ -155,21 +196,76 @@ def _select(spec: VariantSpec, teacher, scores, seed: int):
     return mask, {}
 
 
-def _layerwise(spec: VariantSpec, teacher, scores, seed: int):
+def _layerwise(spec: VariantSpec, teacher, scores, seed: int, context=None):
     from hybrid.builders import layerwise_mask
 
     return layerwise_mask(teacher, spec.ratio), {"granularity": "layer"}
 
 
-def _token(spec: VariantSpec, teacher, scores, seed: int):
+def _token(spec: VariantSpec, teacher, scores, seed: int, context=None):
     from headscope.mask import HeadMask
 
     mask = HeadMask.for_model(teacher, [], settings={"strategy": "token", "window": spec.window})
     return mask, {"granularity": "token", "window": spec.window}
 
 
-def _teacher(spec: VariantSpec, teacher, scores, seed: int):
+def _teacher(spec: VariantSpec, teacher, scores, seed: int, context=None):
     return None, {}
+
+
+SELECTOR_FILE = "selector.json"  # the learned gates, in the variant's folder (reused while the key matches)
+
+
+def _learned(spec: VariantSpec, teacher, scores, seed: int, context=None):
+    """Train the selector (or reuse its cached gates), then the top gates at the spec's budget."""
+    from headscope.io import write_text
+    from headscope.mask import config_fingerprint, model_shape
+    from headscope.selection import budget
+    from hybrid.train.selector import SelectorConfig, SelectorResult, mixture_batches, selector_mask, train_selector
+
+    if context is None or context.tokenizer is None or context.data is None:
+        raise ValueError(f"variant {spec.name!r}: kind 'learned' trains a selector: give build_variant a "
+                         "context=BuildContext(tokenizer=..., data=DataConfig(...))")
+    s = model_shape(teacher)
+    L, H, K = s["num_hidden_layers"], s["num_attention_heads"], s["num_key_value_heads"]
+    G = K if spec.unit == "kv_group" else H
+    try:
+        share = budget(L * G, spec.k, spec.fraction, spec.ratio) / (L * G)  # the FA share the penalty aims at
+    except (ValueError, TypeError) as err:
+        raise InfeasibleVariant(str(err)) from None
+    cfg = SelectorConfig.from_dict({"seed": seed, "budget": share, "gate_unit": spec.unit,
+                                    **context.selector, **spec.selector})
+    options = {**context.hybrid}
+    data = context.data.to_dict() if hasattr(context.data, "to_dict") else json.loads(json.dumps(
+        asdict(context.data), default=list))
+    key = {"teacher": config_fingerprint(teacher), "selector": {**cfg.to_dict(), "progress": None},
+           "hybrid": options, "data": data}
+    path = Path(context.folder) / SELECTOR_FILE if context.folder is not None else None
+    result = None
+    if path is not None and path.exists():
+        cached = json.loads(path.read_text())
+        if cached.get("key") == key:
+            result = SelectorResult.from_dict(cached["result"])
+            print(f"[selector] {spec.name}: gates reused from {path}", flush=True)
+    if result is None:
+        home = next(teacher.parameters()).device
+        device = torch.device(context.device) if context.device is not None else home
+        try:
+            teacher.to(device)
+            batches = mixture_batches(context.data, context.tokenizer, cfg.seq_len, cfg.batch_size, cfg.seed)
+            result = train_selector(teacher, batches, cfg, options)
+        finally:
+            teacher.to(home)
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+        if path is not None:
+            write_text(path, json.dumps({"key": key, "result": result.to_dict()}, indent=1, default=str))
+    try:
+        mask = selector_mask(result, teacher, fraction=spec.fraction, ratio=spec.ratio, k=spec.k, unit=spec.unit,
+                             strategy=spec.strategy)
+    except ValueError as err:
+        raise InfeasibleVariant(str(err)) from None
+    return mask, {}
 
 
 def _uses_scores(spec: VariantSpec) -> bool:
@@ -182,6 +278,8 @@ VARIANT_KINDS.register("select", VariantKind(_select, _uses_scores, "headscope.s
 VARIANT_KINDS.register("layerwise", VariantKind(_layerwise, doc="whole FA layers (hybrid.builders.layerwise_mask)"))
 VARIANT_KINDS.register("token", VariantKind(_token, doc="sliding-window attention + GDN on every head"))
 VARIANT_KINDS.register("teacher", VariantKind(_teacher, doc="the teacher itself, evaluated only"))
+VARIANT_KINDS.register("learned", VariantKind(_learned, doc="a learned per-head FA/GDN gate (hybrid.train.selector), "
+                                                            "top gates at the budget", needs_data=lambda spec: True))
 
 
 def mask_shares(teacher, mask, options: dict[str, Any], train_length: int) -> dict[str, Any]:
@@ -208,10 +306,14 @@ def mask_shares(teacher, mask, options: dict[str, Any], train_length: int) -> di
 
 
 def build_variant(spec: VariantSpec, teacher, *, scores=None, seed: int = 0, base_options: dict | None = None,
-                  train_length: int = 2048) -> BuiltVariant:
+                  train_length: int = 2048, context: BuildContext | None = None) -> BuiltVariant:
     """The variant's mask (None for the teacher), its hybrid options (the study's ``base_options``, then the
-    kind's, then the spec's own) and its shares; raises ``InfeasibleVariant`` when the budget cannot be met."""
-    mask, kind_options = VARIANT_KINDS.entry(spec.kind, who="variant kind").build(spec, teacher, scores, seed)
+    kind's, then the spec's own) and its shares; raises ``InfeasibleVariant`` when the budget cannot be met.
+    ``context``: what a kind that trains needs (``spec.needs_data``; kind "learned")."""
+    if context is not None:  # the kind sees the hybrid options the variant trains with
+        context = replace(context, hybrid={"seed": seed, **(base_options or {}), **spec.hybrid})
+    mask, kind_options = VARIANT_KINDS.entry(spec.kind, who="variant kind").build(spec, teacher, scores, seed,
+                                                                                   context)
     options = {"seed": seed, **(base_options or {}), **kind_options, **spec.hybrid}  # seed: the new parameters' init
     info = mask_shares(teacher, mask, options, train_length)
     if mask is not None:

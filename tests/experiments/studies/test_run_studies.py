@@ -109,3 +109,19 @@ def test_a_study_stopped_mid_training_continues_from_its_checkpoint(tmp_path):
     assert f"resumed from {latest}" in log
     r = runs(out)["global-kv"]
     assert r["status"] == "done" and r["train"]["stages"]["long"]["steps"] == 10
+
+
+@pytest.mark.slow  # ~1 minute: the selector (4 steps) in the main process, then 5 training steps and the evaluation
+def test_the_learned_selector_row_trains_its_gates_then_the_stages(tmp_path):
+    out = tmp_path / "st"
+    first = script(RUN, "--config", str(CONFIG), "--out", str(out), "--dry-run", "--only", "learned-kv")
+    assert "learned-kv seed 0: training its selector on cpu" in first.stdout
+    r = runs(out)["learned-kv"]
+    assert r["status"] == "done" and r["info"]["kv_share"] == pytest.approx(1 / 8)
+    assert r["info"]["settings"]["strategy"] == "learned" and r["info"]["settings"]["selector"]["steps"] == 4
+    d = out / "variants" / "learned-kv" / "seed0"
+    assert (d / "selector.json").exists() and r["train"]["stages"]["long"]["steps"] == 1
+    script(RENDER, "--run", str(out), "--out", str(tmp_path / "r"))
+    tables = (tmp_path / "r" / "tables.md").read_text()
+    assert "### Study 7: a learned selector" in tables and "| learned-kv | learned gates (global top), 1/8 of the KV " \
+        "groups |" in tables

@@ -44,12 +44,15 @@ def write(tmp_path, text: str) -> Path:
 def test_reference_config_loads_and_scales_every_stage_alike():
     cfg = StudyConfig.from_file(CONFIG)
     assert {v.name for v in cfg.variants} >= {"teacher", "global-kv", "layerwise-7to1", "token-swa257", "fa-rope"}
-    assert {s for v in cfg.variants for s in v.studies} == {2, 3, 4, 5}
+    assert {s for v in cfg.variants for s in v.studies} == {2, 3, 4, 5, 7}
+    assert [v.name for v in cfg.variants if 7 in v.studies] == ["teacher", "global-kv", "randglobal-kv", "learned-kv"]
+    assert cfg.variant("learned-kv").needs_data and cfg.selector["steps"] == 120
     half = StudyConfig.from_file(CONFIG, steps_scale=0.5)
     assert [s["steps"] for s in half.train["stages"]] == [round(s["steps"] / 2) for s in cfg.train["stages"]]
     assert half.steps_scale == 0.5 and not half.dry_run
     dry = StudyConfig.from_file(CONFIG, dry_run=True)
-    assert dry.dry_run and dry.device == "cpu" and len(dry.variants) == 5
+    assert dry.dry_run and dry.device == "cpu" and len(dry.variants) == 6
+    assert dry.selector == {**cfg.selector, "steps": 4, "batch_size": 1, "seq_len": 128}  # merged, not replaced
     assert [s["steps"] for s in dry.train["stages"]] == [2, 2, 1]
     assert dry.train["data"]["corpus"] == "heldout" and dry.train["data"]["fast_niah"]  # merged, not replaced
 
@@ -195,6 +198,8 @@ def test_steps_scale_keeps_warmup_and_decay_inside_the_stage(tmp_path):
     ("[scores]\nsamples = 3\n", r"\[scores\]"),
     ("seeds = []\n", "seeds"),
     ("[[variants]]\nname = \"a\"\nfraction = 0.25\n", "used twice"),
+    ("[selector]\nsteps = 0\n", r"\[selector\]: SelectorConfig.steps=0"),
+    ("[selector]\nlambda = 1\n", r"\[selector\]: SelectorConfig: unknown field"),
 ])
 def test_bad_configs_are_refused(tmp_path, extra, match):
     text = extra + MINIMAL if not extra.startswith("[") else MINIMAL + extra

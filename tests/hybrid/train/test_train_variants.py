@@ -23,6 +23,11 @@ def spec(**kw) -> VariantSpec:
     (dict(kind="layerwise", fraction=None), "ratio"),
     (dict(kind="token", window=1), "window"),
     (dict(hybrid=[1]), "hybrid"),
+    (dict(kind="learned", strategy="random_global"), "ranks its gates"),
+    (dict(kind="learned", fraction=None), "exactly one budget"),
+    (dict(selector={"steps": 3}), "only a variant of kind 'learned'"),
+    (dict(kind="learned", selector={"steps": 0}), "SelectorConfig.steps=0"),
+    (dict(kind="learned", selector=[1]), "selector"),
 ])
 def test_bad_specs_are_refused(kw, match):
     with pytest.raises(ValueError, match=match):
@@ -160,3 +165,36 @@ def test_reasoning_the_teacher_solves_is_fused(tmp_path, monkeypatch):
     assert scores.settings["reasoning_left_out"] is None and scores.settings["tasks"] == ["niah", "reasoning"]
     mask = select(scores, fraction=1 / 12, unit="kv_group", model=teacher)
     assert sorted(h.to_list() for h in mask.fa_heads) == [[0, 0], [0, 1]]  # reasoning's group (0.9 x 0.5 > 0.8 x 0.5)
+
+
+def test_learned_kind_trains_gates_once_and_makes_the_budgets_mask(tiny_teacher_dir, tmp_path, monkeypatch):
+    import hybrid.train.selector as selector
+    from hybrid.train.build import load_teacher
+    from hybrid.train.config import DataConfig
+    from hybrid.train.variants import SELECTOR_FILE, BuildContext
+
+    teacher, tok = load_teacher(str(tiny_teacher_dir), torch.device("cpu"))  # 2 layers x 4 heads, 2 KV groups each
+    s = VariantSpec(name="learned-kv", kind="learned", unit="kv_group", fraction=0.25, selector={"steps": 2})
+    assert s.needs_data and not s.needs_scores and s.trains
+    data = DataConfig(corpus="heldout", text=1.0, niah=0.0, multikey=0.0, reasoning=0.0, copy=0.0)
+    ctx = BuildContext(tokenizer=tok, data=data, folder=tmp_path,
+                       selector={"batch_size": 1, "seq_len": 32, "progress": False, "steps": 5})
+    b = build_variant(s, teacher, seed=3, context=ctx, base_options={"gdn_conv": True})
+    st = b.mask.settings
+    assert st["strategy"] == "learned" and st["unit"] == "kv_group" and len(b.mask.fa_heads) == 2  # 1 of 4 groups
+    assert b.info["kv_share"] == pytest.approx(1 / 4) and b.options == {"seed": 3, "gdn_conv": True}
+    # the variant's table over the study's; budget, seed and gate unit from the variant
+    assert (st["selector"]["steps"], st["selector"]["batch_size"], st["selector"]["seed"]) == (2, 1, 3)
+    assert st["selector"]["budget"] == pytest.approx(0.25) and st["selector"]["gate_unit"] == "kv_group"
+    assert (tmp_path / SELECTOR_FILE).exists()
+
+    def trained_again(*a, **k):
+        raise RuntimeError("trained again")
+
+    monkeypatch.setattr(selector, "train_selector", trained_again)
+    again = build_variant(s, teacher, seed=3, context=ctx, base_options={"gdn_conv": True})  # a resumed study
+    assert again.mask.fa_heads == b.mask.fa_heads
+    with pytest.raises(RuntimeError, match="trained again"):  # other hybrid options: not the cached gates
+        build_variant(s, teacher, seed=3, context=ctx)
+    with pytest.raises(ValueError, match="BuildContext"):
+        build_variant(s, teacher)
