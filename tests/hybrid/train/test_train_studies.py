@@ -61,15 +61,15 @@ def test_cpu_profile_merges_its_table_adds_its_variants_and_says_what_it_is(tmp_
     cpu = StudyConfig.from_file(CONFIG, profile="cpu")
     base = StudyConfig.from_file(CONFIG)
     assert cpu.profile == "cpu" and "CPU-scale" in cpu.profile_note and not cpu.dry_run
-    assert cpu.device == "cpu" and cpu.train_length == 256 and base.profile == "" and base.train_length == 0
-    assert [s["seq_len"] for s in cpu.train["stages"]] == [256, 256, 1024]
+    assert cpu.device == "cpu" and cpu.train_length == 128 and base.profile == "" and base.train_length == 0
+    assert [s["seq_len"] for s in cpu.train["stages"]] == [128, 128, 512]
     assert cpu.train["data"]["corpus"] == base.train["data"]["corpus"]  # merged, not replaced
     names = [v.name for v in cpu.variants]
-    assert "token-swa257" not in names and names[-1] == "token-swa33" and cpu.variant("token-swa33").window == 33
-    assert "token-swa33" not in [v.name for v in base.variants]
-    assert [i[0] for i in eval_items(cpu, cpu.train_length)][:1] == ["niah@248"]
+    assert "token-swa257" not in names and names[-1] == "token-swa17" and cpu.variant("token-swa17").window == 17
+    assert "token-swa17" not in [v.name for v in base.variants]
+    assert [i[0] for i in eval_items(cpu, cpu.train_length)][:1] == ["niah@120"]
     cfg = cpu.to_dict()
-    cfg["train_length"] = 256
+    cfg["train_length"] = 128
     block = markdown_block({"config": cfg, "calls": [], "runs": []}, command="c")
     assert "**Profile `cpu`**: a CPU-scale replication" in block and "not a result" not in block
     with pytest.raises(StudyError, match=r"no \[profiles.gpu\] table; known: \['cpu'\]"):
