@@ -1,6 +1,7 @@
 """The tables and figure of a study folder (from experiments/studies/run_studies.py): OUT/tables.md (one markdown
 table per study, with the command, seeds and device minutes) and OUT/studies.html (NIAH accuracy by length);
---docs docs/results.md replaces the block between <!-- studies:begin --> and <!-- studies:end --> there.
+--docs docs/results.md replaces the block between <!-- studies:begin --> and <!-- studies:end --> there (--marker
+studies_cpu: between <!-- studies_cpu:begin --> and <!-- studies_cpu:end -->).
 
     python experiments/studies/render_studies.py --run runs/studies --out runs/studies/render [--docs docs/results.md]
 """
@@ -17,6 +18,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--run", required=True, type=Path, help="the study folder")
     ap.add_argument("--out", type=Path, default=None, help="where tables.md and studies.html go (default: RUN)")
     ap.add_argument("--docs", type=Path, default=None, help="a markdown file with the studies markers to fill")
+    ap.add_argument("--marker", default="studies",
+                    help="the markers <!-- MARKER:begin --> ... <!-- MARKER:end --> of --docs (default studies)")
     ap.add_argument("--command", default=None, help="the command to cite (default: the study's first call's)")
     ap.add_argument("--source", default=None, help="where the raw JSON is kept (cited in the block)")
     a = ap.parse_args(argv)
@@ -40,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     write_text(out / "tables.md", block)
     print(block)
     if a.docs:
-        update_docs(a.docs, block)
+        update_docs(a.docs, block, a.marker)
         print(f"filled {a.docs}")
     return 0
 

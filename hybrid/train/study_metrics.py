@@ -195,13 +195,15 @@ def markdown_block(collected: dict, *, command: str, figure: str | None = None, 
     return "\n\n".join(parts) + "\n"
 
 
-def update_docs(path: str | Path, block: str) -> Path:
-    """Replace the text between the study markers of ``path`` (docs/results.md) with ``block``."""
+def update_docs(path: str | Path, block: str, marker: str = "studies") -> Path:
+    """Replace the text between the ``marker`` markers of ``path`` (docs/results.md: ``<!-- studies:begin -->``
+    ... ``<!-- studies:end -->`` by default) with ``block``."""
     from headscope.io import write_text
 
+    begin, end = f"<!-- {marker}:begin -->", f"<!-- {marker}:end -->"
     p = Path(path)
     text = p.read_text(encoding="utf-8")
-    if BEGIN not in text or END not in text or text.index(BEGIN) > text.index(END):
-        raise ValueError(f"{p} has no '{BEGIN}' ... '{END}' block to fill; add the two markers where the tables go")
-    a, b = text.index(BEGIN) + len(BEGIN), text.index(END)
+    if begin not in text or end not in text or text.index(begin) > text.index(end):
+        raise ValueError(f"{p} has no '{begin}' ... '{end}' block to fill; add the two markers where the tables go")
+    a, b = text.index(begin) + len(begin), text.index(end)
     return write_text(p, text[:a] + "\n" + block + text[b:])

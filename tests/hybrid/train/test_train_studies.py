@@ -286,6 +286,12 @@ def test_markdown_block_says_how_it_was_made_and_fills_the_docs(tmp_path):
     doc.write_text("no markers")
     with pytest.raises(ValueError, match="markers"):
         update_docs(doc, block)
+    doc.write_text(f"{BEGIN}\nkeep\n{END}\n<!-- cpu:begin -->\nold\n<!-- cpu:end -->\n")
+    update_docs(doc, block, marker="cpu")
+    text = doc.read_text()
+    assert "keep" in text and "old" not in text and text.index("### Study 2") > text.index("<!-- cpu:begin -->")
+    with pytest.raises(ValueError, match="<!-- gpu:begin -->"):
+        update_docs(doc, block, marker="gpu")
 
 
 def test_kernel_warmup_runs_a_hybrid_with_every_gdn_head_count(monkeypatch):
