@@ -23,8 +23,8 @@ from headscope.hooks import hooks, pre, record_inputs
 from headscope.heads import Head
 from headscope.metrics import Metric, greedy_correct
 from headscope.patching.inputs import PatchPair
-from headscope.patching.sharded import (Shard, all_reduce_sum, broadcast_from_main, check_same_pairs,
-                                        resolve_shard, shard_heads, supports_heads)
+from headscope.patching.sharded import (Shard, all_reduce_sum, check_same_pairs, resolve_shard, shard_heads,
+                                        supports_heads)
 from headscope.results import HeadScores
 
 __all__ = ["Backend", "NaiveBackend", "receiver_scores", "CleanFailureError", "DegeneratePairError",
@@ -162,15 +162,16 @@ def receiver_scores(backend: Backend, pairs: Sequence[PatchPair], metric: Metric
             raise ValueError(f"shard='heads': the {backend.name!r} backend cannot score a subset of heads; use "
                              "shard='samples' (or a backend that can: 'hf', 'naive')")
         check_same_pairs(pairs, task)
-    m_clean, m_corrupt, correct = [], [], []
-    for p in pairs:
+    m_clean, m_corrupt, correct = [0.0] * len(pairs), [0.0] * len(pairs), [False] * len(pairs)
+    mine = range(len(pairs)) if sharding is None else range(sharding.rank, len(pairs), sharding.world)
+    for i in mine:  # sharded: each rank checks its share of the pairs, then every rank gets all the numbers
+        p = pairs[i]
         lc = backend.answer_logits(p.clean_ids, p.answer_pos)  # [A, V]
         lx = backend.answer_logits(p.corrupt_ids, p.answer_pos)  # [A, V]
-        m_clean.append(float(metric(lc, p)[0]))
-        m_corrupt.append(float(metric(lx, p)[0]))
-        correct.append(greedy_correct(lc, p.clean_answer_ids))
-    if sharding is not None:  # every rank decides with rank 0's numbers (GPUs may differ in the last bits)
-        clean = broadcast_from_main(torch.tensor([m_clean, m_corrupt, correct], dtype=torch.float64))  # [3, N]
+        m_clean[i], m_corrupt[i] = float(metric(lc, p)[0]), float(metric(lx, p)[0])
+        correct[i] = greedy_correct(lc, p.clean_answer_ids)
+    if sharding is not None:  # one rank computed each entry, the others add exact zeros: the same on every rank
+        clean = all_reduce_sum(torch.tensor([m_clean, m_corrupt, correct], dtype=torch.float64))  # [3, N]
         m_clean, m_corrupt = clean[0].tolist(), clean[1].tolist()
         correct = [bool(c) for c in clean[2].tolist()]
     acc = sum(correct) / len(correct)

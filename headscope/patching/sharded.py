@@ -6,9 +6,9 @@
     torch.distributed.init_process_group()            # or headscope.patching.sharded.init_from_env()
     s = headscope.score(model, "niah", shard="heads")  # every rank returns the same, gathered HeadScores
 
-Every rank builds the same pairs (same task, seed and model; checked: a rank with other pairs is an error) and
-runs the clean and corrupted prompts itself (2 forwards per pair: cheap next to the L*H patched re-runs).
-Rank 0's clean metrics are broadcast so that every rank drops the same pairs. Then each rank computes its share:
+Every rank builds the same pairs (same task, seed and model; checked: a rank with other pairs is an error). The
+clean check (clean and corrupted metrics, greedy correctness) is split by pairs and summed over ranks, so every
+rank holds the same numbers and drops the same pairs. Then each rank computes its share of the patched runs:
 
 - ``"heads"``: every pair, a slice of the heads (``shard_heads``: interleaved over (layer, head), so every rank
   gets the same number of heads in every layer, and the fast backend's cost per head, which falls with the
@@ -118,13 +118,6 @@ def all_reduce_sum(x: torch.Tensor) -> torch.Tensor:
     """The sum of ``x`` over the ranks (a new CPU tensor of x's dtype)."""
     y = x.to(_comm_device())
     dist.all_reduce(y, op=dist.ReduceOp.SUM)
-    return y.cpu()
-
-
-def broadcast_from_main(x: torch.Tensor) -> torch.Tensor:
-    """Rank 0's ``x`` on every rank (a new CPU tensor)."""
-    y = x.to(_comm_device()).contiguous()
-    dist.broadcast(y, src=0)
     return y.cpu()
 
 
