@@ -120,6 +120,7 @@ def test_two_processes_give_one_process_scores_on_every_rank(two_ranks):
     assert torch.equal(two_ranks[0]["hf_heads"]["raw"], two_ranks[1]["hf_heads"]["raw"])
 
 
+@pytest.mark.slow  # ~30 s: torchrun starts 2 processes that load the model and score (the engine's 2-rank test is fast)
 @pytest.mark.filterwarnings("ignore:the model answers only:UserWarning")  # a random tiny model fails NIAH
 def test_cli_shard_under_torchrun_writes_what_one_process_writes(tmp_path, model_dir, capsys):
     common = ["--model", str(model_dir), "--n-samples", "3", "--context-length", "64", "--quiet", "--quick", "--k",
