@@ -27,7 +27,7 @@ from headscope.metrics import resolve_metric
 from headscope.patching.engine import receiver_scores as _normalized_scores
 from headscope.patching.backends import PATH_BACKENDS, check_path_backend, make_path_backend
 from headscope.patching.path import normalize_receivers
-from headscope.patching.sharded import is_main_process, resolve_shard, shard_heads
+from headscope.patching.sharded import is_main_process, resolve_shard, work_share
 from headscope.results import HeadScores
 
 __all__ = ["sender_scores", "iterated_path_patching", "PathPatchingResult", "PATH_BACKENDS", "default_k"]
@@ -54,11 +54,9 @@ def _score_senders(hf: nn.Module, arch: Arch, pairs: list, receivers: Sequence[H
     bar = None
     if progress and is_main_process():
         from tqdm.auto import tqdm
-        total = len(pairs) * arch.n_total
-        sharding = resolve_shard(shard, len(pairs))
-        if sharding is not None:  # rank 0's share (pairs dropped by the clean check are not counted out)
-            total = len(pairs) * len(shard_heads(arch.n_layers, arch.n_heads, 0, sharding.world)) \
-                if sharding.mode == "heads" else len(range(0, len(pairs), sharding.world)) * arch.n_total
+        sharding = resolve_shard(shard, len(pairs))  # rank 0's share (pairs the clean check drops still count)
+        mine, heads = work_share(sharding, len(pairs), arch.n_layers, arch.n_heads)
+        total = len(mine) * (arch.n_total if heads is None else len(heads))
         where = "" if sharding is None else f", rank 0 of {sharding.world}"
         bar = tqdm(total=total, desc=f"sender scores ({backend}, {task}, {len(receivers)} receivers{where})",
                    unit="sender")

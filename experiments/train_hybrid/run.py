@@ -289,28 +289,33 @@ def throughput_only(a, base, teacher, device, T: int, mask) -> dict:
         torch.cuda.reset_peak_memory_stats(device)
         return gib
 
+    def side_run(model, B: int, **kw) -> dict:
+        """A comparison run before the main one, on its own peak memory; its out-of-memory does not end the sweep."""
+        try:
+            r = measure_distill(model, teacher, B, T, steps=steps, warmup=warmup, **kw)
+        except torch.OutOfMemoryError as err:
+            r = {"oom": str(err).splitlines()[0][:200]}
+        gc.collect()
+        r["max_memory_gib"] = peak_gib()
+        return r
+
+    def side_text(label: str, r: dict | None) -> str:
+        if r is None:
+            return ""
+        if "oom" in r:
+            return f" | {label}: out of memory"
+        return f" | {label} {r['tokens_per_s']:,.0f} tokens/s, MFU {r['mfu']:.1%}, {r['max_memory_gib']} GiB"
+
     for B in batches:
         row: dict = {"batch_size": B, "seq_len": T}
         t0 = time.time()
-        if a.compare_naive:  # first, on its own peak memory; its out-of-memory does not end the sweep
-            try:
-                row["distill_naive"] = measure_distill(student, teacher, B, T, steps=steps, warmup=warmup,
-                                                       fused_loss="off")
-            except torch.OutOfMemoryError as err:
-                row["distill_naive"] = {"oom": str(err).splitlines()[0][:200]}
-            gc.collect()
-            row["distill_naive"]["max_memory_gib"] = peak_gib()
-        if a.compile:  # first, as --compare-naive; the compiled layers' first steps (warm-up) compile
+        if a.compare_naive:
+            row["distill_naive"] = side_run(student, B, fused_loss="off")
+        if a.compile:  # the compiled layers' first steps (warm-up) compile
             if compiled is None:
                 compiled = copy.deepcopy(student)
                 compile_decoder_layers(compiled)
-            try:
-                row["distill_compiled"] = measure_distill(compiled, teacher, B, T, steps=steps, warmup=warmup,
-                                                          fused_loss=fused, profile=a.profile)
-            except torch.OutOfMemoryError as err:
-                row["distill_compiled"] = {"oom": str(err).splitlines()[0][:200]}
-            gc.collect()
-            row["distill_compiled"]["max_memory_gib"] = peak_gib()
+            row["distill_compiled"] = side_run(compiled, B, fused_loss=fused, profile=a.profile)
         try:
             row["distill"] = measure_distill(student, teacher, B, T, steps=steps, warmup=warmup, fused_loss=fused,
                                              profile=a.profile)
@@ -329,17 +334,10 @@ def throughput_only(a, base, teacher, device, T: int, mask) -> dict:
             print(f"[throughput] batch {B} x {T}: out of memory; the sweep ends here", flush=True)
             break
         d, t = row["distill"], row["teacher_train"]
-        naive = row.get("distill_naive")
-        naive_s = "" if naive is None else (
-            " | naive loss: out of memory" if "oom" in naive else
-            f" | naive loss {naive['tokens_per_s']:,.0f} tokens/s, MFU {naive['mfu']:.1%}, {naive['max_memory_gib']} GiB")
-        comp = row.get("distill_compiled")
-        naive_s += "" if comp is None else (
-            " | compiled: out of memory" if "oom" in comp else
-            f" | compiled {comp['tokens_per_s']:,.0f} tokens/s, MFU {comp['mfu']:.1%}, {comp['max_memory_gib']} GiB")
+        sides = side_text("naive loss", row.get("distill_naive")) + side_text("compiled", row.get("distill_compiled"))
         print(f"[throughput] batch {B} x {T}: stage 2 ({'fused' if d['fused_loss'] else 'naive'} loss) "
               f"{d['tokens_per_s']:,.0f} tokens/s, {d['tflops']:.1f} TFLOP/s, MFU {d['mfu']:.1%}, "
-              f"{d['max_memory_gib']} GiB{naive_s} | teacher training step {t['tokens_per_s']:,.0f} tokens/s, "
+              f"{d['max_memory_gib']} GiB{sides} | teacher training step {t['tokens_per_s']:,.0f} tokens/s, "
               f"{t['tflops']:.1f} TFLOP/s, MFU {t['mfu']:.1%} ({row['seconds']} s)", flush=True)
         for kind in ("distill", "distill_compiled", "teacher_train") if a.profile else ():
             if "profile" in row.get(kind, {}):

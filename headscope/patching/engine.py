@@ -23,8 +23,8 @@ from headscope.hooks import hooks, pre, record_inputs
 from headscope.heads import Head
 from headscope.metrics import Metric, greedy_correct
 from headscope.patching.inputs import PatchPair
-from headscope.patching.sharded import (Shard, all_reduce_sum, check_same_pairs, resolve_shard, shard_heads,
-                                        supports_heads)
+from headscope.patching.sharded import (Shard, all_reduce_sum, check_same_pairs, resolve_shard, supports_heads,
+                                        work_share)
 from headscope.results import HeadScores
 
 __all__ = ["Backend", "NaiveBackend", "receiver_scores", "CleanFailureError", "DegeneratePairError",
@@ -72,7 +72,7 @@ def head_jobs(n_layers: int, n_heads: int, heads: Sequence[Head] | None = None) 
 def head_batches(n_layers: int, n_heads: int, batch_size: int):
     """Every head in (layer, head) order, ``batch_size`` at a time, as (chunk, rows): chunk[b] = (layer, head)
     is patched by batch row b, and rows[layer] = [(b, head), ...] groups the rows by layer."""
-    jobs = [(l, h) for l in range(n_layers) for h in range(n_heads)]
+    jobs = head_jobs(n_layers, n_heads)
     for i in range(0, len(jobs), batch_size):
         chunk = jobs[i:i + batch_size]
         rows: dict[int, list[tuple[int, int]]] = {}
@@ -234,13 +234,9 @@ def _patched(backend: Backend, pairs: Sequence[PatchPair], keep: list[int], metr
     """M_patched of every head on the kept pairs  # [N, L, H] float64: all here, or this rank's share, summed
     over the ranks (each entry computed by one rank; the others add exact zeros)."""
     L, H = backend.n_layers, backend.n_heads
-    mine_pairs, heads = list(range(len(keep))), None
-    if sharding is not None and sharding.mode == "samples":
-        mine_pairs = mine_pairs[sharding.rank::sharding.world]
-    if sharding is not None and sharding.mode == "heads":
-        heads = shard_heads(L, H, sharding.rank, sharding.world)
-    owned = torch.zeros(L, H, dtype=torch.bool)  # [L, H] the heads this process computes
-    for h in heads if heads is not None else [Head(l, h) for l in range(L) for h in range(H)]:
+    mine_pairs, heads = work_share(sharding, len(keep), L, H)
+    owned = torch.ones(L, H, dtype=torch.bool) if heads is None else torch.zeros(L, H, dtype=torch.bool)  # [L, H]
+    for h in heads or ():  # the heads this process computes
         owned[h.layer, h.head] = True
     bar = None
     if progress and (sharding is None or sharding.rank == 0):

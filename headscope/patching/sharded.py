@@ -34,7 +34,8 @@ import torch.distributed as dist
 
 from headscope.heads import Head
 
-__all__ = ["Shard", "SHARD_MODES", "resolve_shard", "shard_heads", "init_from_env", "is_main_process"]
+__all__ = ["Shard", "SHARD_MODES", "resolve_shard", "shard_heads", "work_share", "init_from_env",
+           "is_main_process"]
 
 SHARD_MODES = ("heads", "samples", "auto")
 
@@ -56,11 +57,15 @@ class Shard:
             raise ValueError(f"Shard.rank={self.rank!r} must be in 0..{self.world - 1}")
 
 
+def _group_running() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
 def init_from_env(device: Any = None) -> bool:
     """Start the process group from torchrun's environment (WORLD_SIZE, RANK, ...) when there is one and it is
     not started yet: NCCL when ``device`` is a CUDA device, else gloo. Returns whether a group of > 1 process
     is running."""
-    if dist.is_available() and dist.is_initialized():
+    if _group_running():
         return dist.get_world_size() > 1
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
         return False
@@ -73,7 +78,7 @@ def init_from_env(device: Any = None) -> bool:
 
 def is_main_process() -> bool:
     """True on rank 0, and in a process that is not part of a group."""
-    return not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
+    return not _group_running() or dist.get_rank() == 0
 
 
 def resolve_shard(shard: str | None, n_pairs: int) -> Shard | None:
@@ -82,7 +87,7 @@ def resolve_shard(shard: str | None, n_pairs: int) -> Shard | None:
         return None
     if shard not in SHARD_MODES:
         raise ValueError(f"shard={shard!r}; use one of {list(SHARD_MODES)} or None")
-    if not (dist.is_available() and dist.is_initialized()):
+    if not _group_running():
         raise RuntimeError(f"shard={shard!r} needs torch.distributed: start the processes with torchrun "
                            "(`torchrun --nproc_per_node N ...`) and call torch.distributed.init_process_group() "
                            "(or headscope.patching.sharded.init_from_env()) before scoring; or pass shard=None")
@@ -97,6 +102,16 @@ def shard_heads(n_layers: int, n_heads: int, rank: int, world: int) -> list[Head
     """This rank's heads: every ``world``-th head of the (layer, head) order, starting at ``rank``."""
     jobs = [Head(l, h) for l in range(n_layers) for h in range(n_heads)]
     return jobs[rank::world]
+
+
+def work_share(sharding: Shard | None, n_pairs: int, n_layers: int, n_heads: int
+               ) -> tuple[list[int], list[Head] | None]:
+    """This process's patched runs: (indices of the pairs it scores, the heads it scores or None for all)."""
+    if sharding is None:
+        return list(range(n_pairs)), None
+    if sharding.mode == "samples":
+        return list(range(sharding.rank, n_pairs, sharding.world)), None
+    return list(range(n_pairs)), shard_heads(n_layers, n_heads, sharding.rank, sharding.world)
 
 
 def supports_heads(backend: Any) -> bool:

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 
 from hybrid.layers.common import NewLinear, acc, index_on, mark_new
 
-__all__ = ["HeadFusion", "FusionMode", "FUSIONS", "register_fusion", "head_rms", "calibrate_fusion",
+__all__ = ["HeadFusion", "FusionMode", "FUSIONS", "register_fusion", "head_rms", "output_rms", "calibrate_fusion",
            "PROJECT_MIN_TOKENS"]
 
 PROJECT_MIN_TOKENS = 8192  # B*T from which HeadFusion.project skips the z buffer (measured crossover 4K..16K)
@@ -109,6 +109,12 @@ def head_rms(o: torch.Tensor, eps: float) -> torch.Tensor:
     One fused op (``F.rms_norm`` accumulates half inputs in float32 and rounds once, the same values as
     ``(x.float() * rsqrt(mean(x.float()^2) + eps)).to(dtype)``)."""
     return F.rms_norm(o, (o.shape[-1],), eps=eps)
+
+
+def output_rms(z: torch.Tensor) -> torch.Tensor:
+    """z [B, T, H, D] (a teacher's per-head attention output) -> each head's RMS over everything  # [H] float64:
+    the scale gamma starts at (``calibrate_fusion``'s rule)."""
+    return z.double().pow(2).mean(dim=(0, 1, 3)).sqrt()
 
 
 class HeadFusion(nn.Module):
@@ -235,8 +241,7 @@ def calibrate_fusion(model: nn.Module, teacher: nn.Module, input_ids: torch.Tens
         teacher(input_ids=input_ids)
     gammas = []
     for l in range(arch.n_layers):
-        zl = z[l].double().reshape(*z[l].shape[:2], arch.n_heads, arch.head_dim)  # [B, T, H, D]
-        rms = zl.pow(2).mean(dim=(0, 1, 3)).sqrt()  # [H]
+        rms = output_rms(z[l].reshape(*z[l].shape[:2], arch.n_heads, arch.head_dim))  # [H]
         attn = model.model.layers[l].self_attn
         if hasattr(attn, "swa_gamma"):  # the token-level baseline (hybrid.layers.token_attention)
             if attn.mode == "none":

@@ -218,19 +218,23 @@ class HeadSelector(nn.Module):
     @torch.no_grad()
     def calibrate(self, z_fa: list[torch.Tensor]) -> None:
         """gamma[l, h] = the teacher head's output RMS (``hybrid.calibrate_fusion``'s rule)."""
+        from hybrid.layers.fusion import output_rms
+
         for l, z in enumerate(z_fa):  # z  # [B, T, H, D]
-            self.gamma[l].copy_(z.double().pow(2).mean(dim=(0, 1, 3)).sqrt().to(self.gamma))
+            self.gamma[l].copy_(output_rms(z).to(self.gamma))
         self.calibrated = True
 
     def gdn_heads(self, l: int, x: torch.Tensor) -> torch.Tensor:
         """Layer ``l``'s GDN output of every head on the teacher's attention input x [B, T, C]: [B, T, H, D]
         (normalised and scaled by gamma when the fusion normalises)."""
+        from hybrid.layers.fusion import head_rms
+
         T = x.shape[1]
         positions = torch.arange(T, device=x.device)  # [T]
         cos, sin = self.rotary(positions, x.dtype)  # [T, D] each
         o = self.gdn[l](x, positions, cos, sin, None)  # [B, T, H, D]
         if self.norm:
-            o = F.rms_norm(o, (o.shape[-1],), eps=self.eps) * self.gamma[l].to(o.dtype)[:, None]  # [B, T, H, D]
+            o = head_rms(o, self.eps) * self.gamma[l].to(o.dtype)[:, None]  # [B, T, H, D]
         return o
 
     def loss(self, xs: list[torch.Tensor], z_fa: list[torch.Tensor], o_projs: list[nn.Module]

@@ -204,27 +204,27 @@ class StudyConfig:
             raise StudyError(f"study config {p} is not valid TOML: {err}") from None
         dry = data.pop("dry_run", {})
         profiles = data.pop("profiles", {})
-        extra: list[dict] = []
+        overlay, where = None, "[dry_run]"  # the table merged over the study (its variants: the names kept)
         if profile:
             if dry_run:
                 raise StudyError("--dry-run and --profile: give one of them")
             if profile not in profiles:
                 raise StudyError(f"profile {profile!r}: {p} has no [profiles.{profile}] table; known: "
                                  f"{sorted(profiles) or 'none'}")
-            dry = dict(profiles[profile])
-            data["profile"], data["profile_note"] = profile, str(dry.pop("note", ""))
-            extra = list(dry.pop("extra_variants", []))
-            dry_run = True  # merge it as the dry-run table is merged below (recorded as the profile, not dry_run)
-        if dry_run:
+            overlay, where = dict(profiles[profile]), f"[profiles.{profile}]"
+            data["profile"], data["profile_note"] = profile, str(overlay.pop("note", ""))
+        elif dry_run:
             if not dry:
                 raise StudyError(f"--dry-run: {p} has no [dry_run] table")
-            keep = dry.pop("variants", None)
-            data = _merge(data, dry)
+            overlay = dry
+        if overlay is not None:
+            extra = list(overlay.pop("extra_variants", []))  # variants only the profile has
+            keep = overlay.pop("variants", None)
+            data = _merge(data, overlay)
             if keep is not None:
                 names = [v.get("name") for v in data.get("variants", [])]
                 missing = sorted(set(keep) - set(names))
                 if missing:
-                    where = f"[profiles.{profile}]" if profile else "[dry_run]"
                     raise StudyError(f"{where}.variants: {missing} are not variants of {p}")
                 data["variants"] = [v for v in data["variants"] if v.get("name") in keep]
             data["variants"] = list(data.get("variants", [])) + extra
@@ -232,7 +232,7 @@ class StudyConfig:
             raise StudyError(f"steps_scale={steps_scale!r}: must be > 0 (STEPS_SCALE / --steps-scale)")
         if "train" in data and "stages" in data["train"]:
             data["train"]["stages"] = _scale_stages(data["train"]["stages"], steps_scale)
-        data.update(steps_scale=float(steps_scale), dry_run=bool(dry_run) and not profile, **overrides)
+        data.update(steps_scale=float(steps_scale), dry_run=bool(dry_run), **overrides)
         return cls.from_dict(data)
 
 

@@ -112,18 +112,18 @@ def profile_step(step, device: torch.device, steps: int = 2, top: int = 25) -> d
         else:
             us = e.self_cpu_time_total
         if us and us > 0:
-            rows.append((e.key, float(us) / 1e3 / steps, int(e.count) // steps))
-    total = sum(ms for _, ms, _ in rows) or 1.0
+            rows.append((e.key, float(us) / 1e3 / steps, int(e.count) // steps, kernel_category(e.key)))
+    total = sum(r[1] for r in rows) or 1.0
     cats: dict[str, float] = {}
-    for name, ms, _ in rows:
-        cats[kernel_category(name)] = cats.get(kernel_category(name), 0.0) + ms
+    for _, ms, _, cat in rows:
+        cats[cat] = cats.get(cat, 0.0) + ms
     rows.sort(key=lambda r: -r[1])
     return {"timer": "self CUDA time of device kernels" if cuda else "self CPU time of aten ops",
             "step_ms": round(wall * 1e3, 2), "kernel_ms_per_step": round(total, 2),
             "categories": {k: {"ms": round(v, 2), "share": round(v / total, 4)}
                            for k, v in sorted(cats.items(), key=lambda kv: -kv[1])},
-            "top": [{"name": n[:160], "category": kernel_category(n), "ms": round(ms, 3), "calls": c,
-                     "share": round(ms / total, 4)} for n, ms, c in rows[:top]]}
+            "top": [{"name": n[:160], "category": cat, "ms": round(ms, 3), "calls": c,
+                     "share": round(ms / total, 4)} for n, ms, c, cat in rows[:top]]}
 
 
 def _timed(step, device, warmup: int, steps: int) -> tuple[float, float | None]:
