@@ -27,6 +27,8 @@ import sys
 import time
 from pathlib import Path
 
+from headscope.io import write_text
+
 
 def make_mask(teacher: str, path: Path) -> None:
     from headscope import load_model
@@ -54,7 +56,7 @@ def derived_config(args, mode: str, out: Path, mask: Path) -> Path:
              log_every=args.log_every, progress=False, distributed="auto" if mode == "one" else mode,
              device=args.device)
     path = out / f"{mode}.json"
-    path.write_text(json.dumps(d, indent=1))
+    write_text(path, json.dumps(d, indent=1))
     return path
 
 
@@ -114,7 +116,7 @@ def main() -> None:
               f"largest relative loss difference {rel:.2e}")
     for folder in filter(None, [str(out), os.environ.get("OUT")]):
         Path(folder).mkdir(parents=True, exist_ok=True)
-        (Path(folder) / "bench_distributed_train.json").write_text(json.dumps(summary, indent=1))
+        write_text(Path(folder) / "bench_distributed_train.json", json.dumps(summary, indent=1))
 
 
 if __name__ == "__main__":

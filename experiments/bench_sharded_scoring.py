@@ -26,6 +26,8 @@ from types import SimpleNamespace
 
 import torch
 
+from headscope.io import write_text
+
 SHAPES = {  # Qwen3-1.7B: 28 layers, 16 query / 8 KV heads of 128, hidden 2048, MLP 6144, vocabulary 151936
     "qwen3-1.7b": dict(layers=28, heads=16, kv_heads=8, head_dim=128, hidden=2048, intermediate=6144, vocab=151936,
                        seq=4096, first_diff=2048, answer=4),
@@ -101,7 +103,7 @@ def worker(args) -> None:
                 "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
                 "shape": args.shape, "pairs": args.pairs, "dtype": str(dtype), "torch": torch.__version__,
                 "threads_per_process": args.threads if args.device == "cpu" else None, "results": results}
-        Path(args.worker).write_text(json.dumps(info))
+        write_text(args.worker, json.dumps(info))
     if sharded:
         dist.destroy_process_group()
 
@@ -157,7 +159,7 @@ def main() -> None:
     summary = drive(args)
     for folder in filter(None, [args.out, os.environ.get("OUT")]):
         Path(folder).mkdir(parents=True, exist_ok=True)
-        (Path(folder) / "bench_sharded_scoring.json").write_text(json.dumps(summary, indent=1))
+        write_text(Path(folder) / "bench_sharded_scoring.json", json.dumps(summary, indent=1))
 
 
 if __name__ == "__main__":
