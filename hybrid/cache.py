@@ -33,7 +33,12 @@ class LayerCache:
     state: torch.Tensor | None = None  # [B, H_L, Dk, Dv]
     conv: tuple[torch.Tensor, ...] | None = None  # 3 x [B, W-1, H_L*D]
 
-    def append_kv(self, k: torch.Tensor, v: torch.Tensor, keep: int | None = None) -> tuple[torch.Tensor, torch.Tensor, int]:
+    def seen_kv(self) -> int:
+        """How many positions the stored keys cover (the next query's position; a Python int, no device sync)."""
+        return self.key_start + (self.keys.shape[1] if self.keys is not None else 0)
+
+    def append_kv(self, k: torch.Tensor, v: torch.Tensor,
+                  keep: int | None = None) -> tuple[torch.Tensor, torch.Tensor, int]:
         """Append k/v [B, T, K_F, D]; return all keys/values to attend to and the position of their row 0.
 
         With ``keep`` (sliding window) only the last ``keep`` rows are stored afterwards."""

@@ -304,7 +304,8 @@ def throughput_only(a, base, teacher, device, T: int, mask) -> dict:
             return ""
         if "oom" in r:
             return f" | {label}: out of memory"
-        return f" | {label} {r['tokens_per_s']:,.0f} tokens/s, MFU {r['mfu']:.1%}, {r['max_memory_gib']} GiB"
+        layers = f" ({r['compiled_modules']} layers compiled)" if r.get("compiled_modules") else ""
+        return f" | {label}{layers} {r['tokens_per_s']:,.0f} tokens/s, MFU {r['mfu']:.1%}, {r['max_memory_gib']} GiB"
 
     for B in batches:
         row: dict = {"batch_size": B, "seq_len": T}

@@ -97,7 +97,9 @@ class FullAttentionBranch(nn.Module):
                 gate = self.gate_proj(x) if gate is None else gate  # [B, T, H*D]
                 o = o * (2 * torch.sigmoid(gate)).view(B, T, self.n_heads, D)
             return o
-        q_offset = int(positions[0]) if T else 0
+        # the queries' position relative to the keys, a Python int from the cache (no device->host sync, no graph
+        # break under torch.compile): only q_offset - k_start matters, and without a cache the keys are the queries
+        q_offset = cache.seen_kv() if cache is not None else 0
         k_start = q_offset
         if cache is not None:
             keep = self.window - 1 if self.window is not None else None

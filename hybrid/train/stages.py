@@ -70,9 +70,10 @@ def align_loss(cfg, student, teacher, ids, w, autocast) -> list[Term]:
     s_h: list = []
     t_h: list = []
     with torch.no_grad(), autocast, _capture(decoder_layers(teacher), t_h):
-        teacher(input_ids=ids, attention_mask=_real(ids), logits_to_keep=1)  # the root module (FSDP); 1 logit row
+        # the root module (FSDP); 1 logit row; no cache in training (a HybridCache would keep every K/V and GDN state)
+        teacher(input_ids=ids, attention_mask=_real(ids), use_cache=False, logits_to_keep=1)
     with autocast, _capture(decoder_layers(student), s_h):
-        student(input_ids=ids, attention_mask=_real(ids), logits_to_keep=1)  # [B, 1, V]: DDP's forward, no logits
+        student(input_ids=ids, attention_mask=_real(ids), use_cache=False, logits_to_keep=1)  # [B, 1, V]: DDP's forward
     total, count = hidden_mse(s_h, t_h)
     return [("mse", 1.0, total, count)]
 
@@ -89,9 +90,9 @@ def distill_loss(cfg, student, teacher, ids, w, autocast) -> list[Term]:
             warnings.warn(f"{err}; stage '{cfg.name}' continues with the naive loss (full logits)", stacklevel=2)
             _FUSED_OFF.add(getattr(student, "module", student))
     with torch.no_grad(), autocast:
-        t_logits = teacher(input_ids=ids, attention_mask=_real(ids)).logits  # [B, T, V]
+        t_logits = teacher(input_ids=ids, attention_mask=_real(ids), use_cache=False).logits  # [B, T, V]
     with autocast:
-        s_logits = student(input_ids=ids, attention_mask=_real(ids)).logits  # [B, T, V]
+        s_logits = student(input_ids=ids, attention_mask=_real(ids), use_cache=False).logits  # [B, T, V]
     terms = []
     if cfg.kl_weight:
         terms.append(("kl", cfg.kl_weight, *kl_div(s_logits, t_logits, cfg.temperature)))
@@ -148,7 +149,7 @@ def final_hidden(model: nn.Module, ids: torch.Tensor) -> tuple[torch.Tensor, tor
     state last; a model that did otherwise (a pre-norm state, a logit scale or soft-cap) is refused here."""
     m = getattr(model, "module", model)  # DDP
     # -1: only the last hidden state is kept by transformers' output capture; the hybrid returns all, as for True
-    out = model(input_ids=ids, attention_mask=_real(ids), logits_to_keep=1, output_hidden_states=-1)
+    out = model(input_ids=ids, attention_mask=_real(ids), use_cache=False, logits_to_keep=1, output_hidden_states=-1)
     h = out.hidden_states[-1]  # [B, T, C]
     weight = m.get_output_embeddings().weight  # [V, C]
     if m not in _HEAD_CHECKED:
@@ -181,7 +182,7 @@ def _distill_fused(cfg, student, teacher, ids, w, autocast) -> list[Term]:
 
 def lm_loss(cfg, student, teacher, ids, w, autocast) -> list[Term]:
     with autocast:
-        logits = student(input_ids=ids, attention_mask=_real(ids)).logits  # [B, T, V]
+        logits = student(input_ids=ids, attention_mask=_real(ids), use_cache=False).logits  # [B, T, V]
     return [("ce", 1.0, *weighted_ce(logits, ids, w))]
 
 

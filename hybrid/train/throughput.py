@@ -21,7 +21,7 @@ import torch
 import torch.nn as nn
 
 __all__ = ["H200_BF16_PEAK", "linear_flops_per_token", "attention_flops_per_token", "forward_flops_per_token",
-           "measure_distill", "measure_lm", "profile_step", "kernel_category", "KERNEL_CATEGORIES"]
+           "measure_distill", "measure_lm", "profile_step", "kernel_category", "KERNEL_CATEGORIES", "compiled_modules"]
 
 H200_BF16_PEAK = 790e12
 
@@ -138,18 +138,24 @@ def _timed(step, device, warmup: int, steps: int) -> tuple[float, float | None]:
     return time.perf_counter() - t0, util
 
 
+def compiled_modules(model: nn.Module) -> int:
+    """How many submodules of ``model`` run ``torch.compile``'d (``nn.Module.compile``): a measurement's
+    ``compiled_modules``, 0 for an eager model (and for a plain deepcopy of a compiled one)."""
+    return sum(getattr(m, "_compiled_call_impl", None) is not None for m in model.modules())
+
+
 def measure_distill(student: nn.Module, teacher: nn.Module, batch_size: int, seq_len: int, steps: int = 10,
                     warmup: int = 3, temperature: float = 1.0, peak: float = H200_BF16_PEAK,
                     fused_loss: str = "auto", profile: bool = False) -> dict[str, Any]:
     """Time ``steps`` stage-2 steps (teacher forward, student forward + backward, AdamW) on random tokens, the
     loss by the trainer's own ``distill_loss`` (kl 1, ce 0.2) with ``fused_loss`` ("auto" / "on" / "off",
     hybrid.train.fused_loss); the row's ``fused`` says which path ran; ``profile``: also ``profile_step``."""
-    import copy
     from types import SimpleNamespace
 
+    from hybrid.train.build import copy_model
     from hybrid.train.stages import distill_loss, use_fused_loss
 
-    student = copy.deepcopy(student)  # the caller's model is left as it was
+    student = copy_model(student)  # the caller's model is left as it was (compiled layers stay compiled)
     device = next(student.parameters()).device
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else torch.autocast(
         "cpu", enabled=False)
@@ -180,7 +186,8 @@ def measure_distill(student: nn.Module, teacher: nn.Module, batch_size: int, seq
     tps = tokens / seconds
     flops = 3 * s_f + t_f
     prof = {"profile": profile_step(step, device)} if profile else {}
-    return {**prof, "kind": "distill", "fused_loss": fused, "batch_size": batch_size, "seq_len": seq_len, "steps": steps,
+    return {**prof, "kind": "distill", "fused_loss": fused, "compiled_modules": compiled_modules(student),
+            "batch_size": batch_size, "seq_len": seq_len, "steps": steps,
             "seconds": round(seconds, 3), "tokens_per_s": round(tps, 1),
             "student_fwd_flops_per_token": s_f, "teacher_fwd_flops_per_token": t_f,
             "model_flops_per_token": flops, "tflops": round(tps * flops / 1e12, 3),
@@ -191,10 +198,10 @@ def measure_lm(model: nn.Module, batch_size: int, seq_len: int, steps: int = 10,
                peak: float = H200_BF16_PEAK, profile: bool = False) -> dict[str, Any]:
     """The teacher's own training step (forward + backward + AdamW, next-token CE), for comparison; ``profile``:
     also ``profile_step``."""
-    import copy
+    from hybrid.train.build import copy_model
 
     device = next(model.parameters()).device
-    model = copy.deepcopy(model).train()
+    model = copy_model(model).train()
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else torch.autocast(
         "cpu", enabled=False)
     ids = torch.randint(0, model.config.vocab_size, (batch_size, seq_len),

@@ -294,3 +294,24 @@ def test_gdn_fold_heads_option_gives_the_same_model_output():
     ids = torch.randint(0, teacher.config.vocab_size, (2, 11))  # [B, T]
     assert_close("fold_heads logits", folded(ids).logits, model(ids).logits, "fp64_exact")
 
+
+
+@pytest.mark.parametrize("cached", [False, True])
+def test_hybrid_layer_traces_as_one_graph_without_host_sync(cached):
+    """A layer with FA and GDN heads is one torch.compile graph (dynamo's explain, no inductor): the FA branch takes
+    the query offset from the cache as a Python int, not int(positions[0]) (a device->host sync in every FA layer
+    of every forward and a graph break under compile: the "compiled" stage-2 step of the tenth session)."""
+    import torch._dynamo as dynamo
+
+    from hybrid.cache import LayerCache
+
+    _, model = build(fa_log_scale=True)
+    layer = model.model.layers[1]  # FA heads 0 and 3, GDN heads 1 and 2
+    assert layer.self_attn.fa is not None and layer.self_attn.la is not None
+    x = torch.randn(2, 9, 64, dtype=torch.float64)  # [B, T, C]
+    pos = torch.arange(9)
+    cos, sin = model.model.rotary_emb(pos, x.dtype)
+    dynamo.reset()
+    explained = dynamo.explain(layer)(x, pos, cos, sin, LayerCache() if cached else None)
+    assert explained.graph_break_count == 0, [str(b.reason)[:200] for b in explained.break_reasons]
+    assert explained.graph_count == 1

@@ -45,3 +45,24 @@ def test_profile_of_a_cpu_step_counts_its_matmuls():
     assert prof["categories"]["matmul"]["share"] > 0
     assert abs(sum(c["share"] for c in prof["categories"].values()) - 1) < 1e-2
     assert {r["calls"] for r in prof["top"] if r["name"] == "aten::mm"} == {2}  # forward + the grad of w (x needs none), per step
+
+
+def test_copy_model_keeps_compiled_submodules_compiled():
+    """copy.deepcopy drops nn.Module.compile (Module.__getstate__ pops _compiled_call_impl): measure_distill's copy
+    of a compiled student ran eagerly. copy_model compiles the same submodules again on the copy, which computes
+    with its own weights."""
+    import copy
+
+    from hybrid.train.build import copy_model
+    from hybrid.train.throughput import compiled_modules
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+    model[0].compile()
+    model[2].compile()
+    assert copy.deepcopy(model)[0]._compiled_call_impl is None  # the bug this helper works around
+    twin = copy_model(model)
+    assert [twin[i]._compiled_call_impl is not None for i in range(3)] == [True, False, True]
+    assert compiled_modules(twin) == compiled_modules(model) == 2 and compiled_modules(copy.deepcopy(model)) == 0
+    assert twin[0]._compiled_call_impl is not model[0]._compiled_call_impl
+    assert twin[0].weight is not model[0].weight
+    torch.testing.assert_close(twin[0].weight, model[0].weight)
