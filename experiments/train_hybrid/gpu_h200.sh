@@ -9,7 +9,9 @@
 #             dim (kept in ~/.triton while the machine stays warm, and saved to $OUT for experiments/gpu_cache/);
 #             RUN_ARGS="--compare-naive" also times the full-logits stage-2 loss beside the fused one; RUN_ARGS="--profile" adds
 #             each step's kernel time by category and its top kernels (hybrid.train.throughput.profile_step),
-#             "--compile" times the step with the student's decoder layers torch.compile'd beside the eager one
+#             "--compile" times the step with the student's decoder layers torch.compile'd beside the eager one, and
+#             with the frozen teacher's layers compiled and in bf16 as well (the first compile of each batch shape
+#             happens in the warm-up steps: allow ~1-2 min more per batch)
 # stage       put the carried GGUF parts into /tmp/stage and stop (a call that only carries a part)
 # Env: CONFIG; RESUME=1 continues the run in $RUN (/tmp/th-<config name>) after a call that stopped at a checkpoint
 # (exit 3: "continue with --resume") or was killed; BUDGET_SCALE multiplies the stages' max_minutes (default 0.6 for

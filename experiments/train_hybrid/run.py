@@ -92,7 +92,8 @@ def main(argv: list[str] | None = None) -> dict:
                          "distill stage's own fused_loss setting")
     ap.add_argument("--compile", action="store_true",
                     help="--throughput-only: also time each batch's stage-2 step with the student's decoder layers "
-                         "torch.compile'd (hybrid.train.build.compile_decoder_layers; TrainConfig.compile trains so)")
+                         "torch.compile'd (hybrid.train.build.compile_decoder_layers; TrainConfig.compile trains so), "
+                         "and with the teacher's layers compiled too (on CUDA the frozen teacher also held in bf16)")
     ap.add_argument("--profile", action="store_true",
                     help="--throughput-only: also profile each batch's stage-2 step and teacher step "
                          "(hybrid.train.throughput.profile_step: kernel time by category, top kernels)")
@@ -269,7 +270,7 @@ def throughput_only(a, base, teacher, device, T: int, mask) -> dict:
     hybrid.train.throughput (student fwd + bwd + teacher fwd, attention cores included; MFU against 790 TFLOP/s)."""
     from headscope.io import write_text
     from hybrid.train.build import build_hybrid, compile_decoder_layers
-    from hybrid.train.throughput import measure_distill, measure_lm
+    from hybrid.train.throughput import compiled_modules, measure_distill, measure_lm
 
     if a.tiny:
         T = 64
@@ -277,7 +278,7 @@ def throughput_only(a, base, teacher, device, T: int, mask) -> dict:
     steps, warmup = (2, 1) if a.tiny else (10, 3)
     student, _ = build_hybrid(teacher, base.mask, base.hybrid)
     student = student.to(device)
-    compiled = None
+    compiled = fast_teacher = None
     fused = next((s.fused_loss for s in base.stages if s.name == "distill"), "auto")  # the training's setting
     rows = []
 
@@ -289,10 +290,10 @@ def throughput_only(a, base, teacher, device, T: int, mask) -> dict:
         torch.cuda.reset_peak_memory_stats(device)
         return gib
 
-    def side_run(model, B: int, **kw) -> dict:
+    def side_run(model, B: int, with_teacher=None, **kw) -> dict:
         """A comparison run before the main one, on its own peak memory; its out-of-memory does not end the sweep."""
         try:
-            r = measure_distill(model, teacher, B, T, steps=steps, warmup=warmup, **kw)
+            r = measure_distill(model, with_teacher or teacher, B, T, steps=steps, warmup=warmup, **kw)
         except torch.OutOfMemoryError as err:
             r = {"oom": str(err).splitlines()[0][:200]}
         gc.collect()
@@ -317,6 +318,13 @@ def throughput_only(a, base, teacher, device, T: int, mask) -> dict:
                 compiled = copy.deepcopy(student)
                 compile_decoder_layers(compiled)
             row["distill_compiled"] = side_run(compiled, B, fused_loss=fused, profile=a.profile)
+            if fast_teacher is None:  # frozen: bf16 weights change no gradient, only the casts autocast makes
+                fast_teacher = copy.deepcopy(teacher).to(torch.bfloat16 if device.type == "cuda" else torch.float32)
+                compile_decoder_layers(fast_teacher)
+            row["distill_compiled_teacher"] = side_run(compiled, B, with_teacher=fast_teacher, fused_loss=fused,
+                                                       profile=a.profile)
+            row["distill_compiled_teacher"].update(teacher_dtype=str(next(fast_teacher.parameters()).dtype),
+                                                   teacher_compiled_modules=compiled_modules(fast_teacher))
         try:
             row["distill"] = measure_distill(student, teacher, B, T, steps=steps, warmup=warmup, fused_loss=fused,
                                              profile=a.profile)
@@ -335,12 +343,13 @@ def throughput_only(a, base, teacher, device, T: int, mask) -> dict:
             print(f"[throughput] batch {B} x {T}: out of memory; the sweep ends here", flush=True)
             break
         d, t = row["distill"], row["teacher_train"]
-        sides = side_text("naive loss", row.get("distill_naive")) + side_text("compiled", row.get("distill_compiled"))
+        sides = (side_text("naive loss", row.get("distill_naive")) + side_text("compiled", row.get("distill_compiled"))
+                 + side_text("teacher compiled too", row.get("distill_compiled_teacher")))
         print(f"[throughput] batch {B} x {T}: stage 2 ({'fused' if d['fused_loss'] else 'naive'} loss) "
               f"{d['tokens_per_s']:,.0f} tokens/s, {d['tflops']:.1f} TFLOP/s, MFU {d['mfu']:.1%}, "
               f"{d['max_memory_gib']} GiB{sides} | teacher training step {t['tokens_per_s']:,.0f} tokens/s, "
               f"{t['tflops']:.1f} TFLOP/s, MFU {t['mfu']:.1%} ({row['seconds']} s)", flush=True)
-        for kind in ("distill", "distill_compiled", "teacher_train") if a.profile else ():
+        for kind in ("distill", "distill_compiled", "distill_compiled_teacher", "teacher_train") if a.profile else ():
             if "profile" in row.get(kind, {}):
                 print_profile(f"batch {B} {kind}", row[kind]["profile"])
     ok = [r for r in rows if "distill" in r]
@@ -355,19 +364,22 @@ def throughput_only(a, base, teacher, device, T: int, mask) -> dict:
            "best": {"batch_size": best["batch_size"], "seq_len": T, "distill": d,
                     "teacher_train_same_batch": best["teacher_train"],
                     "teacher_train_best": best_teacher["teacher_train"]}}
-    comp = [r["distill_compiled"] for r in ok if "tokens_per_s" in r.get("distill_compiled", {})]
-    if comp:
-        out["best"]["distill_compiled"] = max(comp, key=lambda c: c["tokens_per_s"])
+    for kind in ("distill_compiled", "distill_compiled_teacher"):
+        comp = [r[kind] for r in ok if "tokens_per_s" in r.get(kind, {})]
+        if comp:
+            out["best"][kind] = max(comp, key=lambda c: c["tokens_per_s"])
     write_text(a.out / "throughput.json", json.dumps(out, indent=1, default=str))
     print(f"stage 2 (best: batch {best['batch_size']} x {T}): {d['tokens_per_s']:,.0f} tokens/s, {d['tflops']:.1f} "
           f"TFLOP/s = MFU {d['mfu']:.2%} of {d['peak_flops'] / 1e12:.0f} TFLOP/s (model FLOPs/token: student fwd "
           f"{d['student_fwd_flops_per_token'] / 1e6:.0f}M x 3 + teacher fwd {d['teacher_fwd_flops_per_token'] / 1e6:.0f}M"
           f"); teacher training step at that batch: MFU {best['teacher_train']['mfu']:.2%}, best "
           f"{best_teacher['teacher_train']['mfu']:.2%} (batch {best_teacher['batch_size']})")
-    if comp:
-        c = out["best"]["distill_compiled"]
-        print(f"stage 2, compiled decoder layers (best: batch {c['batch_size']}): {c['tokens_per_s']:,.0f} tokens/s "
-              f"= MFU {c['mfu']:.2%}")
+    for kind, what in (("distill_compiled", "the student's decoder layers compiled"),
+                       ("distill_compiled_teacher", "the teacher's compiled too")):
+        if kind in out["best"]:
+            c = out["best"][kind]
+            print(f"stage 2, {what} (best: batch {c['batch_size']}): {c['tokens_per_s']:,.0f} tokens/s "
+                  f"= MFU {c['mfu']:.2%}")
     return out
 
 

@@ -113,6 +113,28 @@ def test_throughput_only_sweeps_batches_without_training(tmp_path):
     assert not (tmp_path / "o" / "run").exists() and not (tmp_path / "o" / "results.json").exists()
 
 
+@pytest.mark.slow  # torch.compile on CPU: a few minutes of inductor for the tiny layers
+def test_throughput_only_compile_times_really_compiled_copies(tmp_path):
+    """--compile: the side runs time compiled layers (every row records how many): the student's decoder layers,
+    then the teacher's as well. A plain deepcopy of a compiled model runs eagerly (Module.__getstate__ drops
+    nn.Module.compile), which made the tenth session's "compiled" column a second eager run."""
+    mask = kv_group_mask(tmp_path / "mask.json")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    p = subprocess.run([sys.executable, str(SCRIPT), "--config", str(ROOT / "experiments/train_hybrid/tiny.toml"),
+                        "--out", str(tmp_path / "o"), "--tiny", "--mask", str(mask), "--throughput-only",
+                        "--batches", "1", "--compile"], env=env, cwd=ROOT, capture_output=True, text=True, check=True)
+    out = json.loads((tmp_path / "o" / "throughput.json").read_text())
+    (row,) = out["rows"]
+    layers = row["distill"]["compiled_modules"], row["distill_compiled"]["compiled_modules"]
+    assert layers[0] == 0 and layers[1] > 0  # the eager step has none; the compiled one every decoder layer
+    assert row["distill_compiled_teacher"]["compiled_modules"] == layers[1]  # the student's, and the teacher's:
+    assert row["distill_compiled_teacher"]["teacher_compiled_modules"] > 0
+    assert row["distill_compiled_teacher"]["teacher_dtype"] == "torch.float32"  # bf16 only on CUDA
+    assert row["distill_compiled"]["tokens_per_s"] > 0 and row["distill_compiled_teacher"]["tokens_per_s"] > 0
+    assert "layers compiled" in p.stdout and "the teacher's compiled too" in p.stdout
+    assert {"distill_compiled", "distill_compiled_teacher"} <= set(out["best"])
+
+
 def test_stop_after_stops_at_a_checkpoint_and_resume_finishes(tmp_path):
     """--stop-after: the training stops right after a periodic checkpoint once the time is up (exit 3), and
     --resume trains the rest and evaluates (gpu_h200.sh's two resumable calls)."""
