@@ -87,6 +87,7 @@ def attention_sdpa(q, k, v, causal: bool = True, scale: float | None = None, q_o
     return o.transpose(1, 2)  # [B, T, H, Dv]
 
 
+@torch.compiler.disable  # a graph break under torch.compile, not a trace through fla / Triton (docs/kernels.md)
 def attention_flash(q, k, v, causal: bool = True, scale: float | None = None, q_offset: int = 0) -> torch.Tensor:
     """flash_attn_func (native [B, T, H, D] layout and GQA)."""
     B, T, H, S, K = _check(q, k, v, q_offset, causal)

@@ -138,6 +138,7 @@ def _allow_unverified(flag: bool | None) -> bool:
     return os.environ.get(HOPPER_BWD_ENV, "0") not in ("", "0", "false", "False")
 
 
+@torch.compiler.disable  # a graph break under torch.compile, not a trace through fla / Triton (docs/kernels.md)
 def fla_chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
                                use_qk_l2norm_in_kernel=False, chunk_size=64,
                                allow_unverified_hopper_backward: bool | None = None):
@@ -153,6 +154,7 @@ def fla_chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None,
                                               chunk_size, q, k, v, g, beta, initial_state)
 
 
+@torch.compiler.disable  # a graph break under torch.compile, not a trace through fla / Triton (docs/kernels.md)
 def fla_recurrent_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
                                    use_qk_l2norm_in_kernel=False, chunk_size=64):
     """fla's fused recurrent kernel (forward only: fla has no backward for it). Keyword call: fla's

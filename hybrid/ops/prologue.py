@@ -241,6 +241,7 @@ class _PrologueFn(torch.autograd.Function):
                 None, None, None, None)
 
 
+@torch.compiler.disable  # a graph break under torch.compile, not a trace through fla / Triton (docs/kernels.md)
 def prologue_triton(q, k, q_weight, k_weight, cos, sin, eps: float = 1e-6, norm: bool = True):
     """The fused Triton path (forward and backward); same signature and function as ``prologue_reference``."""
     if cos.requires_grad or sin.requires_grad:

@@ -159,3 +159,17 @@ def test_fold_heads_reaches_the_kernel_with_one_head(monkeypatch):
         q, k, v, g, beta, h0 = gdn_inputs(B=2, H=H)
         gated_delta_rule(q, k, v, g, beta, initial_state=h0, backend="torch_chunk", fold_heads=True)
     assert [s[2] for s in seen] == [1, 1] and [s[0] for s in seen] == [4, 6]
+
+
+def test_fast_kernels_are_opaque_to_torch_compile():
+    """The fla / Triton / flash-attn entry points are torch.compiler.disable'd: a compiled hybrid layer breaks its
+    graph there instead of tracing their Python (on the H200, dynamo spent > 100 s in fla's and Triton's code for
+    one batch shape and did not finish the call); the PyTorch twins stay traceable (CPU compile fuses them)."""
+    from hybrid.ops.attention import attention_flash, attention_sdpa
+    from hybrid.ops.gdn import chunk_gated_delta_rule, fla_chunk_gated_delta_rule, fla_recurrent_gated_delta_rule
+    from hybrid.ops.prologue import prologue_reference, prologue_triton
+
+    for fn in (fla_chunk_gated_delta_rule, fla_recurrent_gated_delta_rule, prologue_triton, attention_flash):
+        assert getattr(fn, "_torchdynamo_disable", False), fn.__name__
+    for fn in (chunk_gated_delta_rule, prologue_reference, attention_sdpa):
+        assert not getattr(fn, "_torchdynamo_disable", False), fn.__name__
