@@ -285,7 +285,7 @@ def _prepare(cfg: StudyConfig, out: Path, spec: VariantSpec, seed: int, teacher,
     whose kind trains to build its mask (``spec.needs_data``) trains here, on ``device``, with ``tokenizer``."""
     from headscope.io import write_text
     from hybrid.train.checkpoint import latest_checkpoint
-    from hybrid.train.variants import InfeasibleVariant, build_variant
+    from hybrid.train.variants import VARIANT_KINDS, InfeasibleVariant, build_variant
 
     d = variant_dir(out, spec.name, seed)
     d.mkdir(parents=True, exist_ok=True)
@@ -304,6 +304,10 @@ def _prepare(cfg: StudyConfig, out: Path, spec: VariantSpec, seed: int, teacher,
         return True
     write_text(d / "mask.json", built.mask.to_json())
     tc = cfg.train_config(str(d / "run"), str(d / "mask.json"), built.options, seed)
+    if not VARIANT_KINDS.entry(spec.kind).new_parameters:  # e.g. the tuned teacher: no stage of new parameters only
+        from hybrid.train.stages import STAGES
+
+        tc = tc.replace(stages=tuple(s for s in tc.stages if STAGES[s.name].trains != "new"))
     new = json.dumps(tc.to_dict(), indent=1, sort_keys=True)
     old_file = d / "train.json"
     if old_file.exists() and latest_checkpoint(d / "run") is not None:

@@ -78,6 +78,8 @@ def _describe(v: dict) -> str:
         return f"layer-wise {v['ratio']}"
     if kind == "token":
         return f"token-level, window {v['window']}"
+    if kind == "tuned_teacher":
+        return "teacher, trained like the hybrids"
     return "teacher"
 
 

@@ -15,6 +15,11 @@ Kinds:
   ``granularity="layer"``.
 - "token": every head sliding-window attention (``window`` keys) + Gated DeltaNet (``granularity="token"``).
 - "teacher": no hybrid; the teacher itself (evaluated, not trained).
+- "tuned_teacher": the teacher trained like the hybrids: a "hybrid" with every head FA, the teacher's RoPE kept,
+  no log scale, no output gate and no fusion (``hybrid.from_mask`` then computes the teacher's function and adds no
+  parameter), trained by the study's stages that train the whole model (stage 1 trains new parameters only, so
+  it is skipped: ``VariantKind.new_parameters`` False). The fair baseline of a hybrid's retention: the same
+  data, objective and steps, without the conversion.
 - "learned": a learned selector (``hybrid.train.selector``: a static gate per head mixing the teacher's own
   attention with a GDN branch, trained layer-locally against the teacher under an FA-budget penalty), then the
   top gates at the budget through ``headscope.select`` (``strategy`` ranks them, default "global"; ``unit`` and
@@ -164,6 +169,7 @@ class VariantKind:
     needs_scores: Callable[[VariantSpec], bool] = lambda spec: False
     doc: str = ""
     needs_data: Callable[[VariantSpec], bool] = lambda spec: False
+    new_parameters: bool = True  # False: the model has no new parameters, so stages that train only those are skipped
 
 
 VARIANT_KINDS: Registry[VariantKind] = Registry("variant kind")
@@ -211,6 +217,15 @@ def _token(spec: VariantSpec, teacher, scores, seed: int, context=None):
 
 def _teacher(spec: VariantSpec, teacher, scores, seed: int, context=None):
     return None, {}
+
+
+def _tuned_teacher(spec: VariantSpec, teacher, scores, seed: int, context=None):
+    from headscope.mask import HeadMask, model_shape
+
+    s = model_shape(teacher)
+    heads = [(l, h) for l in range(s["num_hidden_layers"]) for h in range(s["num_attention_heads"])]
+    mask = HeadMask.for_model(teacher, heads, settings={"strategy": "all_fa"})
+    return mask, {"fusion": "none", "fa_rope": True, "fa_log_scale": False, "fa_gate": "none", "allow_degenerate": True}
 
 
 SELECTOR_FILE = "selector.json"  # the learned gates, in the variant's folder (reused while the key matches)
@@ -278,6 +293,9 @@ VARIANT_KINDS.register("select", VariantKind(_select, _uses_scores, "headscope.s
 VARIANT_KINDS.register("layerwise", VariantKind(_layerwise, doc="whole FA layers (hybrid.builders.layerwise_mask)"))
 VARIANT_KINDS.register("token", VariantKind(_token, doc="sliding-window attention + GDN on every head"))
 VARIANT_KINDS.register("teacher", VariantKind(_teacher, doc="the teacher itself, evaluated only"))
+VARIANT_KINDS.register("tuned_teacher", VariantKind(
+    _tuned_teacher, doc="the teacher trained like the hybrids (every head FA with its RoPE, no fusion: the "
+                        "teacher's function; the stages that train the whole model)", new_parameters=False))
 VARIANT_KINDS.register("learned", VariantKind(_learned, doc="a learned per-head FA/GDN gate (hybrid.train.selector), "
                                                             "top gates at the budget", needs_data=lambda spec: True))
 

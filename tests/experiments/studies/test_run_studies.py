@@ -125,3 +125,19 @@ def test_the_learned_selector_row_trains_its_gates_then_the_stages(tmp_path):
     tables = (tmp_path / "r" / "tables.md").read_text()
     assert "### Study 7: a learned selector" in tables and "| learned-kv | learned gates (global top), 1/8 of the KV " \
         "groups |" in tables
+
+
+def test_the_tuned_teacher_row_trains_stages_2_and_3_and_evaluates(tmp_path):
+    """Kind "tuned_teacher": the teacher as an all-FA hybrid with nothing new, trained by the stages that train the
+    whole model (stage 1 dropped from its train.json), saved, reloaded and evaluated like every row."""
+    out = tmp_path / "st"
+    script(RUN, "--config", str(CONFIG), "--out", str(out), "--dry-run", "--only", "teacher-tuned")
+    r = runs(out)["teacher-tuned"]
+    assert r["status"] == "done" and r["info"]["kv_share"] == 1.0 and r["info"]["fa_query_share"] == 1.0
+    assert set(r["train"]["stages"]) == {"distill", "long"}
+    train = json.loads((out / "variants" / "teacher-tuned" / "seed0" / "train.json").read_text())
+    assert [s["name"] for s in train["stages"]] == ["distill", "long"]
+    assert train["hybrid"]["fa_gate"] == "none" and train["hybrid"]["fusion"] == "none"
+    script(RENDER, "--run", str(out), "--out", str(tmp_path / "r"))
+    assert "| teacher-tuned | teacher, trained like the hybrids |" in (tmp_path / "r" / "tables.md").read_text()
+

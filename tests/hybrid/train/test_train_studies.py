@@ -45,13 +45,14 @@ def test_reference_config_loads_and_scales_every_stage_alike():
     cfg = StudyConfig.from_file(CONFIG)
     assert {v.name for v in cfg.variants} >= {"teacher", "global-kv", "layerwise-7to1", "token-swa257", "fa-rope"}
     assert {s for v in cfg.variants for s in v.studies} == {2, 3, 4, 5, 7}
-    assert [v.name for v in cfg.variants if 7 in v.studies] == ["teacher", "global-kv", "randglobal-kv", "learned-kv"]
+    assert [v.name for v in cfg.variants if 7 in v.studies] == ["teacher", "teacher-tuned", "global-kv", "randglobal-kv",
+                                                                "learned-kv"]
     assert cfg.variant("learned-kv").needs_data and cfg.selector["steps"] == 120
     half = StudyConfig.from_file(CONFIG, steps_scale=0.5)
     assert [s["steps"] for s in half.train["stages"]] == [round(s["steps"] / 2) for s in cfg.train["stages"]]
     assert half.steps_scale == 0.5 and not half.dry_run
     dry = StudyConfig.from_file(CONFIG, dry_run=True)
-    assert dry.dry_run and dry.device == "cpu" and len(dry.variants) == 6
+    assert dry.dry_run and dry.device == "cpu" and len(dry.variants) == 7
     assert dry.selector == {**cfg.selector, "steps": 4, "batch_size": 1, "seq_len": 128}  # merged, not replaced
     assert [s["steps"] for s in dry.train["stages"]] == [2, 2, 1]
     assert dry.train["data"]["corpus"] == "heldout" and dry.train["data"]["fast_niah"]  # merged, not replaced
@@ -86,14 +87,17 @@ def test_smollm2_config_is_studies_2_to_5_with_two_seeds_at_the_teachers_length(
     assert cfg.teacher == "smollm2-135m" and cfg.seeds == (0, 1) and cfg.parallel == 9
     assert {s for v in cfg.variants for s in v.studies} == {2, 3, 4, 5}
     by_study = {n: [v.name for v in cfg.variants if n in v.studies] for n in (3, 4, 5)}
-    assert by_study == {3: ["teacher", "global-kv", "layerwise-3to1", "layerwise-7to1", "token-swa1025"],
-                        4: ["teacher", "global-kv", "fusion-none", "fusion-gated-head"],
-                        5: ["teacher", "global-kv", "fa-rope"]}  # global-kv: the 7:1 / norm / NoPE baseline
+    assert by_study == {3: ["teacher", "teacher-tuned", "global-kv", "layerwise-3to1", "layerwise-7to1",
+                            "token-swa1025"],
+                        4: ["teacher", "teacher-tuned", "global-kv", "fusion-none", "fusion-gated-head"],
+                        5: ["teacher", "teacher-tuned", "global-kv", "fa-rope"]}  # global-kv: 7:1 / norm / NoPE
     assert [v.name for v in cfg.variants if not v.trains] == ["teacher"]
     assert {v.name: cfg.seeds_of(v) for v in cfg.variants if 2 not in v.studies} == {
         n: (0,) for n in ("layerwise-3to1", "layerwise-7to1", "token-swa1025", "fusion-none", "fusion-gated-head",
                           "fa-rope")}  # studies 3-5: one seed; study 2's rows: both
-    assert all(cfg.seeds_of(v) == (0, 1) for v in cfg.variants if 2 in v.studies and v.trains)
+    assert cfg.seeds_of(cfg.variant("teacher-tuned")) == (0,)  # a reference row, not a strategy to spread
+    assert all(cfg.seeds_of(v) == (0, 1) for v in cfg.variants if 2 in v.studies and v.trains
+               and v.kind != "tuned_teacher")
     assert {(v.unit, v.fraction) for v in cfg.variants if v.kind == "select"} == {("head", 0.125), ("kv_group", 0.125)}
     assert [(s["name"], s["seq_len"]) for s in cfg.train["stages"]] == [("align", 2048), ("distill", 2048),
                                                                          ("long", 8192)]
@@ -133,6 +137,8 @@ def test_smollm2_variants_build_masks_of_the_budget_or_are_infeasible():
             infeasible.add(spec.name)
     assert infeasible == {"gplm-kv", "fixed-head", "fixed-kv"}  # the rows smollm2.toml's comments name
     assert built.pop("teacher").mask is None
+    tuned = built.pop("teacher-tuned")  # every head FA: the teacher's own KV cache
+    assert len(tuned.mask.fa_heads) == 270 and tuned.info["kv_share"] == pytest.approx(1.0)
     for name, b in built.items():
         heads = b.mask.fa_heads
         groups = {(h.layer, h.head // 3) for h in heads}  # 3 query heads per KV group
@@ -159,6 +165,7 @@ def test_smollm2_studies_3_to_5_build_hybrids_at_their_kv_share():
     scores = torch.rand(30, 9, generator=torch.Generator().manual_seed(0), dtype=torch.float64)  # [L, H]
     ids = torch.randint(0, model.config.vocab_size, (1, 24), generator=torch.Generator().manual_seed(1))  # [B, T]
     want = {  # name: (KV share at 8192, FA query share, layers with FA, options the kind / spec adds)
+        "teacher-tuned": (1.0, 1.0, 30, {"fusion": "none", "fa_gate": "none", "fa_rope": True}),
         "global-kv": (11 / 90, 33 / 270, None, {}),
         "layerwise-3to1": (8 / 30, 8 / 30, 8, {"granularity": "layer"}),  # round(30 / 4) = 8 layers, not 7.5
         "layerwise-7to1": (4 / 30, 4 / 30, 4, {"granularity": "layer"}),  # round(30 / 8) = 4 layers, not 3.75

@@ -77,6 +77,24 @@ def test_layerwise_token_and_teacher_shares(tiny_qwen3):
     assert t.mask is None and t.options == {} and t.info["kv_share"] == 1.0
 
 
+def test_tuned_teacher_is_the_teacher_as_a_hybrid_with_nothing_new(tiny_qwen3):
+    """Kind "tuned_teacher": every head FA with its RoPE and no fusion, so the built model computes the teacher's
+    function (equal logits) and has no new parameters: the kind says so, and the study skips stage 1 for it."""
+    from hybrid.convert import from_mask
+    from hybrid.train.variants import VARIANT_KINDS
+
+    b = build_variant(VariantSpec(name="teacher-tuned", kind="tuned_teacher"), tiny_qwen3, seed=0,
+                      base_options={"gdn_fold_heads": True})
+    L, H = tiny_qwen3.config.num_hidden_layers, tiny_qwen3.config.num_attention_heads
+    assert len(b.mask.fa_heads) == L * H and b.info["kv_share"] == 1.0 and b.info["fa_query_share"] == 1.0
+    assert not VARIANT_KINDS.entry("tuned_teacher").new_parameters
+    model = from_mask(tiny_qwen3, b.mask, **b.options).eval()
+    assert list(model.new_parameters()) == []
+    ids = torch.randint(1, tiny_qwen3.config.vocab_size, (2, 12))  # [B, T]
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, tiny_qwen3(ids).logits, rtol=1e-5, atol=1e-5)
+
+
 def test_variant_options_layer_over_the_study_options(tiny_qwen3):
     b = build_variant(spec(unit="head", strategy="random_global", hybrid={"fusion": "none"}), tiny_qwen3,
                       base_options={"fusion": "gated_head", "gdn_conv": True}, seed=3)
