@@ -72,6 +72,11 @@ def test_dry_run_trains_evaluates_and_resumes(tmp_path):
     assert r["token-swa257"]["info"]["kv_share"] == pytest.approx(1 / 8)
     assert r["layerwise-7to1"]["info"]["layers_with_fa"] == 1
     assert r["global-kv"]["train"]["stages"]["distill"]["steps"] == 2 and not r["global-kv"]["train"]["capped"]
+    # the tuned teacher: an all-FA hybrid with nothing new, trained by stages 2-3 only (its train.json has no align)
+    assert r["teacher-tuned"]["status"] == "done" and r["teacher-tuned"]["info"]["kv_share"] == 1.0
+    assert set(r["teacher-tuned"]["train"]["stages"]) == {"distill", "long"}
+    train = json.loads((out / "variants" / "teacher-tuned" / "seed0" / "train.json").read_text())
+    assert [s["name"] for s in train["stages"]] == ["distill", "long"] and train["hybrid"]["fa_gate"] == "none"
     # a kill after training, before the final save and the last evaluation item: the same command continues it
     d = out / "variants" / "global-kv" / "seed0"
     for f in ("result.json", "train_done.json", "eval/niah@248.json"):
@@ -125,19 +130,3 @@ def test_the_learned_selector_row_trains_its_gates_then_the_stages(tmp_path):
     tables = (tmp_path / "r" / "tables.md").read_text()
     assert "### Study 7: a learned selector" in tables and "| learned-kv | learned gates (global top), 1/8 of the KV " \
         "groups |" in tables
-
-
-def test_the_tuned_teacher_row_trains_stages_2_and_3_and_evaluates(tmp_path):
-    """Kind "tuned_teacher": the teacher as an all-FA hybrid with nothing new, trained by the stages that train the
-    whole model (stage 1 dropped from its train.json), saved, reloaded and evaluated like every row."""
-    out = tmp_path / "st"
-    script(RUN, "--config", str(CONFIG), "--out", str(out), "--dry-run", "--only", "teacher-tuned")
-    r = runs(out)["teacher-tuned"]
-    assert r["status"] == "done" and r["info"]["kv_share"] == 1.0 and r["info"]["fa_query_share"] == 1.0
-    assert set(r["train"]["stages"]) == {"distill", "long"}
-    train = json.loads((out / "variants" / "teacher-tuned" / "seed0" / "train.json").read_text())
-    assert [s["name"] for s in train["stages"]] == ["distill", "long"]
-    assert train["hybrid"]["fa_gate"] == "none" and train["hybrid"]["fusion"] == "none"
-    script(RENDER, "--run", str(out), "--out", str(tmp_path / "r"))
-    assert "| teacher-tuned | teacher, trained like the hybrids |" in (tmp_path / "r" / "tables.md").read_text()
-

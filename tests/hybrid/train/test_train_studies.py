@@ -276,6 +276,8 @@ def test_study_table_rows_seeds_and_statuses():
     assert row["what"] == "global, 1/8 of the KV groups"
     assert t.set_index("variant").loc["gplm-kv"]["status"] == "infeasible: needs k >= 8"
     assert t.set_index("variant").loc["teacher"]["status"] == "not run yet"
+    tuned = study_table(collected(), 2).set_index("variant").loc["teacher-tuned"]  # the reference config's row
+    assert tuned["what"] == "teacher, trained like the hybrids" and tuned["status"] == "not run yet"
     assert "GDN state (KiB)" in study_table(collected(), 3).columns
     md = to_markdown(t)
     assert md.splitlines()[0].startswith("| variant | what | NIAH 2040 (1x)") and len(md.splitlines()) == len(t) + 2
