@@ -331,3 +331,22 @@ def test_a_variant_runs_with_its_own_seeds_a_subset_of_the_studys(tmp_path):
         StudyConfig.from_dict({**cfg.to_dict(), "variants": [{**one.to_dict(), "seeds": [2]}]})
     with pytest.raises(ValueError, match="seeds="):
         dataclasses.replace(cfg.variants[0], seeds=[])
+
+
+def test_a_kind_without_new_parameters_trains_without_stage_1(tmp_path, tiny_qwen3):
+    """The tuned teacher's folder gets a train.json without the stages that train only new parameters (it has
+    none: the trainer would refuse such a stage); every other kind keeps the study's stages."""
+    import json
+
+    import torch
+
+    from hybrid.train.studies import _prepare
+
+    cfg = StudyConfig.from_file(write(tmp_path, MINIMAL + '[[variants]]\nname = "t"\nkind = "tuned_teacher"\n'))
+    cfg = dataclasses.replace(cfg, train_length=64)  # run_study sets it from the teacher
+    scores = torch.rand(tiny_qwen3.config.num_hidden_layers, tiny_qwen3.config.num_attention_heads)  # [L, H]
+    for spec in cfg.variants:
+        assert _prepare(cfg, tmp_path / "out", spec, 0, tiny_qwen3, scores=scores) is True
+    stages = {v: [s["name"] for s in json.loads((tmp_path / "out" / "variants" / v / "seed0" / "train.json")
+                                              .read_text())["stages"]] for v in ("a", "t")}
+    assert stages == {"a": ["align", "distill"], "t": ["distill"]}
