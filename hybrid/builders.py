@@ -6,7 +6,8 @@ token-level hybrid (sliding-window attention + Gated DeltaNet on every head of e
 - ``from_layers(teacher, fa_layers=[...])``: the layer-wise hybrid for an explicit list of FA layers.
 - ``from_token_level(teacher, window=512)``: ``granularity="token"``, every layer a ``TokenHybridAttention``.
 - ``from_teacher(teacher)``: every head FA with RoPE, no log scale, no gate, no fusion norm: the teacher's
-  function in this code base (its logits equal the teacher's), so all experiments share one model class.
+  function in this code base (its logits equal the teacher's), so all experiments share one model class; its mask
+  and options are ``teacher_mask`` and ``TEACHER_OPTIONS`` (also the studies' "tuned_teacher" variant kind).
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from hybrid.config import HybridConfigError
 from hybrid.convert import from_mask
 from hybrid.modeling import HybridForCausalLM
 
-__all__ = ["layerwise_mask", "from_layers", "from_token_level", "from_teacher"]
+__all__ = ["layerwise_mask", "from_layers", "from_token_level", "from_teacher", "teacher_mask", "TEACHER_OPTIONS"]
 
 
 def layerwise_mask(teacher: Any, ratio: str | float = "3:1") -> HeadMask:
@@ -49,10 +50,18 @@ def from_token_level(teacher: Any, window: int = 512, **options: Any) -> HybridF
     return from_mask(teacher, HeadMask.for_model(teacher, []), granularity="token", window=window, **options)
 
 
-def from_teacher(teacher: Any, **options: Any) -> HybridForCausalLM:
-    """The teacher as a HybridForCausalLM: every head FA, RoPE kept, no log scale, no gate, no fusion norm."""
+# the HybridOptions under which an every-head-FA mask computes the teacher's own function (and adds no parameter)
+TEACHER_OPTIONS = {"fa_rope": True, "fa_log_scale": False, "fa_gate": "none", "fusion": "none",
+                   "allow_degenerate": True}
+
+
+def teacher_mask(teacher: Any, settings: dict[str, Any] | None = None) -> HeadMask:
+    """Every head of ``teacher`` FA (with ``TEACHER_OPTIONS``: the teacher itself)."""
     shape = model_shape(teacher)
     heads = [(l, h) for l in range(shape["num_hidden_layers"]) for h in range(shape["num_attention_heads"])]
-    kw = dict(fa_rope=True, fa_log_scale=False, fa_gate="none", fusion="none", allow_degenerate=True)
-    kw.update(options)
-    return from_mask(teacher, HeadMask.for_model(teacher, heads), **kw)
+    return HeadMask.for_model(teacher, heads, settings=dict(settings or {}))
+
+
+def from_teacher(teacher: Any, **options: Any) -> HybridForCausalLM:
+    """The teacher as a HybridForCausalLM: every head FA, RoPE kept, no log scale, no gate, no fusion norm."""
+    return from_mask(teacher, teacher_mask(teacher), **{**TEACHER_OPTIONS, **options})

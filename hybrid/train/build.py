@@ -12,7 +12,7 @@ import torch
 import torch.nn as nn
 
 __all__ = ["load_teacher", "build_hybrid", "build_pretrain_model", "save_final", "load_tokenizer", "compile_decoder_layers",
-           "copy_model"]
+           "compiled_submodules", "copy_model"]
 
 
 def load_tokenizer(name_or_path: str):
@@ -64,6 +64,11 @@ def compile_decoder_layers(model: nn.Module) -> int:
     return len(layers)
 
 
+def compiled_submodules(model: nn.Module) -> list[str]:
+    """The names of ``model``'s submodules that run ``nn.Module.compile``'d ("" for the model itself)."""
+    return [name for name, m in model.named_modules() if getattr(m, "_compiled_call_impl", None) is not None]
+
+
 def copy_model(model: nn.Module) -> nn.Module:
     """``copy.deepcopy(model)`` that keeps ``nn.Module.compile``: ``Module.__getstate__`` drops a compiled
     module's ``_compiled_call_impl``, so a plain deepcopy of a compiled model runs eagerly (the tenth session's
@@ -71,9 +76,8 @@ def copy_model(model: nn.Module) -> nn.Module:
     were compiled are compiled again on the copy (default options, as ``compile_decoder_layers`` uses)."""
     import copy
 
-    compiled = [name for name, m in model.named_modules() if getattr(m, "_compiled_call_impl", None) is not None]
     twin = copy.deepcopy(model)
-    for name in compiled:
+    for name in compiled_submodules(model):
         twin.get_submodule(name).compile()
     return twin
 

@@ -141,7 +141,9 @@ def _timed(step, device, warmup: int, steps: int) -> tuple[float, float | None]:
 def compiled_modules(model: nn.Module) -> int:
     """How many submodules of ``model`` run ``torch.compile``'d (``nn.Module.compile``): a measurement's
     ``compiled_modules``, 0 for an eager model (and for a plain deepcopy of a compiled one)."""
-    return sum(getattr(m, "_compiled_call_impl", None) is not None for m in model.modules())
+    from hybrid.train.build import compiled_submodules
+
+    return len(compiled_submodules(model))
 
 
 def measure_distill(student: nn.Module, teacher: nn.Module, batch_size: int, seq_len: int, steps: int = 10,

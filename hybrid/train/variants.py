@@ -220,12 +220,9 @@ def _teacher(spec: VariantSpec, teacher, scores, seed: int, context=None):
 
 
 def _tuned_teacher(spec: VariantSpec, teacher, scores, seed: int, context=None):
-    from headscope.mask import HeadMask, model_shape
+    from hybrid.builders import TEACHER_OPTIONS, teacher_mask  # hybrid.from_teacher's mask and options
 
-    s = model_shape(teacher)
-    heads = [(l, h) for l in range(s["num_hidden_layers"]) for h in range(s["num_attention_heads"])]
-    mask = HeadMask.for_model(teacher, heads, settings={"strategy": "all_fa"})
-    return mask, {"fusion": "none", "fa_rope": True, "fa_log_scale": False, "fa_gate": "none", "allow_degenerate": True}
+    return teacher_mask(teacher, settings={"strategy": "all_fa"}), dict(TEACHER_OPTIONS)
 
 
 SELECTOR_FILE = "selector.json"  # the learned gates, in the variant's folder (reused while the key matches)
