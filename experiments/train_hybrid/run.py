@@ -94,6 +94,10 @@ def main(argv: list[str] | None = None) -> dict:
                     help="--throughput-only: also time each batch's stage-2 step with the student's decoder layers "
                          "torch.compile'd (hybrid.train.build.compile_decoder_layers; TrainConfig.compile trains so), "
                          "and with the teacher's layers compiled too (on CUDA the frozen teacher also held in bf16)")
+    ap.add_argument("--compiled-only", action="store_true",
+                    help="--throughput-only --compile without the eager stage-2 step and teacher step: for batch "
+                         "sizes whose eager step does not fit in memory (the compiled layers keep fewer "
+                         "activations: SmolLM2 at batch 32, 54 GiB against 83 GiB eager)")
     ap.add_argument("--profile", action="store_true",
                     help="--throughput-only: also profile each batch's stage-2 step and teacher step "
                          "(hybrid.train.throughput.profile_step: kernel time by category, top kernels)")
@@ -106,6 +110,8 @@ def main(argv: list[str] | None = None) -> dict:
                     help="no training: evaluate the hybrid a finished run left in OUT/run (OUT/run/hybrid, "
                          "OUT/run/log.jsonl, OUT/mask.json), e.g. one trained on the GPU and brought back")
     a = ap.parse_args(argv)
+    if a.compiled_only and not (a.compile and a.throughput_only):
+        ap.error("--compiled-only times only the compiled side runs: give it with --throughput-only --compile")
 
     from transformers import AutoModelForCausalLM
 
@@ -261,6 +267,11 @@ def print_profile(what: str, prof: dict, top: int = 12) -> None:
     for r in prof["top"][:top]:
         print(f"[profile]   {r['share']:6.1%} {r['ms']:9.3f} ms {r['calls']:5d}x  {r['category']:<11} {r['name'][:90]}",
               flush=True)
+    if "host_top" in prof:  # CUDA: the CPU side of the step (a GPU that waits on the host)
+        print(f"[profile] {what}: host {prof['host_ms_per_step']} ms of self CPU time a step, "
+              f"{prof['kernels_per_step']} kernel launches", flush=True)
+        for r in prof["host_top"][:top]:
+            print(f"[profile]   host {r['ms']:9.3f} ms {r['calls']:5d}x  {r['name'][:100]}", flush=True)
 
 
 def throughput_only(a, base, teacher, device, T: int, mask) -> dict:
@@ -325,55 +336,67 @@ def throughput_only(a, base, teacher, device, T: int, mask) -> dict:
                                                        profile=a.profile)
             row["distill_compiled_teacher"].update(teacher_dtype=str(next(fast_teacher.parameters()).dtype),
                                                    teacher_compiled_modules=compiled_modules(fast_teacher))
-        try:
-            row["distill"] = measure_distill(student, teacher, B, T, steps=steps, warmup=warmup, fused_loss=fused,
-                                             profile=a.profile)
-            gc.collect()
-            row["distill"]["max_memory_gib"] = peak_gib()
-            row["teacher_train"] = measure_lm(teacher, B, T, steps=steps, warmup=warmup, profile=a.profile)
-            gc.collect()
-            row["teacher_train"]["max_memory_gib"] = peak_gib()
-        except torch.OutOfMemoryError as err:
-            row["oom"] = str(err).splitlines()[0][:200]
-            gc.collect()
-            row["max_memory_gib"] = peak_gib()
+        if not a.compiled_only:
+            try:
+                row["distill"] = measure_distill(student, teacher, B, T, steps=steps, warmup=warmup,
+                                                 fused_loss=fused, profile=a.profile)
+                gc.collect()
+                row["distill"]["max_memory_gib"] = peak_gib()
+                row["teacher_train"] = measure_lm(teacher, B, T, steps=steps, warmup=warmup, profile=a.profile)
+                gc.collect()
+                row["teacher_train"]["max_memory_gib"] = peak_gib()
+            except torch.OutOfMemoryError as err:
+                row["oom"] = str(err).splitlines()[0][:200]
+                gc.collect()
+                row["max_memory_gib"] = peak_gib()
+        elif all("oom" in row[k] for k in ("distill_compiled", "distill_compiled_teacher")):
+            row["oom"] = row["distill_compiled"]["oom"]
         row["seconds"] = round(time.time() - t0, 1)
         rows.append(row)
-        if "oom" in row:
-            print(f"[throughput] batch {B} x {T}: out of memory; the sweep ends here", flush=True)
-            break
-        d, t = row["distill"], row["teacher_train"]
         sides = (side_text("naive loss", row.get("distill_naive")) + side_text("compiled", row.get("distill_compiled"))
                  + side_text("teacher compiled too", row.get("distill_compiled_teacher")))
-        print(f"[throughput] batch {B} x {T}: stage 2 ({'fused' if d['fused_loss'] else 'naive'} loss) "
-              f"{d['tokens_per_s']:,.0f} tokens/s, {d['tflops']:.1f} TFLOP/s, MFU {d['mfu']:.1%}, "
-              f"{d['max_memory_gib']} GiB{sides} | teacher training step {t['tokens_per_s']:,.0f} tokens/s, "
-              f"{t['tflops']:.1f} TFLOP/s, MFU {t['mfu']:.1%} ({row['seconds']} s)", flush=True)
+        if "oom" in row:
+            print(f"[throughput] batch {B} x {T}: out of memory{sides}; the sweep ends here", flush=True)
+            break
+        if "distill" in row:
+            d, t = row["distill"], row["teacher_train"]
+            print(f"[throughput] batch {B} x {T}: stage 2 ({'fused' if d['fused_loss'] else 'naive'} loss) "
+                  f"{d['tokens_per_s']:,.0f} tokens/s, {d['tflops']:.1f} TFLOP/s, MFU {d['mfu']:.1%}, "
+                  f"{d['max_memory_gib']} GiB{sides} | teacher training step {t['tokens_per_s']:,.0f} tokens/s, "
+                  f"{t['tflops']:.1f} TFLOP/s, MFU {t['mfu']:.1%} ({row['seconds']} s)", flush=True)
+        else:
+            print(f"[throughput] batch {B} x {T}: (eager step not timed: --compiled-only){sides} "
+                  f"({row['seconds']} s)", flush=True)
         for kind in ("distill", "distill_compiled", "distill_compiled_teacher", "teacher_train") if a.profile else ():
             if "profile" in row.get(kind, {}):
                 print_profile(f"batch {B} {kind}", row[kind]["profile"])
     ok = [r for r in rows if "distill" in r]
-    if not ok:
+    compiled_best = {}
+    for kind in ("distill_compiled", "distill_compiled_teacher"):  # every row, also one whose eager step OOMed
+        comp = [r[kind] for r in rows if "tokens_per_s" in r.get(kind, {})]
+        if comp:
+            compiled_best[kind] = max(comp, key=lambda c: c["tokens_per_s"])
+    if not ok and not compiled_best:
         raise SystemExit(f"--throughput-only: every batch size failed ({rows}); try smaller --batches")
-    best = max(ok, key=lambda r: r["distill"]["tokens_per_s"])  # one T: the same FLOPs per token at every batch
-    best_teacher = max(ok, key=lambda r: r["teacher_train"]["tokens_per_s"])
-    d = best["distill"]
     out = {"schema": "hybrid.train.throughput_sweep", "teacher": base.teacher, "device": str(device),
            "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
            "hybrid": base.hybrid, "mask": {"fa_heads": len(mask.fa_heads), "ratio_la_fa": mask.ratio}, "rows": rows,
-           "best": {"batch_size": best["batch_size"], "seq_len": T, "distill": d,
-                    "teacher_train_same_batch": best["teacher_train"],
-                    "teacher_train_best": best_teacher["teacher_train"]}}
-    for kind in ("distill_compiled", "distill_compiled_teacher"):
-        comp = [r[kind] for r in ok if "tokens_per_s" in r.get(kind, {})]
-        if comp:
-            out["best"][kind] = max(comp, key=lambda c: c["tokens_per_s"])
+           "best": {"seq_len": T}}
+    if ok:
+        best = max(ok, key=lambda r: r["distill"]["tokens_per_s"])  # one T: the same FLOPs per token at every batch
+        best_teacher = max(ok, key=lambda r: r["teacher_train"]["tokens_per_s"])
+        d = best["distill"]
+        out["best"].update(batch_size=best["batch_size"], distill=d, teacher_train_same_batch=best["teacher_train"],
+                           teacher_train_best=best_teacher["teacher_train"])
+    out["best"].update(compiled_best)
     write_text(a.out / "throughput.json", json.dumps(out, indent=1, default=str))
-    print(f"stage 2 (best: batch {best['batch_size']} x {T}): {d['tokens_per_s']:,.0f} tokens/s, {d['tflops']:.1f} "
-          f"TFLOP/s = MFU {d['mfu']:.2%} of {d['peak_flops'] / 1e12:.0f} TFLOP/s (model FLOPs/token: student fwd "
-          f"{d['student_fwd_flops_per_token'] / 1e6:.0f}M x 3 + teacher fwd {d['teacher_fwd_flops_per_token'] / 1e6:.0f}M"
-          f"); teacher training step at that batch: MFU {best['teacher_train']['mfu']:.2%}, best "
-          f"{best_teacher['teacher_train']['mfu']:.2%} (batch {best_teacher['batch_size']})")
+    if ok:
+        print(f"stage 2 (best: batch {best['batch_size']} x {T}): {d['tokens_per_s']:,.0f} tokens/s, "
+              f"{d['tflops']:.1f} TFLOP/s = MFU {d['mfu']:.2%} of {d['peak_flops'] / 1e12:.0f} TFLOP/s (model "
+              f"FLOPs/token: student fwd {d['student_fwd_flops_per_token'] / 1e6:.0f}M x 3 + teacher fwd "
+              f"{d['teacher_fwd_flops_per_token'] / 1e6:.0f}M); teacher training step at that batch: MFU "
+              f"{best['teacher_train']['mfu']:.2%}, best {best_teacher['teacher_train']['mfu']:.2%} "
+              f"(batch {best_teacher['batch_size']})")
     for kind, what in (("distill_compiled", "the student's decoder layers compiled"),
                        ("distill_compiled_teacher", "the teacher's compiled too")):
         if kind in out["best"]:

@@ -89,7 +89,9 @@ def kernel_category(name: str) -> str:
 def profile_step(step, device: torch.device, steps: int = 2, top: int = 25) -> dict[str, Any]:
     """Run ``step`` ``steps`` times under torch.profiler: self time per category (ms per step and share) and the
     ``top`` kernels. On CUDA only device kernels count (their self CUDA time); on CPU, the aten ops' self CPU
-    time. ``step_ms``: the profiled wall time per step (profiling slows it a little)."""
+    time. ``step_ms``: the profiled wall time per step (profiling slows it a little). On CUDA also the host side:
+    ``kernels_per_step`` (launches), ``host_ms_per_step`` (self CPU time of every CPU-side event: ops, CUDA runtime
+    calls, compiled regions; inflated by the profiler) and ``host_top``, for a step whose GPU waits on the CPU."""
     from torch.profiler import ProfilerActivity, profile
 
     cuda = device.type == "cuda"
@@ -101,13 +103,15 @@ def profile_step(step, device: torch.device, steps: int = 2, top: int = 25) -> d
             step()
         _sync(device)
     wall = (time.perf_counter() - t0) / steps
-    rows = []
+    rows, host = [], []  # host: on CUDA, the CPU side (ops, launches, compiled regions) by self CPU time
     for e in prof.key_averages():
         if cuda:
             us = getattr(e, "self_device_time_total", None)
             if us is None:
                 us = getattr(e, "self_cuda_time_total", 0.0)
             if getattr(e, "device_type", None) is not None and "CUDA" not in str(e.device_type):
+                if e.self_cpu_time_total > 0:
+                    host.append((e.key, float(e.self_cpu_time_total) / 1e3 / steps, int(e.count) // steps))
                 continue
         else:
             us = e.self_cpu_time_total
@@ -118,8 +122,13 @@ def profile_step(step, device: torch.device, steps: int = 2, top: int = 25) -> d
     for _, ms, _, cat in rows:
         cats[cat] = cats.get(cat, 0.0) + ms
     rows.sort(key=lambda r: -r[1])
+    host.sort(key=lambda r: -r[1])
+    extra = {} if not cuda else {  # where a host-bound step's time goes (profiler overhead included)
+        "kernels_per_step": sum(r[2] for r in rows),
+        "host_ms_per_step": round(sum(r[1] for r in host), 2),
+        "host_top": [{"name": n[:160], "ms": round(ms, 3), "calls": c} for n, ms, c in host[:top]]}
     return {"timer": "self CUDA time of device kernels" if cuda else "self CPU time of aten ops",
-            "step_ms": round(wall * 1e3, 2), "kernel_ms_per_step": round(total, 2),
+            "step_ms": round(wall * 1e3, 2), "kernel_ms_per_step": round(total, 2), **extra,
             "categories": {k: {"ms": round(v, 2), "share": round(v / total, 4)}
                            for k, v in sorted(cats.items(), key=lambda kv: -kv[1])},
             "top": [{"name": n[:160], "category": cat, "ms": round(ms, 3), "calls": c,

@@ -135,6 +135,33 @@ def test_throughput_only_compile_times_really_compiled_copies(tmp_path):
     assert {"distill_compiled", "distill_compiled_teacher"} <= set(out["best"])
 
 
+@pytest.mark.slow  # torch.compile on CPU
+def test_compiled_only_times_the_compiled_side_runs_alone(tmp_path):
+    """--compiled-only: no eager step or teacher step (a batch whose eager step does not fit, SmolLM2 at 64 on
+    one H200), the compiled side runs timed and chosen as the best all the same."""
+    mask = kv_group_mask(tmp_path / "mask.json")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    p = subprocess.run([sys.executable, str(SCRIPT), "--config", str(ROOT / "experiments/train_hybrid/tiny.toml"),
+                        "--out", str(tmp_path / "o"), "--tiny", "--mask", str(mask), "--throughput-only",
+                        "--batches", "2", "--compile", "--compiled-only"], env=env, cwd=ROOT, capture_output=True,
+                       text=True, check=True)
+    out = json.loads((tmp_path / "o" / "throughput.json").read_text())
+    (row,) = out["rows"]
+    assert "distill" not in row and "teacher_train" not in row
+    assert row["distill_compiled"]["compiled_modules"] > 0 and row["distill_compiled_teacher"]["tokens_per_s"] > 0
+    assert out["best"]["distill_compiled"]["batch_size"] == 2 and "distill" not in out["best"]
+    assert "eager step not timed" in p.stdout and "the teacher's compiled too (best: batch 2)" in p.stdout
+
+
+def test_compiled_only_needs_compile(tmp_path):
+    """--compiled-only alone would time nothing: refused before the teacher loads, naming the flags it needs."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    p = subprocess.run([sys.executable, str(SCRIPT), "--config", str(ROOT / "experiments/train_hybrid/tiny.toml"),
+                        "--out", str(tmp_path / "o"), "--tiny", "--throughput-only", "--compiled-only"], env=env,
+                       cwd=ROOT, capture_output=True, text=True)
+    assert p.returncode == 2 and "--throughput-only --compile" in p.stderr
+
+
 def test_stop_after_stops_at_a_checkpoint_and_resume_finishes(tmp_path):
     """--stop-after: the training stops right after a periodic checkpoint once the time is up (exit 3), and
     --resume trains the rest and evaluates (gpu_h200.sh's two resumable calls)."""

@@ -47,6 +47,26 @@ def test_profile_of_a_cpu_step_counts_its_matmuls():
     assert {r["calls"] for r in prof["top"] if r["name"] == "aten::mm"} == {2}  # forward + the grad of w (x needs none), per step
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_profile_of_a_cuda_step_times_its_kernels_and_its_host_side():
+    """On CUDA: device kernels by self CUDA time, and the host side of the same step (launch count, self CPU time
+    of the CPU-side events) for a step whose GPU waits on the CPU."""
+    dev = torch.device("cuda")
+    w = torch.randn(512, 512, device=dev, requires_grad=True)  # [D, D]
+    x = torch.randn(256, 512, device=dev)  # [N, D]
+
+    def step():
+        y = (x @ w).relu().sum()
+        y.backward()
+
+    prof = profile_step(step, dev, steps=2, top=5)
+    assert prof["timer"] == "self CUDA time of device kernels" and prof["categories"]["matmul"]["share"] > 0
+    assert prof["kernels_per_step"] >= 3  # forward mm, relu, the grad's mm at least
+    assert prof["host_ms_per_step"] > 0 and prof["host_top"] and len(prof["host_top"]) <= 5
+    assert prof["host_top"][0]["ms"] >= prof["host_top"][-1]["ms"]
+
+
 def test_copy_model_keeps_compiled_submodules_compiled():
     """copy.deepcopy drops nn.Module.compile (Module.__getstate__ pops _compiled_call_impl): measure_distill's copy
     of a compiled student ran eagerly. copy_model compiles the same submodules again on the copy, which computes
