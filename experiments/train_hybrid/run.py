@@ -94,6 +94,10 @@ def main(argv: list[str] | None = None) -> dict:
                     help="--throughput-only: also time each batch's stage-2 step with the student's decoder layers "
                          "torch.compile'd (hybrid.train.build.compile_decoder_layers; TrainConfig.compile trains so), "
                          "and with the teacher's layers compiled too (on CUDA the frozen teacher also held in bf16)")
+    ap.add_argument("--compile-mode", default="default", choices=("default", "reduce-overhead", "max-autotune",
+                                                                   "max-autotune-no-cudagraphs"),
+                    help="--compile: torch.compile's mode for the compiled side runs (reduce-overhead: CUDA graphs "
+                         "of the compiled regions, for a step whose GPU waits on the host)")
     ap.add_argument("--compiled-only", action="store_true",
                     help="--throughput-only --compile without the eager stage-2 step and teacher step: for batch "
                          "sizes whose eager step does not fit in memory (the compiled layers keep fewer "
@@ -301,14 +305,25 @@ def throughput_only(a, base, teacher, device, T: int, mask) -> dict:
         torch.cuda.reset_peak_memory_stats(device)
         return gib
 
-    def side_run(model, B: int, with_teacher=None, **kw) -> dict:
+    def save_partial(row: dict) -> None:
+        """Every measurement is printed and written as soon as it is taken: a call killed by its time limit keeps
+        what it measured (throughput.json with "partial": true until the sweep ends)."""
+        write_text(a.out / "throughput.json", json.dumps({"schema": "hybrid.train.throughput_sweep", "partial": True,
+                                                          "rows": rows + [row]}, indent=1, default=str))
+
+    def side_run(row: dict, kind: str, label: str, model, B: int, with_teacher=None, **kw) -> dict:
         """A comparison run before the main one, on its own peak memory; its out-of-memory does not end the sweep."""
+        t0 = time.time()
         try:
             r = measure_distill(model, with_teacher or teacher, B, T, steps=steps, warmup=warmup, **kw)
         except torch.OutOfMemoryError as err:
             r = {"oom": str(err).splitlines()[0][:200]}
         gc.collect()
         r["max_memory_gib"] = peak_gib()
+        row[kind] = r
+        save_partial(row)
+        print(f"[throughput] batch {B} x {T}:{side_text(label, r)} ({time.time() - t0:.0f} s with warm-up)",
+              flush=True)
         return r
 
     def side_text(label: str, r: dict | None) -> str:
@@ -323,25 +338,28 @@ def throughput_only(a, base, teacher, device, T: int, mask) -> dict:
         row: dict = {"batch_size": B, "seq_len": T}
         t0 = time.time()
         if a.compare_naive:
-            row["distill_naive"] = side_run(student, B, fused_loss="off")
+            side_run(row, "distill_naive", "naive loss", student, B, fused_loss="off")
         if a.compile:  # the compiled layers' first steps (warm-up) compile
             if compiled is None:
                 compiled = copy.deepcopy(student)
-                compile_decoder_layers(compiled)
-            row["distill_compiled"] = side_run(compiled, B, fused_loss=fused, profile=a.profile)
+                compile_decoder_layers(compiled, mode=a.compile_mode)
+            side_run(row, "distill_compiled", "compiled", compiled, B, fused_loss=fused, profile=a.profile)
+            row["distill_compiled"]["compile_mode"] = a.compile_mode
             if fast_teacher is None:  # frozen: bf16 weights change no gradient, only the casts autocast makes
                 fast_teacher = copy.deepcopy(teacher).to(torch.bfloat16 if device.type == "cuda" else torch.float32)
-                compile_decoder_layers(fast_teacher)
-            row["distill_compiled_teacher"] = side_run(compiled, B, with_teacher=fast_teacher, fused_loss=fused,
-                                                       profile=a.profile)
+                compile_decoder_layers(fast_teacher, mode=a.compile_mode)
+            side_run(row, "distill_compiled_teacher", "teacher compiled too", compiled, B, with_teacher=fast_teacher,
+                     fused_loss=fused, profile=a.profile)
             row["distill_compiled_teacher"].update(teacher_dtype=str(next(fast_teacher.parameters()).dtype),
-                                                   teacher_compiled_modules=compiled_modules(fast_teacher))
+                                                   teacher_compiled_modules=compiled_modules(fast_teacher),
+                                                   compile_mode=a.compile_mode)
         if not a.compiled_only:
             try:
                 row["distill"] = measure_distill(student, teacher, B, T, steps=steps, warmup=warmup,
                                                  fused_loss=fused, profile=a.profile)
                 gc.collect()
                 row["distill"]["max_memory_gib"] = peak_gib()
+                save_partial(row)
                 row["teacher_train"] = measure_lm(teacher, B, T, steps=steps, warmup=warmup, profile=a.profile)
                 gc.collect()
                 row["teacher_train"]["max_memory_gib"] = peak_gib()

@@ -51,16 +51,24 @@ def build_hybrid(teacher: nn.Module, mask_path: str, options: dict[str, Any]):
     return model.train(), mask
 
 
-def compile_decoder_layers(model: nn.Module) -> int:
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")  # torch.compile's
+
+
+def compile_decoder_layers(model: nn.Module, mode: str = "default") -> int:
     """``torch.compile`` each decoder layer in place (``nn.Module.compile``: parameter names, state dicts and
-    checkpoints are unchanged; fla's Triton kernels and the FA offset's ``int()`` are graph breaks). Layers of
-    one structure share their compiled code; returns how many layers were compiled."""
+    checkpoints are unchanged; fla's Triton kernels, the GDN prologue's Triton launcher and flash-attn are
+    compiler-disabled, so graph breaks). ``mode``: torch.compile's ("reduce-overhead": CUDA graphs of the
+    compiled regions, for a step whose GPU waits on the host; on CPU it compiles without graphs). Layers of one
+    structure share their compiled code; returns how many layers were compiled."""
+    if mode not in COMPILE_MODES:
+        raise ValueError(f"compile mode={mode!r}: give one of {', '.join(COMPILE_MODES)}")
     layers = getattr(getattr(model, "model", None), "layers", None)
     if layers is None:
         raise TypeError(f"compile: {type(model).__name__} has no .model.layers (a transformers decoder or a "
                         "hybrid); set compile = false")
     for layer in layers:
-        layer.compile()
+        layer.compile(mode=mode)
+        layer._compile_mode = mode  # copy_model compiles a copy the same way
     return len(layers)
 
 
@@ -73,12 +81,14 @@ def copy_model(model: nn.Module) -> nn.Module:
     """``copy.deepcopy(model)`` that keeps ``nn.Module.compile``: ``Module.__getstate__`` drops a compiled
     module's ``_compiled_call_impl``, so a plain deepcopy of a compiled model runs eagerly (the tenth session's
     "compiled" throughput was such a copy: its kernel profile equalled the eager one's). The submodules that
-    were compiled are compiled again on the copy (default options, as ``compile_decoder_layers`` uses)."""
+    were compiled are compiled again on the copy, in the mode ``compile_decoder_layers`` gave them (else the
+    default)."""
     import copy
 
     twin = copy.deepcopy(model)
     for name in compiled_submodules(model):
-        twin.get_submodule(name).compile()
+        sub = twin.get_submodule(name)
+        sub.compile(mode=getattr(sub, "_compile_mode", "default"))  # the attribute survives the deepcopy
     return twin
 
 

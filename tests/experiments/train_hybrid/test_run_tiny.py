@@ -138,16 +138,19 @@ def test_throughput_only_compile_times_really_compiled_copies(tmp_path):
 @pytest.mark.slow  # torch.compile on CPU
 def test_compiled_only_times_the_compiled_side_runs_alone(tmp_path):
     """--compiled-only: no eager step or teacher step (a batch whose eager step does not fit, SmolLM2 at 64 on
-    one H200), the compiled side runs timed and chosen as the best all the same."""
+    one H200), the compiled side runs timed and chosen as the best all the same; --compile-mode is recorded; each
+    side run is printed and written as soon as it is timed (a killed call keeps them)."""
     mask = kv_group_mask(tmp_path / "mask.json")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     p = subprocess.run([sys.executable, str(SCRIPT), "--config", str(ROOT / "experiments/train_hybrid/tiny.toml"),
                         "--out", str(tmp_path / "o"), "--tiny", "--mask", str(mask), "--throughput-only",
-                        "--batches", "2", "--compile", "--compiled-only"], env=env, cwd=ROOT, capture_output=True,
-                       text=True, check=True)
+                        "--batches", "2", "--compile", "--compiled-only", "--compile-mode", "reduce-overhead"],
+                       env=env, cwd=ROOT, capture_output=True, text=True, check=True)
     out = json.loads((tmp_path / "o" / "throughput.json").read_text())
     (row,) = out["rows"]
-    assert "distill" not in row and "teacher_train" not in row
+    assert "distill" not in row and "teacher_train" not in row and "partial" not in out  # the sweep's end rewrote it
+    assert row["distill_compiled"]["compile_mode"] == row["distill_compiled_teacher"]["compile_mode"] == "reduce-overhead"
+    assert p.stdout.count("[throughput] batch 2 x 64: | ") == 2  # each side run printed as soon as it was timed
     assert row["distill_compiled"]["compiled_modules"] > 0 and row["distill_compiled_teacher"]["tokens_per_s"] > 0
     assert out["best"]["distill_compiled"]["batch_size"] == 2 and "distill" not in out["best"]
     assert "eager step not timed" in p.stdout and "the teacher's compiled too (best: batch 2)" in p.stdout

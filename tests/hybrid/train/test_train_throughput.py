@@ -86,3 +86,25 @@ def test_copy_model_keeps_compiled_submodules_compiled():
     assert twin[0]._compiled_call_impl is not model[0]._compiled_call_impl
     assert twin[0].weight is not model[0].weight
     torch.testing.assert_close(twin[0].weight, model[0].weight)
+
+
+def test_compile_decoder_layers_takes_a_mode_and_copies_keep_it():
+    """compile_decoder_layers(mode=...): torch.compile's mode on every layer ("reduce-overhead": CUDA graphs for a
+    host-bound step), recorded on the layer so that copy_model (measure_distill's copy) compiles the same way; an
+    unknown mode is refused before anything compiles."""
+    from types import SimpleNamespace
+
+    from hybrid.train.build import compile_decoder_layers, compiled_submodules, copy_model
+
+    model = torch.nn.Module()
+    model.model = torch.nn.Module()
+    model.model.layers = torch.nn.ModuleList(torch.nn.Linear(4, 4) for _ in range(3))
+    with pytest.raises(ValueError, match="compile mode='fast'.*reduce-overhead"):
+        compile_decoder_layers(model, mode="fast")
+    assert compiled_submodules(model) == []
+    assert compile_decoder_layers(model, mode="reduce-overhead") == 3
+    twin = copy_model(model)
+    assert compiled_submodules(twin) == [f"model.layers.{i}" for i in range(3)]
+    assert {layer._compile_mode for layer in twin.model.layers} == {"reduce-overhead"}
+    with pytest.raises(TypeError, match="no .model.layers"):
+        compile_decoder_layers(SimpleNamespace())
