@@ -36,7 +36,8 @@ __all__ = ["StudyConfig", "StudyError", "run_study", "collect", "variant_dir", "
            "build_context"]
 
 EVALUATIONS_USED = ("niah", "niah_multikey", "reasoning", "perplexity")
-_EVAL_SCALARS = {"timeout_s": 300.0, "token_budget": 65536, "batch_size": 16, "seed": 0}
+_EVAL_SCALARS = {"timeout_s": 300.0, "token_budget": 65536, "batch_size": 16, "seed": 0,
+                 "evaluations": EVALUATIONS_USED}  # which of them run (a study of perplexity alone: ["perplexity"])
 SCHEMA = "hybrid.train.studies"
 
 
@@ -122,6 +123,10 @@ class StudyConfig:
         if bad:
             raise StudyError(f"[eval]: unknown field(s) {bad}; give tables {list(EVALUATIONS_USED)} and scalars "
                              f"{sorted(_EVAL_SCALARS)}")
+        chosen = ev.get("evaluations", EVALUATIONS_USED)
+        if (not isinstance(chosen, (list, tuple)) or not chosen
+                or any(not isinstance(e, str) or e not in EVALUATIONS_USED for e in chosen)):
+            raise StudyError(f"[eval].evaluations={chosen!r}: give a non-empty list of {list(EVALUATIONS_USED)}")
         from headscope.evaluate.registry import make_config
 
         for name in EVALUATIONS_USED:
@@ -242,7 +247,8 @@ def variant_dir(out: str | Path, name: str, seed: int) -> Path:
 
 def eval_items(cfg: StudyConfig, train_length: int) -> list[tuple[str, str, dict]]:
     """(item name, evaluation, config) in the order they run: single-key NIAH at lengths up to the training
-    length, multi-key, reasoning, perplexity, then NIAH past the training length (the slowest, last)."""
+    length, multi-key, reasoning, perplexity, then NIAH past the training length (the slowest, last); only the
+    evaluations named by ``[eval].evaluations`` (default: all four)."""
     from headscope.evaluate.registry import make_config
     from headscope.evaluate.runtime import ANSWER_ROOM
 
@@ -264,7 +270,8 @@ def eval_items(cfg: StudyConfig, train_length: int) -> list[tuple[str, str, dict
     mk = ("niah_multikey", "niah_multikey", over("niah_multikey", lengths=lengths("niah_multikey", ANSWER_ROOM)))
     rs = ("reasoning", "reasoning", dict(cfg.eval.get("reasoning", {})))
     pp = ("perplexity", "perplexity", over("perplexity", lengths=lengths("perplexity", 0)))
-    return short + [mk, rs, pp] + long
+    chosen = set(cfg.eval_setting("evaluations"))  # [eval].evaluations: a subset runs, in this order
+    return [item for item in short + [mk, rs, pp] + long if item[1] in chosen]
 
 
 # ---- preparing a variant (main process) -------------------------------------------------------------------

@@ -202,6 +202,8 @@ def test_steps_scale_keeps_warmup_and_decay_inside_the_stage(tmp_path):
     ("color = 1\n", "unknown field"),
     ("[eval]\nfoo = 1\n", r"\[eval\]: unknown"),
     ("[eval.niah]\nn = 0\n", r"\[eval.niah\]"),
+    ("[eval]\nevaluations = [\"ppl\"]\n", r"\[eval\].evaluations=\['ppl'\]: give a non-empty list"),
+    ("[eval]\nevaluations = []\n", r"\[eval\].evaluations=\[\]"),
     ("[scores]\nsamples = 3\n", r"\[scores\]"),
     ("seeds = []\n", "seeds"),
     ("[[variants]]\nname = \"a\"\nfraction = 0.25\n", "used twice"),
@@ -232,6 +234,18 @@ def test_eval_items_run_short_retrieval_first_and_long_niah_last():
                                      "niah@8184", "niah@16376"]
     assert items[0][2]["lengths"] == (2040,) and "multiples" not in items[0][2]
     assert dict((n, c) for n, _, c in items)["perplexity"]["lengths"] == (2048,)
+
+
+def test_eval_items_keep_only_the_chosen_evaluations(tmp_path):
+    """[eval].evaluations: a study of some evaluations only (experiments/studies/tuned_teacher_long.toml measures
+    perplexity alone), in the usual order."""
+    full = eval_items(StudyConfig.from_file(write(tmp_path, MINIMAL)), 2048)
+    cfg = StudyConfig.from_file(write(tmp_path, MINIMAL + '[eval]\nevaluations = ["perplexity", "niah"]\n'))
+    items = eval_items(cfg, 2048)
+    assert items == [i for i in full if i[1] in ("niah", "perplexity")] and {i[1] for i in items} == {"niah",
+                                                                                                   "perplexity"}
+    only = StudyConfig.from_file(ROOT / "experiments/studies/tuned_teacher_long.toml")
+    assert [n for n, *_ in eval_items(only, 2048)] == ["perplexity"]
 
 
 def rows():
