@@ -94,8 +94,9 @@ def main(argv: list[str] | None = None) -> dict:
                     help="--throughput-only: also time each batch's stage-2 step with the student's decoder layers "
                          "torch.compile'd (hybrid.train.build.compile_decoder_layers; TrainConfig.compile trains so), "
                          "and with the teacher's layers compiled too (on CUDA the frozen teacher also held in bf16)")
-    ap.add_argument("--compile-mode", default="default", choices=("default", "reduce-overhead", "max-autotune",
-                                                                   "max-autotune-no-cudagraphs"),
+    from hybrid.train.build import COMPILE_MODES
+
+    ap.add_argument("--compile-mode", default="default", choices=COMPILE_MODES,
                     help="--compile: torch.compile's mode for the compiled side runs (reduce-overhead: CUDA graphs "
                          "of the compiled regions, for a step whose GPU waits on the host)")
     ap.add_argument("--compiled-only", action="store_true",
