@@ -60,6 +60,9 @@
 #   Measured again 2026-12-01 (docs/results/train_session9_h200): reference call with part 4 389 s (training 4.42
 #   min, evaluation, backend parity), `stage` 2 s each, throughput with --compare-naive at 16,32,64 113 s, call 5
 #   468 s (stopped at distill step 600), call 6 512 s (the rest, evaluation 165 s, backend parity).
+#   Measured 2026-12-02 (docs/results/train_session12_h200): reference call with part 4 369 s (stages 4.52 min,
+#   evaluation 66 s, no backend parity), `stage` 1-3 s each once warm, throughput at batch 32 with "--compile
+#   --profile" 300 s; a fresh machine's first call costs ~90 s of device time before the command starts.
 #   In all ~1200-1350 device seconds (20-23 min) of a session's 30. If the machine went cold in between, everything
 #   staged is gone: calls 1-4 again (call 4's throughput may be skipped by running `stage` with part 4 instead).
 set -uo pipefail
