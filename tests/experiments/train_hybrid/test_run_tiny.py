@@ -174,7 +174,8 @@ def test_stop_after_stops_at_a_checkpoint_and_resume_finishes(tmp_path):
     cfg.write_text(text.replace('eval = "none"', 'eval = "none"\ncheckpoint_every = 2'))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     args = [sys.executable, str(SCRIPT), "--config", str(cfg), "--out", str(tmp_path / "o"), "--tiny", "--mask",
-            str(mask), "--n", "1", "--no-throughput"]
+            str(mask), "--n", "1", "--no-throughput",
+            "--max-eval-length", "256"]  # the evaluation is not what this test is about: 2x L0 at most
     p = subprocess.run(args + ["--stop-after", "0"], env=env, cwd=ROOT, capture_output=True, text=True)
     assert p.returncode == 3, p.stderr[-2000:]
     assert "continue with --resume" in p.stdout
