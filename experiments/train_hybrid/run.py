@@ -25,8 +25,6 @@ selection_scores); SmolLM2-135M does not, so its mask comes from NIAH alone (res
 from __future__ import annotations
 
 import argparse
-import copy
-import gc
 import json
 import sys
 import time
@@ -265,161 +263,46 @@ def reasoning_left_out(scores_path: Path) -> str | None:
     return json.loads(scores_path.read_text()).get("settings", {}).get("reasoning_left_out")
 
 
-def print_profile(what: str, prof: dict, top: int = 12) -> None:
-    cats = ", ".join(f"{k} {v['share']:.0%}" for k, v in prof["categories"].items())
-    print(f"[profile] {what}: {prof['step_ms']} ms a step, kernels {prof['kernel_ms_per_step']} ms ({prof['timer']}): "
-          f"{cats}", flush=True)
-    for r in prof["top"][:top]:
-        print(f"[profile]   {r['share']:6.1%} {r['ms']:9.3f} ms {r['calls']:5d}x  {r['category']:<11} {r['name'][:90]}",
-              flush=True)
-    if "host_top" in prof:  # CUDA: the CPU side of the step (a GPU that waits on the host)
-        print(f"[profile] {what}: host {prof['host_ms_per_step']} ms of self CPU time a step, "
-              f"{prof['kernels_per_step']} kernel launches", flush=True)
-        for r in prof["host_top"][:top]:
-            print(f"[profile]   host {r['ms']:9.3f} ms {r['calls']:5d}x  {r['name'][:100]}", flush=True)
-
-
 def throughput_only(a, base, teacher, device, T: int, mask) -> dict:
     """Stage-2 throughput of the untrained hybrid (the mask, the config's hybrid options) against the teacher's
-    own training step, at each batch size of --batches (an out-of-memory batch ends the sweep); the best by
-    stage-2 tokens/s (= by MFU: one length, the same FLOPs per token) is the result. Model FLOPs:
-    hybrid.train.throughput (student fwd + bwd + teacher fwd, attention cores included; MFU against 790 TFLOP/s)."""
+    own training step at each batch size of --batches (hybrid.train.sweep: side runs, out-of-memory handling, every
+    measurement written to OUT/throughput.json as it is taken); the best by stage-2 tokens/s (= by MFU: one length,
+    the same FLOPs per token) is the result. Model FLOPs: hybrid.train.throughput (student fwd + bwd + teacher fwd,
+    attention cores included; MFU against 790 TFLOP/s)."""
     from headscope.io import write_text
-    from hybrid.train.build import build_hybrid, compile_decoder_layers
-    from hybrid.train.throughput import compiled_modules, measure_distill, measure_lm
+    from hybrid.train.build import build_hybrid
+    from hybrid.train.sweep import SCHEMA, SweepConfig, run_sweep
 
     if a.tiny:
         T = 64
-    batches = [int(b) for b in (a.batches or ("1,2" if a.tiny else "8,16,32,48,64")).split(",")]
+    batches = tuple(int(b) for b in (a.batches or ("1,2" if a.tiny else "8,16,32,48,64")).split(","))
     steps, warmup = (2, 1) if a.tiny else (10, 3)
-    student, _ = build_hybrid(teacher, base.mask, base.hybrid)
-    student = student.to(device)
-    compiled = fast_teacher = None
     fused = next((s.fused_loss for s in base.stages if s.name == "distill"), "auto")  # the training's setting
-    rows = []
-
-    def peak_gib() -> float | None:
-        if device.type != "cuda":
-            return None
-        gib = round(torch.cuda.max_memory_allocated(device) / 2 ** 30, 1)
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats(device)
-        return gib
-
-    def save_partial(row: dict) -> None:
-        """Every measurement is printed and written as soon as it is taken: a call killed by its time limit keeps
-        what it measured (throughput.json with "partial": true until the sweep ends)."""
-        write_text(a.out / "throughput.json", json.dumps({"schema": "hybrid.train.throughput_sweep", "partial": True,
-                                                          "rows": rows + [row]}, indent=1, default=str))
-
-    def side_run(row: dict, kind: str, label: str, model, B: int, with_teacher=None, **kw) -> dict:
-        """A comparison run before the main one, on its own peak memory; its out-of-memory does not end the sweep."""
-        t0 = time.time()
-        try:
-            r = measure_distill(model, with_teacher or teacher, B, T, steps=steps, warmup=warmup, **kw)
-        except torch.OutOfMemoryError as err:
-            r = {"oom": str(err).splitlines()[0][:200]}
-        gc.collect()
-        r["max_memory_gib"] = peak_gib()
-        row[kind] = r
-        save_partial(row)
-        print(f"[throughput] batch {B} x {T}:{side_text(label, r)} ({time.time() - t0:.0f} s with warm-up)",
-              flush=True)
-        return r
-
-    def side_text(label: str, r: dict | None) -> str:
-        if r is None:
-            return ""
-        if "oom" in r:
-            return f" | {label}: out of memory"
-        layers = f" ({r['compiled_modules']} layers compiled)" if r.get("compiled_modules") else ""
-        return f" | {label}{layers} {r['tokens_per_s']:,.0f} tokens/s, MFU {r['mfu']:.1%}, {r['max_memory_gib']} GiB"
-
-    for B in batches:
-        row: dict = {"batch_size": B, "seq_len": T}
-        t0 = time.time()
-        if a.compare_naive:
-            side_run(row, "distill_naive", "naive loss", student, B, fused_loss="off")
-        if a.compile:  # the compiled layers' first steps (warm-up) compile
-            if compiled is None:
-                compiled = copy.deepcopy(student)
-                compile_decoder_layers(compiled, mode=a.compile_mode)
-            side_run(row, "distill_compiled", "compiled", compiled, B, fused_loss=fused, profile=a.profile)
-            row["distill_compiled"]["compile_mode"] = a.compile_mode
-            if fast_teacher is None:  # frozen: bf16 weights change no gradient, only the casts autocast makes
-                fast_teacher = copy.deepcopy(teacher).to(torch.bfloat16 if device.type == "cuda" else torch.float32)
-                compile_decoder_layers(fast_teacher, mode=a.compile_mode)
-            side_run(row, "distill_compiled_teacher", "teacher compiled too", compiled, B, with_teacher=fast_teacher,
-                     fused_loss=fused, profile=a.profile)
-            row["distill_compiled_teacher"].update(teacher_dtype=str(next(fast_teacher.parameters()).dtype),
-                                                   teacher_compiled_modules=compiled_modules(fast_teacher),
-                                                   compile_mode=a.compile_mode)
-        if not a.compiled_only:
-            try:
-                row["distill"] = measure_distill(student, teacher, B, T, steps=steps, warmup=warmup,
-                                                 fused_loss=fused, profile=a.profile)
-                gc.collect()
-                row["distill"]["max_memory_gib"] = peak_gib()
-                save_partial(row)
-                row["teacher_train"] = measure_lm(teacher, B, T, steps=steps, warmup=warmup, profile=a.profile)
-                gc.collect()
-                row["teacher_train"]["max_memory_gib"] = peak_gib()
-            except torch.OutOfMemoryError as err:
-                row["oom"] = str(err).splitlines()[0][:200]
-                gc.collect()
-                row["max_memory_gib"] = peak_gib()
-        elif all("oom" in row[k] for k in ("distill_compiled", "distill_compiled_teacher")):
-            row["oom"] = row["distill_compiled"]["oom"]
-        row["seconds"] = round(time.time() - t0, 1)
-        rows.append(row)
-        sides = (side_text("naive loss", row.get("distill_naive")) + side_text("compiled", row.get("distill_compiled"))
-                 + side_text("teacher compiled too", row.get("distill_compiled_teacher")))
-        if "oom" in row:
-            print(f"[throughput] batch {B} x {T}: out of memory{sides}; the sweep ends here", flush=True)
-            break
-        if "distill" in row:
-            d, t = row["distill"], row["teacher_train"]
-            print(f"[throughput] batch {B} x {T}: stage 2 ({'fused' if d['fused_loss'] else 'naive'} loss) "
-                  f"{d['tokens_per_s']:,.0f} tokens/s, {d['tflops']:.1f} TFLOP/s, MFU {d['mfu']:.1%}, "
-                  f"{d['max_memory_gib']} GiB{sides} | teacher training step {t['tokens_per_s']:,.0f} tokens/s, "
-                  f"{t['tflops']:.1f} TFLOP/s, MFU {t['mfu']:.1%} ({row['seconds']} s)", flush=True)
-        else:
-            print(f"[throughput] batch {B} x {T}: (eager step not timed: --compiled-only){sides} "
-                  f"({row['seconds']} s)", flush=True)
-        for kind in ("distill", "distill_compiled", "distill_compiled_teacher", "teacher_train") if a.profile else ():
-            if "profile" in row.get(kind, {}):
-                print_profile(f"batch {B} {kind}", row[kind]["profile"])
-    ok = [r for r in rows if "distill" in r]
-    compiled_best = {}
-    for kind in ("distill_compiled", "distill_compiled_teacher"):  # every row, also one whose eager step OOMed
-        comp = [r[kind] for r in rows if "tokens_per_s" in r.get(kind, {})]
-        if comp:
-            compiled_best[kind] = max(comp, key=lambda c: c["tokens_per_s"])
-    if not ok and not compiled_best:
-        raise SystemExit(f"--throughput-only: every batch size failed ({rows}); try smaller --batches")
-    out = {"schema": "hybrid.train.throughput_sweep", "teacher": base.teacher, "device": str(device),
+    cfg = SweepConfig(batches=batches, seq_len=T, steps=steps, warmup=warmup, fused_loss=fused,
+                      compare_naive=a.compare_naive, compile=a.compile, compile_mode=a.compile_mode,
+                      compiled_only=a.compiled_only, profile=a.profile)
+    student, _ = build_hybrid(teacher, base.mask, base.hybrid)
+    path = a.out / "throughput.json"
+    try:
+        swept = run_sweep(student.to(device), teacher, cfg, out_path=path)
+    except RuntimeError as err:
+        raise SystemExit(f"--throughput-only: {err}") from None
+    out = {"schema": SCHEMA, "teacher": base.teacher, "device": str(device),
            "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
-           "hybrid": base.hybrid, "mask": {"fa_heads": len(mask.fa_heads), "ratio_la_fa": mask.ratio}, "rows": rows,
-           "best": {"seq_len": T}}
-    if ok:
-        best = max(ok, key=lambda r: r["distill"]["tokens_per_s"])  # one T: the same FLOPs per token at every batch
-        best_teacher = max(ok, key=lambda r: r["teacher_train"]["tokens_per_s"])
-        d = best["distill"]
-        out["best"].update(batch_size=best["batch_size"], distill=d, teacher_train_same_batch=best["teacher_train"],
-                           teacher_train_best=best_teacher["teacher_train"])
-    out["best"].update(compiled_best)
-    write_text(a.out / "throughput.json", json.dumps(out, indent=1, default=str))
-    if ok:
+           "hybrid": base.hybrid, "mask": {"fa_heads": len(mask.fa_heads), "ratio_la_fa": mask.ratio}, **swept}
+    write_text(path, json.dumps(out, indent=1, default=str))
+    best = out["best"]
+    if "distill" in best:
+        d, tb = best["distill"], best["teacher_train_best"]
         print(f"stage 2 (best: batch {best['batch_size']} x {T}): {d['tokens_per_s']:,.0f} tokens/s, "
               f"{d['tflops']:.1f} TFLOP/s = MFU {d['mfu']:.2%} of {d['peak_flops'] / 1e12:.0f} TFLOP/s (model "
               f"FLOPs/token: student fwd {d['student_fwd_flops_per_token'] / 1e6:.0f}M x 3 + teacher fwd "
               f"{d['teacher_fwd_flops_per_token'] / 1e6:.0f}M); teacher training step at that batch: MFU "
-              f"{best['teacher_train']['mfu']:.2%}, best {best_teacher['teacher_train']['mfu']:.2%} "
-              f"(batch {best_teacher['batch_size']})")
+              f"{best['teacher_train_same_batch']['mfu']:.2%}, best {tb['mfu']:.2%} (batch {tb['batch_size']})")
     for kind, what in (("distill_compiled", "the student's decoder layers compiled"),
                        ("distill_compiled_teacher", "the teacher's compiled too")):
-        if kind in out["best"]:
-            c = out["best"][kind]
+        if kind in best:
+            c = best[kind]
             print(f"stage 2, {what} (best: batch {c['batch_size']}): {c['tokens_per_s']:,.0f} tokens/s "
                   f"= MFU {c['mfu']:.2%}")
     return out

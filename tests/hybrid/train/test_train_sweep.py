@@ -1,0 +1,55 @@
+"""hybrid.train.sweep: the stage-2 throughput sweep (run.py --throughput-only's engine) on a tiny teacher."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from hybrid.train.sweep import SweepConfig, profile_lines, run_sweep
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.mark.parametrize("kw, match", [
+    ({"batches": ()}, "batches=()"),
+    ({"batches": (0,)}, "positive batch sizes"),
+    ({"seq_len": 0}, "seq_len=0"),
+    ({"warmup": -1}, "warmup=-1"),
+    ({"compile_mode": "fast"}, "compile_mode='fast'.*reduce-overhead"),
+    ({"compiled_only": True}, "set compile=True"),
+])
+def test_bad_sweep_configs_name_the_field(kw, match):
+    with pytest.raises(ValueError, match=match):
+        SweepConfig(**{"batches": (1,), "seq_len": 16, **kw})
+
+
+def test_sweep_times_each_batch_writes_as_it_goes_and_picks_the_best(tiny_qwen3, tmp_path):
+    """Two batch sizes with the naive-loss side run: every row holds the eager step, the teacher's step and the side
+    run; the file on disk is the rows so far while the sweep runs (here: its last state, all rows); the best eager
+    row by tokens/s is the result; the log says each measurement as it is taken."""
+    from hybrid.builders import from_teacher
+
+    student = from_teacher(tiny_qwen3)  # a HybridForCausalLM (every head FA): what the sweep times is the step
+    out, lines = tmp_path / "throughput.json", []
+    cfg = SweepConfig(batches=(1, 2), seq_len=16, steps=1, warmup=0, compare_naive=True, profile=True)
+    swept = run_sweep(student, tiny_qwen3, cfg, out_path=out, log=lines.append)
+    assert [r["batch_size"] for r in swept["rows"]] == [1, 2]
+    for r in swept["rows"]:
+        assert {"distill", "teacher_train", "distill_naive"} <= set(r) and r["distill_naive"]["fused_loss"] is False
+    best = swept["best"]
+    assert best["distill"] == max((r["distill"] for r in swept["rows"]), key=lambda d: d["tokens_per_s"])
+    on_disk = json.loads(out.read_text())
+    assert on_disk["partial"] is True and len(on_disk["rows"]) == 2  # the caller writes the final file
+    assert sum("naive loss" in line for line in lines) >= 2 and any(line.startswith("[profile] batch 2 distill:")
+                                                                   for line in lines)
+
+
+def test_profile_lines_print_categories_kernels_and_the_host_side():
+    prof = {"step_ms": 10.0, "kernel_ms_per_step": 8.0, "timer": "self CUDA time of device kernels",
+            "categories": {"matmul": {"ms": 6.0, "share": 0.75}, "copy": {"ms": 2.0, "share": 0.25}},
+            "top": [{"name": "gemm", "category": "matmul", "ms": 6.0, "calls": 3, "share": 0.75}],
+            "kernels_per_step": 40, "host_ms_per_step": 12.5, "host_top": [{"name": "cudaLaunchKernel", "ms": 5.0,
+                                                                             "calls": 40}]}
+    lines = profile_lines("batch 2 distill", prof)
+    assert lines[0].startswith("[profile] batch 2 distill: 10.0 ms a step") and "matmul 75%" in lines[0]
+    assert "gemm" in lines[1] and "40 kernel launches" in lines[2] and "cudaLaunchKernel" in lines[3]
