@@ -60,27 +60,10 @@ def _fmt(vals: list[float | None], digits: int = 2) -> str:
 
 
 def _describe(v: dict) -> str:
-    kind = v["kind"]
-    if kind in ("select", "learned"):
-        from fractions import Fraction
+    """The row label of a variant's saved spec: its kind's ``describe`` (hybrid.train.VARIANT_KINDS)."""
+    from hybrid.train.variants import VARIANT_KINDS
 
-        unit = "KV groups" if v["unit"] == "kv_group" else "query heads"
-        if v.get("fraction") is not None:
-            budget = f"{Fraction(v['fraction']).limit_denominator(64)} of the {unit}"
-        elif v.get("ratio") is not None:
-            budget = f"{v['ratio']} (LA:FA) in {unit}"
-        else:
-            budget = f"{v['k']} {unit}"
-        if kind == "learned":
-            return f"learned gates ({v['strategy']} top), {budget}"
-        return f"{v['strategy']}, {budget}"
-    if kind == "layerwise":
-        return f"layer-wise {v['ratio']}"
-    if kind == "token":
-        return f"token-level, window {v['window']}"
-    if kind == "tuned_teacher":
-        return "teacher, trained like the hybrids"
-    return "teacher"
+    return VARIANT_KINDS.entry(v["kind"], who="variant kind").describe(v)
 
 
 def study_table(collected: dict, study: int):

@@ -170,6 +170,8 @@ class VariantKind:
     doc: str = ""
     needs_data: Callable[[VariantSpec], bool] = lambda spec: False
     new_parameters: bool = True  # False: the model has no new parameters, so stages that train only those are skipped
+    # a variant's row label in the study tables (hybrid.train.study_metrics), from its saved spec (VariantSpec.to_dict)
+    describe: Callable[[dict], str] = lambda v: "teacher"
 
 
 VARIANT_KINDS: Registry[VariantKind] = Registry("variant kind")
@@ -286,15 +288,32 @@ def _uses_scores(spec: VariantSpec) -> bool:
     return STRATEGIES.entry(spec.strategy).uses_scores
 
 
-VARIANT_KINDS.register("select", VariantKind(_select, _uses_scores, "headscope.select by strategy and unit"))
-VARIANT_KINDS.register("layerwise", VariantKind(_layerwise, doc="whole FA layers (hybrid.builders.layerwise_mask)"))
-VARIANT_KINDS.register("token", VariantKind(_token, doc="sliding-window attention + GDN on every head"))
+def _budget_text(v: dict) -> str:
+    """A select / learned variant's FA budget in words: "1/8 of the KV groups", "7:1 (LA:FA) in query heads"..."""
+    from fractions import Fraction
+
+    unit = "KV groups" if v["unit"] == "kv_group" else "query heads"
+    if v.get("fraction") is not None:
+        return f"{Fraction(v['fraction']).limit_denominator(64)} of the {unit}"
+    if v.get("ratio") is not None:
+        return f"{v['ratio']} (LA:FA) in {unit}"
+    return f"{v['k']} {unit}"
+
+
+VARIANT_KINDS.register("select", VariantKind(_select, _uses_scores, "headscope.select by strategy and unit",
+                                             describe=lambda v: f"{v['strategy']}, {_budget_text(v)}"))
+VARIANT_KINDS.register("layerwise", VariantKind(_layerwise, doc="whole FA layers (hybrid.builders.layerwise_mask)",
+                                                describe=lambda v: f"layer-wise {v['ratio']}"))
+VARIANT_KINDS.register("token", VariantKind(_token, doc="sliding-window attention + GDN on every head",
+                                            describe=lambda v: f"token-level, window {v['window']}"))
 VARIANT_KINDS.register("teacher", VariantKind(_teacher, doc="the teacher itself, evaluated only"))
 VARIANT_KINDS.register("tuned_teacher", VariantKind(
     _tuned_teacher, doc="the teacher trained like the hybrids (every head FA with its RoPE, no fusion: the "
-                        "teacher's function; the stages that train the whole model)", new_parameters=False))
-VARIANT_KINDS.register("learned", VariantKind(_learned, doc="a learned per-head FA/GDN gate (hybrid.train.selector), "
-                                                            "top gates at the budget", needs_data=lambda spec: True))
+                        "teacher's function; the stages that train the whole model)", new_parameters=False,
+    describe=lambda v: "teacher, trained like the hybrids"))
+VARIANT_KINDS.register("learned", VariantKind(
+    _learned, doc="a learned per-head FA/GDN gate (hybrid.train.selector), top gates at the budget",
+    needs_data=lambda spec: True, describe=lambda v: f"learned gates ({v['strategy']} top), {_budget_text(v)}"))
 
 
 def mask_shares(teacher, mask, options: dict[str, Any], train_length: int) -> dict[str, Any]:

@@ -216,3 +216,23 @@ def test_learned_kind_trains_gates_once_and_makes_the_budgets_mask(tiny_teacher_
         build_variant(s, teacher, seed=3, context=ctx)
     with pytest.raises(ValueError, match="BuildContext"):
         build_variant(s, teacher)
+
+
+def test_every_variant_kind_labels_its_rows():
+    """A kind's row label in the study tables lives in its registry entry (VariantKind.describe), read from the saved
+    spec: a new kind is one entry, not a branch in study_metrics."""
+    from hybrid.train.study_metrics import _describe
+    from hybrid.train.variants import VARIANT_KINDS
+
+    specs = {"select": VariantSpec(name="a", strategy="global", unit="kv_group", fraction=0.125),
+             "layerwise": VariantSpec(name="b", kind="layerwise", ratio="3:1"),
+             "token": VariantSpec(name="c", kind="token", window=257),
+             "teacher": VariantSpec(name="d", kind="teacher"),
+             "tuned_teacher": VariantSpec(name="e", kind="tuned_teacher"),
+             "learned": VariantSpec(name="f", kind="learned", unit="head", k=8)}
+    assert set(specs) == set(VARIANT_KINDS.names())
+    labels = {k: _describe(s.to_dict()) for k, s in specs.items()}
+    assert labels == {"select": "global, 1/8 of the KV groups", "layerwise": "layer-wise 3:1",
+                      "token": "token-level, window 257", "teacher": "teacher",
+                      "tuned_teacher": "teacher, trained like the hybrids",
+                      "learned": "learned gates (global top), 8 query heads"}
