@@ -60,10 +60,14 @@ def _fmt(vals: list[float | None], digits: int = 2) -> str:
 
 
 def _describe(v: dict) -> str:
-    """The row label of a variant's saved spec: its kind's ``describe`` (hybrid.train.VARIANT_KINDS)."""
+    """The row label of a variant's saved spec: its kind's ``describe`` (hybrid.train.VARIANT_KINDS), then the
+    variant's own hybrid options (``hybrid = {...}``, e.g. "; fusion=none"), which tell apart rows of one kind that
+    share a mask (studies 4 and 5)."""
     from hybrid.train.variants import VARIANT_KINDS
 
-    return VARIANT_KINDS.entry(v["kind"], who="variant kind").describe(v)
+    label = VARIANT_KINDS.entry(v["kind"], who="variant kind").describe(v)
+    options = v.get("hybrid") or {}
+    return label + ("; " + ", ".join(f"{k}={x}" for k, x in options.items()) if options else "")
 
 
 def study_table(collected: dict, study: int):

@@ -236,3 +236,7 @@ def test_every_variant_kind_labels_its_rows():
                       "token": "token-level, window 257", "teacher": "teacher",
                       "tuned_teacher": "teacher, trained like the hybrids",
                       "learned": "learned gates (global top), 8 query heads"}
+    # a variant's own hybrid options follow its kind's label (studies 4-5: rows of one kind and mask)
+    opts = VariantSpec(name="g", strategy="global", unit="kv_group", fraction=0.125,
+                       hybrid={"fa_rope": True, "fa_log_scale": False})
+    assert _describe(opts.to_dict()) == "global, 1/8 of the KV groups; fa_rope=True, fa_log_scale=False"
