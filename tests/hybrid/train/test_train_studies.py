@@ -84,7 +84,7 @@ def test_cpu_profile_merges_its_table_adds_its_variants_and_says_what_it_is(tmp_
 
 def test_smollm2_config_is_studies_2_to_5_with_two_seeds_at_the_teachers_length():
     cfg = StudyConfig.from_file(SMOLLM2)
-    assert cfg.teacher == "smollm2-135m" and cfg.seeds == (0, 1) and cfg.parallel == 9
+    assert cfg.teacher == "smollm2-135m" and cfg.seeds == (0, 1) and cfg.parallel == 6
     assert {s for v in cfg.variants for s in v.studies} == {2, 3, 4, 5}
     by_study = {n: [v.name for v in cfg.variants if n in v.studies] for n in (3, 4, 5)}
     assert by_study == {3: ["teacher", "teacher-tuned", "global-kv", "layerwise-3to1", "layerwise-7to1",
