@@ -12,11 +12,12 @@
 #             "--compile" times the step with the student's decoder layers torch.compile'd beside the eager one, and
 #             with the frozen teacher's layers compiled and in bf16 as well (the first compile of each batch shape
 #             happens in the warm-up steps; measured on SmolLM2: batch 32 with --compile --profile, four timings
-#             and two compiles, 237 s after the mask; a fresh process at batch 64 with "--compile --compiled-only
-#             --profile" was still in its first compiled side run 196 s after the mask, killed by TP_TIMEOUT=255:
-#             give compile calls TP_TIMEOUT >= 400); "--compiled-only" skips the eager step and teacher step (for a
-#             batch whose eager step does not fit: SmolLM2 at 64), "--compile-mode reduce-overhead" compiles with
-#             CUDA graphs; every timing is printed and written to throughput.json as soon as it is taken
+#             and two compiles, 237 s after the mask; batch 64 with "--compile --compiled-only --profile" on a warm
+#             machine, 166 s after the mask, 203 s in all; a fresh process at 64 was killed by TP_TIMEOUT=255: give
+#             compile calls TP_TIMEOUT >= 400); "--compiled-only" skips the eager step and teacher step (for a batch
+#             whose eager step does not fit: SmolLM2 at 64); "--compile-mode" picks torch.compile's mode
+#             (reduce-overhead, CUDA graphs, is refused on CUDA, where it failed: docs/training.md); every timing is
+#             printed and written to throughput.json as soon as it is taken
 # stage       put the carried GGUF parts into /tmp/stage and stop (a call that only carries a part)
 # Env: CONFIG; RESUME=1 continues the run in $RUN (/tmp/th-<config name>) after a call that stopped at a checkpoint
 # (exit 3: "continue with --resume") or was killed; BUDGET_SCALE multiplies the stages' max_minutes (default 0.6 for

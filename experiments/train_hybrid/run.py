@@ -95,8 +95,8 @@ def main(argv: list[str] | None = None) -> dict:
     from hybrid.train.build import COMPILE_MODES
 
     ap.add_argument("--compile-mode", default="default", choices=COMPILE_MODES,
-                    help="--compile: torch.compile's mode for the compiled side runs (reduce-overhead: CUDA graphs "
-                         "of the compiled regions, for a step whose GPU waits on the host)")
+                    help="--compile: torch.compile's mode for the compiled side runs (reduce-overhead, CUDA graphs: "
+                         "refused on CUDA, where it failed: hybrid.train.sweep.CUDA_GRAPH_MODES)")
     ap.add_argument("--compiled-only", action="store_true",
                     help="--throughput-only --compile without the eager stage-2 step and teacher step: for batch "
                          "sizes whose eager step does not fit in memory (the compiled layers keep fewer "
@@ -133,6 +133,13 @@ def main(argv: list[str] | None = None) -> dict:
     base = TrainConfig.from_file(a.config, mask=a.mask or str(a.out / "mask.json"), **overrides)
     device = torch.device("cuda" if base.device == "cuda" or (base.device == "auto" and torch.cuda.is_available())
                           else "cpu")
+    if a.throughput_only and a.compile:
+        from hybrid.train.sweep import check_compile_mode
+
+        try:  # before minutes of loading and scoring
+            check_compile_mode(a.compile_mode, device)
+        except ValueError as err:
+            ap.error(str(err))
     t_start = time.time()
     teacher, tok = load_model(base.teacher, device=device)
     # L0: the align / distill length (2048; tiny.toml 128), never past the teacher's training length; NIAH at

@@ -21,7 +21,11 @@ _INDEX_CACHE: dict[tuple, torch.Tensor] = {}
 
 
 def index_on(heads: tuple[int, ...], device: torch.device) -> torch.Tensor:
-    """A (cached) long tensor of head indices on ``device`` (no buffers: meta-device safe)."""
+    """A (cached) long tensor of head indices on ``device`` (no buffers: meta-device safe). Inside torch.compile
+    the tensor is made in the graph and not cached: a cached tensor made there would be a graph output, which a
+    CUDA graph (compile mode "reduce-overhead") overwrites on its next replay while the cache still holds it."""
+    if torch.compiler.is_compiling():
+        return torch.tensor(heads, dtype=torch.long, device=device)
     key = (heads, str(device))
     if key not in _INDEX_CACHE:
         _INDEX_CACHE[key] = torch.tensor(heads, dtype=torch.long, device=device)

@@ -23,7 +23,7 @@ from typing import Any, Callable
 import torch
 import torch.nn as nn
 
-__all__ = ["SweepConfig", "run_sweep", "profile_lines", "SCHEMA"]
+__all__ = ["SweepConfig", "run_sweep", "profile_lines", "check_compile_mode", "CUDA_GRAPH_MODES", "SCHEMA"]
 
 SCHEMA = "hybrid.train.throughput_sweep"
 SIDE_RUNS = (("distill_naive", "naive loss"), ("distill_compiled", "compiled"),
@@ -57,6 +57,23 @@ class SweepConfig:
             raise ValueError(f"SweepConfig.compile_mode={self.compile_mode!r}: give one of {', '.join(COMPILE_MODES)}")
         if self.compiled_only and not self.compile:
             raise ValueError("SweepConfig.compiled_only=True times only the compiled side runs: set compile=True")
+
+
+# compile modes whose CUDA graphs failed in the hybrid's stage-2 step on the H200 (2026-12-02): SmolLM2 at batch 64
+# ("accessing tensor output of CUDAGraphs that has been overwritten", fusion.project's cached head index; that
+# cache is fixed: hybrid.layers.common.index_on), then a tiny hybrid with the torch GDN backend, reason unseen
+# (the call ran out of time before pytest printed it). Refused on CUDA until a GPU test passes with them.
+CUDA_GRAPH_MODES = ("reduce-overhead",)
+
+
+def check_compile_mode(mode: str, device: torch.device | str) -> None:
+    """Refuse a compile mode whose CUDA graphs are known to fail in the stage-2 step on ``device`` (CUDA only; on
+    the CPU no CUDA graphs are made and every mode compiles)."""
+    if torch.device(device).type == "cuda" and mode in CUDA_GRAPH_MODES:
+        raise ValueError(
+            f"compile mode={mode!r} on CUDA: its CUDA graphs fail in the hybrid's stage-2 step (measured on the H200, "
+            "hybrid.train.sweep.CUDA_GRAPH_MODES); use 'default' (or 'max-autotune-no-cudagraphs'). At batch 64 the "
+            "SmolLM2 step is bound by its kernels, not by launches, so CUDA graphs would not raise its MFU")
 
 
 def profile_lines(what: str, prof: dict, top: int = 12) -> list[str]:
@@ -93,6 +110,8 @@ def run_sweep(student: nn.Module, teacher: nn.Module, cfg: SweepConfig, out_path
     from hybrid.train.throughput import compiled_modules, measure_distill, measure_lm
 
     device = next(student.parameters()).device
+    if cfg.compile:
+        check_compile_mode(cfg.compile_mode, device)
     T, rows = cfg.seq_len, []
     compiled = fast_teacher = None
     timing = dict(steps=cfg.steps, warmup=cfg.warmup)

@@ -315,3 +315,21 @@ def test_hybrid_layer_traces_as_one_graph_without_host_sync(cached):
     explained = dynamo.explain(layer)(x, pos, cos, sin, LayerCache() if cached else None)
     assert explained.graph_break_count == 0, [str(b.reason)[:200] for b in explained.break_reasons]
     assert explained.graph_count == 1
+
+
+def test_head_index_is_not_cached_from_inside_a_compiled_graph():
+    """index_on caches one index tensor per (heads, device) in eager mode; inside torch.compile it makes the tensor
+    in the graph instead: a cached graph output is what a CUDA graph (compile mode "reduce-overhead") overwrites on
+    its next replay ("accessing tensor output of CUDAGraphs that has been overwritten", seen on the H200)."""
+    from hybrid.layers import common
+
+    heads = (5, 1, 3)
+    key = (heads, "cpu")
+    common._INDEX_CACHE.pop(key, None)
+    x = torch.arange(12.0).reshape(2, 6)  # [B, H]
+    torch._dynamo.reset()
+    got = torch.compile(lambda t: t.index_select(-1, common.index_on(heads, t.device)), backend="eager")(x)  # [B, 3]
+    assert key not in common._INDEX_CACHE
+    assert torch.equal(got, x[:, [5, 1, 3]])
+    eager = common.index_on(heads, x.device)  # eager calls still cache
+    assert common._INDEX_CACHE[key] is eager and eager.tolist() == [5, 1, 3]

@@ -165,6 +165,17 @@ def test_compiled_only_needs_compile(tmp_path):
     assert p.returncode == 2 and "--throughput-only --compile" in p.stderr
 
 
+def test_cuda_graph_compile_mode_is_refused_on_cuda_before_the_teacher_loads(tmp_path):
+    """--compile-mode reduce-overhead on a CUDA device (its CUDA graphs failed in the stage-2 step on the H200):
+    refused before loading, naming the mode to use. Here the device is only named; nothing reaches a GPU."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    p = subprocess.run([sys.executable, str(SCRIPT), "--config", str(ROOT / "experiments/train_hybrid/tiny.toml"),
+                        "--out", str(tmp_path / "o"), "--tiny", "--throughput-only", "--compile", "--device", "cuda",
+                        "--compile-mode", "reduce-overhead"], env=env, cwd=ROOT, capture_output=True, text=True)
+    assert p.returncode == 2 and "reduce-overhead" in p.stderr and "use 'default'" in p.stderr
+    assert not (tmp_path / "o" / "mask.json").exists()  # nothing loaded or scored
+
+
 def test_stop_after_stops_at_a_checkpoint_and_resume_finishes(tmp_path):
     """--stop-after: the training stops right after a periodic checkpoint once the time is up (exit 3), and
     --resume trains the rest and evaluates (gpu_h200.sh's two resumable calls)."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from hybrid.train.sweep import SweepConfig, profile_lines, run_sweep
 
@@ -53,3 +54,21 @@ def test_profile_lines_print_categories_kernels_and_the_host_side():
     lines = profile_lines("batch 2 distill", prof)
     assert lines[0].startswith("[profile] batch 2 distill: 10.0 ms a step") and "matmul 75%" in lines[0]
     assert "gemm" in lines[1] and "40 kernel launches" in lines[2] and "cudaLaunchKernel" in lines[3]
+
+
+
+def test_cuda_graph_modes_are_refused_on_cuda_before_anything_runs(tiny_qwen3):
+    """--compile-mode reduce-overhead failed in the stage-2 step on the H200 (CUDA graphs): refused there with the
+    reason and the mode to use; on the CPU (no CUDA graphs) every mode compiles."""
+    from hybrid.train.sweep import CUDA_GRAPH_MODES, check_compile_mode
+
+    assert CUDA_GRAPH_MODES == ("reduce-overhead",)
+    with pytest.raises(ValueError, match="reduce-overhead.*on CUDA.*use 'default'"):
+        check_compile_mode("reduce-overhead", torch.device("cuda"))
+    check_compile_mode("default", "cuda")
+    check_compile_mode("reduce-overhead", "cpu")
+    if not torch.cuda.is_available():
+        return
+    cfg = SweepConfig(batches=(1,), seq_len=16, compile=True, compiled_only=True, compile_mode="reduce-overhead")
+    with pytest.raises(ValueError, match="on CUDA"):
+        run_sweep(tiny_qwen3.cuda(), tiny_qwen3, cfg)
