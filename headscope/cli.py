@@ -69,6 +69,7 @@ def _stop_shard() -> None:
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
+        dist.barrier()  # every rank leaves together: no rank's exit cuts off another's last collective
         dist.destroy_process_group()
     _RANK = 0
 

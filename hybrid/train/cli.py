@@ -22,14 +22,19 @@ def main(argv: list[str] | None = None) -> int:
 
     from hybrid.train import TrainConfig, TrainConfigError, run
     from hybrid.train.checkpoint import CheckpointError
+    from hybrid.train.distributed import teardown
 
     overrides = {k: v for k, v in (("out", a.out), ("device", a.device)) if v is not None}
+    finished = False
     try:
         config = TrainConfig.from_file(a.config, **overrides)
         result = run(config, stage=a.stage, resume=a.resume, allow_config_change=a.allow_config_change)
+        finished = True
     except (TrainConfigError, CheckpointError, FileNotFoundError, ValueError) as err:
         print(f"hybrid-train: error: {err}", file=sys.stderr)
         return 2
+    finally:
+        teardown(finished)  # under torchrun: the process group setup() started ends with the command
     last = {k: v for r in result.history for k, v in r.items()}
     print(json.dumps({"out": str(result.out), "model": str(result.model_path) if result.model_path else None,
                       "last": last}, default=str))

@@ -59,6 +59,7 @@ def main(out: str) -> None:
     except RuntimeError as err:
         res["mismatch"] = str(err)
     torch.save(res, f"{out}/rank{rank}.pt")
+    dist.barrier()  # both ranks leave together (a rank's exit mid-collective aborted the other once: flaky in CI)
     dist.destroy_process_group()
 
 
