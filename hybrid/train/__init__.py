@@ -34,7 +34,7 @@ _EXPORTS = {
     "MixtureConfig": "hybrid.train.data",
     "MixtureStream": "hybrid.train.data",
     "read_log": "hybrid.train.logs",
-    "StudyConfig": "hybrid.train.studies",
+    "StudyConfig": "hybrid.train.study_config",
     "run_study": "hybrid.train.studies",
     "VariantSpec": "hybrid.train.variants",
     "VARIANT_KINDS": "hybrid.train.variants",

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from hybrid.train.studies import StudyConfig, eval_items, variant_dir
+from hybrid.train.study_config import StudyConfig, eval_items, variant_dir
 
 __all__ = ["work", "train_variant", "evaluate_variant", "StepTimer"]
 
