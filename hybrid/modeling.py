@@ -31,7 +31,7 @@ from hybrid.cache import HybridCache
 from hybrid.saving import check_folder
 from hybrid.config import HybridConfig
 from hybrid.layers.token_attention import TokenHybridAttention
-from hybrid.layers.common import MLP, RMSNorm, RotaryEmbedding, is_new
+from hybrid.layers.common import MLP, RMSNorm, RotaryEmbedding, autocast_input, is_new
 from hybrid.layers.hybrid_attention import HybridAttention
 
 __all__ = ["HybridDecoderLayer", "HybridModel", "HybridForCausalLM", "HybridOutput", "register", "refuse_padded_rows"]
@@ -57,8 +57,9 @@ class HybridDecoderLayer(nn.Module):
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 cache=None) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), positions, cos, sin, cache)  # [B, T, C]
-        return x + self.mlp(self.post_attention_layernorm(x))  # [B, T, C]
+        # the normed input once in the autocast dtype (autocast_input), for all the Linears that read it
+        x = x + self.self_attn(autocast_input(self.input_layernorm(x)), positions, cos, sin, cache)  # [B, T, C]
+        return x + self.mlp(autocast_input(self.post_attention_layernorm(x)))  # [B, T, C]
 
 
 def refuse_padded_rows(input_ids: torch.Tensor, pad_token_id: int | None, eos_token_id: Any = None) -> None:

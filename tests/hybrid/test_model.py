@@ -130,3 +130,47 @@ def test_import_hybrid_registers_the_auto_classes():
             "assert 'headscope_hybrid' in CONFIG_MAPPING\n"
             "hybrid.register()  # idempotent\n")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_under_autocast_each_layer_casts_its_normed_input_once(monkeypatch):
+    """Under bf16 autocast a hybrid layer's normed input goes to the autocast dtype once for all the Linears that
+    read it (hybrid.layers.common.autocast_input), not once per Linear: the same forward values (autocast rounds
+    each Linear's input to bf16 either way), gradients within bf16 rounding (the input gradients are summed in
+    bf16), and fewer than half the activation-sized casts. Without autocast nothing changes (float32 stays float32)."""
+    import hybrid.modeling as modeling
+    from headscope.heads import Head
+    from torch.profiler import ProfilerActivity, profile
+
+    teacher = tiny_model("llama", num_attention_heads=4, num_key_value_heads=2)
+    model = from_mask(teacher, HeadMask.for_model(teacher.config, [Head(0, 1), Head(1, 2)]), check_fingerprint=False)
+    model.train()
+    ids = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(0))  # [B, T]
+    C = model.config.hidden_size
+
+    def run():
+        model.zero_grad(set_to_none=True)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            logits = model(input_ids=ids, use_cache=False).logits  # [B, T, V]
+        logits.float().square().mean().backward()
+        return logits.detach(), [p.grad.clone() for p in model.parameters() if p.grad is not None]
+
+    def casts():
+        with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+            run()
+        return sum(e.count for e in prof.key_averages(group_by_input_shape=True)
+                   if e.key == "aten::_to_copy" and e.input_shapes and e.input_shapes[0] == [2, 16, C])
+
+    once, once_grads = run()
+    n_once = casts()
+    monkeypatch.setattr(modeling, "autocast_input", lambda x: x)  # each Linear casts for itself, as before
+    each, each_grads = run()
+    n_each = casts()
+    assert torch.equal(once, each)
+    for a, b in zip(once_grads, each_grads):
+        assert_close("grad", a, b, "bf16_model")
+    assert 2 * n_once < n_each, (n_once, n_each)  # 26 against 72 here (3 layers)
+    with torch.no_grad():  # no autocast: float32 in, float32 through
+        from hybrid.layers.common import autocast_input
+
+        x = torch.randn(2, 3)
+        assert autocast_input(x) is x
