@@ -85,16 +85,18 @@ def test_cpu_profile_merges_its_table_adds_its_variants_and_says_what_it_is(tmp_
 def test_smollm2_config_is_studies_2_to_5_with_two_seeds_at_the_teachers_length():
     cfg = StudyConfig.from_file(SMOLLM2)
     assert cfg.teacher == "smollm2-135m" and cfg.seeds == (0, 1) and cfg.parallel == 6
-    assert {s for v in cfg.variants for s in v.studies} == {2, 3, 4, 5}
-    by_study = {n: [v.name for v in cfg.variants if n in v.studies] for n in (3, 4, 5)}
+    assert {s for v in cfg.variants for s in v.studies} == {2, 3, 4, 5, 7}
+    by_study = {n: [v.name for v in cfg.variants if n in v.studies] for n in (3, 4, 5, 7)}
     assert by_study == {3: ["teacher", "teacher-tuned", "global-kv", "layerwise-3to1", "layerwise-7to1",
                             "token-swa1025"],
                         4: ["teacher", "teacher-tuned", "global-kv", "fusion-none", "fusion-gated-head"],
-                        5: ["teacher", "teacher-tuned", "global-kv", "fa-rope"]}  # global-kv: 7:1 / norm / NoPE
+                        5: ["teacher", "teacher-tuned", "global-kv", "fa-rope"],  # global-kv: 7:1 / norm / NoPE
+                        7: ["teacher", "teacher-tuned", "global-kv", "randglobal-kv", "learned-kv"]}
+    assert cfg.variant("learned-kv").kind == "learned" and cfg.selector["batch_size"] == 2
     assert [v.name for v in cfg.variants if not v.trains] == ["teacher"]
     assert {v.name: cfg.seeds_of(v) for v in cfg.variants if 2 not in v.studies} == {
         n: (0,) for n in ("layerwise-3to1", "layerwise-7to1", "token-swa1025", "fusion-none", "fusion-gated-head",
-                          "fa-rope")}  # studies 3-5: one seed; study 2's rows: both
+                          "fa-rope", "learned-kv")}  # studies 3-5 and 7: one seed; study 2's rows: both
     assert cfg.seeds_of(cfg.variant("teacher-tuned")) == (0,)  # a reference row, not a strategy to spread
     assert all(cfg.seeds_of(v) == (0, 1) for v in cfg.variants if 2 in v.studies and v.trains
                and v.kind != "tuned_teacher")
@@ -108,7 +110,8 @@ def test_smollm2_config_is_studies_2_to_5_with_two_seeds_at_the_teachers_length(
     assert dict((n, c) for n, _, c in items)["niah_multikey"]["lengths"] == (8184,)
     dry = StudyConfig.from_file(SMOLLM2, dry_run=True)
     assert dry.device == "cpu" and dry.seeds == (0,) and dry.teacher == "smollm2-135m"
-    assert [v.name for v in dry.variants] == ["teacher", "global-kv", "fixed-kv", "randglobal-head", "token-swa1025"]
+    assert [v.name for v in dry.variants] == ["teacher", "global-kv", "fixed-kv", "randglobal-head", "token-swa1025",
+                                              "learned-kv"]
     assert [s["seq_len"] for s in dry.train["stages"]] == [128, 128, 512]
 
 
