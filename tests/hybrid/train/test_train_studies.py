@@ -1,4 +1,4 @@
-"""hybrid.train.studies / study_metrics: the study config (dry-run merge, steps scale, refusals), the evaluation
+"""hybrid.train.study_config / studies / study_metrics: the study config (dry-run merge, steps scale, refusals), the evaluation
 items' order, the headline metrics and tables from evaluation rows, the docs block."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from hybrid.train.studies import StudyConfig, StudyError, eval_items
+from hybrid.train.study_config import StudyConfig, StudyError, eval_items
 from hybrid.train.variants import VariantSpec
 from hybrid.train.study_metrics import BEGIN, END, headline, markdown_block, study_table, to_markdown, update_docs
 
