@@ -66,11 +66,9 @@ def _start_shard(args: argparse.Namespace) -> str | None:
 
 def _stop_shard() -> None:
     global _RANK
-    import torch.distributed as dist
+    from headscope.patching.sharded import end_process_group
 
-    if dist.is_available() and dist.is_initialized():
-        dist.barrier()  # every rank leaves together: no rank's exit cuts off another's last collective
-        dist.destroy_process_group()
+    end_process_group()  # every rank leaves together: no rank's exit cuts off another's last collective
     _RANK = 0
 
 

@@ -35,7 +35,7 @@ import torch.distributed as dist
 from headscope.heads import Head
 
 __all__ = ["Shard", "SHARD_MODES", "resolve_shard", "shard_heads", "work_share", "init_from_env",
-           "is_main_process"]
+           "end_process_group", "is_main_process"]
 
 SHARD_MODES = ("heads", "samples", "auto")
 
@@ -74,6 +74,18 @@ def init_from_env(device: Any = None) -> bool:
         torch.cuda.set_device(torch.device(device))
     dist.init_process_group("nccl" if cuda else "gloo")
     return True
+
+
+def end_process_group(finished: bool = True) -> None:
+    """End this process's process group, if one is running (a command line's last step under ``torchrun``).
+    ``finished``: every rank got here (a barrier first, so no rank's exit closes the connections of a collective
+    another rank is still in); after an error only the group is destroyed (a barrier could wait forever on a rank
+    that did not fail)."""
+    if not _group_running():
+        return
+    if finished:
+        dist.barrier()
+    dist.destroy_process_group()
 
 
 def is_main_process() -> bool:

@@ -22,7 +22,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from hybrid.train import TrainConfig, TrainConfigError, run
     from hybrid.train.checkpoint import CheckpointError
-    from hybrid.train.distributed import teardown
+    from headscope.patching.sharded import end_process_group
 
     overrides = {k: v for k, v in (("out", a.out), ("device", a.device)) if v is not None}
     finished = False
@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"hybrid-train: error: {err}", file=sys.stderr)
         return 2
     finally:
-        teardown(finished)  # under torchrun: the process group setup() started ends with the command
+        end_process_group(finished)  # under torchrun: the process group setup() started ends with the command
     last = {k: v for r in result.history for k, v in r.items()}
     print(json.dumps({"out": str(result.out), "model": str(result.model_path) if result.model_path else None,
                       "last": last}, default=str))

@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-__all__ = ["DistEnv", "setup", "wrap", "all_reduce_sum", "teardown"]
+__all__ = ["DistEnv", "setup", "wrap", "all_reduce_sum"]
 
 
 @dataclass(frozen=True)
@@ -59,18 +59,6 @@ def setup(device: str = "auto", distributed: str = "auto") -> DistEnv:
     elif distributed == "fsdp":
         mode = "none"  # one process: nothing to shard
     return DistEnv(rank, world, local, dev, mode)
-
-
-def teardown(finished: bool = True) -> None:
-    """End this process's process group, if one is running (a command line's last step under ``torchrun``).
-    ``finished``: every rank got here (a barrier first, so no rank's exit closes the connections of a collective
-    another rank is still in); after an error only the group is destroyed (a barrier could wait forever on a rank
-    that did not fail)."""
-    if not (dist.is_available() and dist.is_initialized()):
-        return
-    if finished:
-        dist.barrier()
-    dist.destroy_process_group()
 
 
 def wrap(model: nn.Module, env: DistEnv) -> nn.Module:

@@ -140,3 +140,23 @@ def test_cli_shard_under_torchrun_writes_what_one_process_writes(tmp_path, model
     torch.testing.assert_close(b.per_sample_raw, a.per_sample_raw, atol=1e-5, rtol=0)
     assert b.settings["shard"] == "heads" and b.settings["world_size"] == 2 and "shard" not in a.settings
     assert HeadMask.from_json(two / "mask.json").fa_heads == HeadMask.from_json(one / "mask.json").fa_heads
+
+
+@pytest.mark.parametrize("finished", [True, False])
+def test_end_process_group_ends_a_running_group_and_is_a_no_op_without_one(tmp_path, finished):
+    """The last step of hybrid-train and of headscope's --shard under torchrun: the process group ends (after a
+    barrier when every rank finished; without one after an error, where a barrier could wait on a rank that did not
+    fail); nothing to do without one."""
+    import torch.distributed as dist
+
+    from headscope.patching.sharded import end_process_group
+
+    end_process_group(finished)  # no group: nothing happens
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        assert dist.is_initialized()
+        end_process_group(finished)
+        assert not dist.is_initialized()
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
