@@ -101,6 +101,10 @@ def main(argv: list[str] | None = None) -> dict:
                     help="--throughput-only --compile without the eager stage-2 step and teacher step: for batch "
                          "sizes whose eager step does not fit in memory (the compiled layers keep fewer "
                          "activations: SmolLM2 at batch 32, 54 GiB against 83 GiB eager)")
+    ap.add_argument("--bf16-weights", action="store_true",
+                    help="--throughput-only --compile: also time the compiled student with bf16 working weights "
+                         "and float32 masters (hybrid.train.precision; TrainConfig.working_dtype = 'bfloat16' "
+                         "trains so) beside the compiled bf16 teacher")
     ap.add_argument("--profile", action="store_true",
                     help="--throughput-only: also profile each batch's stage-2 step and teacher step "
                          "(hybrid.train.throughput.profile_step: kernel time by category, top kernels)")
@@ -115,6 +119,8 @@ def main(argv: list[str] | None = None) -> dict:
     a = ap.parse_args(argv)
     if a.compiled_only and not (a.compile and a.throughput_only):
         ap.error("--compiled-only times only the compiled side runs: give it with --throughput-only --compile")
+    if a.bf16_weights and not (a.compile and a.throughput_only):
+        ap.error("--bf16-weights is a compiled side run: give it with --throughput-only --compile")
 
     from transformers import AutoModelForCausalLM
 
@@ -287,7 +293,7 @@ def throughput_only(a, base, teacher, device, T: int, mask) -> dict:
     fused = next((s.fused_loss for s in base.stages if s.name == "distill"), "auto")  # the training's setting
     cfg = SweepConfig(batches=batches, seq_len=T, steps=steps, warmup=warmup, fused_loss=fused,
                       compare_naive=a.compare_naive, compile=a.compile, compile_mode=a.compile_mode,
-                      compiled_only=a.compiled_only, profile=a.profile)
+                      compiled_only=a.compiled_only, bf16_weights=a.bf16_weights, profile=a.profile)
     student, _ = build_hybrid(teacher, base.mask, base.hybrid)
     path = a.out / "throughput.json"
     try:
@@ -307,7 +313,8 @@ def throughput_only(a, base, teacher, device, T: int, mask) -> dict:
               f"{d['teacher_fwd_flops_per_token'] / 1e6:.0f}M); teacher training step at that batch: MFU "
               f"{best['teacher_train_same_batch']['mfu']:.2%}, best {tb['mfu']:.2%} (batch {tb['batch_size']})")
     for kind, what in (("distill_compiled", "the student's decoder layers compiled"),
-                       ("distill_compiled_teacher", "the teacher's compiled too")):
+                       ("distill_compiled_teacher", "the teacher's compiled too"),
+                       ("distill_bf16_weights", "and bf16 working weights")):
         if kind in best:
             c = best[kind]
             print(f"stage 2, {what} (best: batch {c['batch_size']}): {c['tokens_per_s']:,.0f} tokens/s "

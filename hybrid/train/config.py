@@ -212,6 +212,10 @@ DEVICES = ("auto", "cpu", "cuda")
 DISTRIBUTED = ("auto", "ddp", "fsdp")
 
 
+# TrainConfig fields added after runs were made: left out of the fingerprint at these values (resume stays valid)
+_LATER_DEFAULTS = {"working_dtype": "float32", "teacher_dtype": "float32"}
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     """A whole run: sources, stages in order, and the bookkeeping (checkpoints, logs, evaluations)."""
@@ -233,6 +237,14 @@ class TrainConfig:
     # torch.compile each decoder layer of the student (hybrid.train.build.compile_decoder_layers) before training:
     # the first step of each new shape compiles; not with distributed = "fsdp"; not part of the fingerprint
     compile: bool = False
+    # the student's parameters while a stage trains: "float32" (autocast casts each weight on every use) or
+    # "bfloat16" (bf16 working weights, float32 masters in the optimizer: hybrid.train.precision); not with FSDP
+    working_dtype: str = "float32"
+    # the frozen teacher's weights ("bfloat16": the casts autocast makes anyway, made once; also its text sampling)
+    teacher_dtype: str = "float32"
+    # torch.compile the decoder layers of a copy of the teacher that the stage losses run (its text sampling keeps
+    # the eager teacher: a new shape at every decode step); not with FSDP; not part of the fingerprint
+    compile_teacher: bool = False
     model: ModelConfig = field(default_factory=ModelConfig)
     checkpoint_every: int = 0  # steps; 0: only at each stage end
     keep_checkpoints: int = 2
@@ -302,6 +314,23 @@ class TrainConfig:
         if self.compile and self.distributed == "fsdp":
             _bad("run", "compile", self.compile, "compiling FSDP-wrapped layers is not supported here; use "
                  "distributed = 'ddp' or compile = false")
+        from hybrid.train.precision import WORKING_DTYPES
+
+        for k in ("working_dtype", "teacher_dtype"):
+            if getattr(self, k) not in WORKING_DTYPES:
+                _bad("run", k, getattr(self, k), f"must be one of {sorted(WORKING_DTYPES)}")
+        if self.working_dtype != "float32" and self.distributed == "fsdp":
+            _bad("run", "working_dtype", self.working_dtype, "FSDP keeps its own parameter dtypes; use "
+                 "distributed = 'ddp' or working_dtype = 'float32'")
+        if not isinstance(self.compile_teacher, bool):
+            _bad("run", "compile_teacher", self.compile_teacher, "must be true or false")
+        if self.compile_teacher and self.distributed == "fsdp":
+            _bad("run", "compile_teacher", self.compile_teacher, "not with distributed = 'fsdp' (the teacher is "
+                 "sharded); use 'ddp' or compile_teacher = false")
+        if (self.compile_teacher or self.teacher_dtype != "float32") and not hybrid_stages:
+            _bad("run", "compile_teacher" if self.compile_teacher else "teacher_dtype",
+                 self.compile_teacher if self.compile_teacher else self.teacher_dtype,
+                 "only the hybrid stages (align/distill/long) have a teacher")
         for s in stages:
             if s.fused_loss == "on" and self.distributed == "fsdp":
                 _bad(f"stages[{s.name}]", "fused_loss", s.fused_loss, "FSDP shards the lm_head weight, which the "
@@ -324,11 +353,14 @@ class TrainConfig:
         return json.loads(json.dumps(dataclasses.asdict(self), default=list))
 
     def fingerprint(self, ignore: tuple[str, ...] = ("out", "device", "threads", "progress", "log_every",
-                                                      "distributed", "compile"),
+                                                      "distributed", "compile", "compile_teacher"),
                     ignore_stage: tuple[str, ...] = ("fused_loss",)) -> str:
         """sha256 of the settings that change the result (bookkeeping-only fields left out: ``ignore`` of the run,
-        ``ignore_stage`` of each stage, e.g. how the loss is computed), 16 hex digits."""
-        d = {k: v for k, v in self.to_dict().items() if k not in ignore}
+        ``ignore_stage`` of each stage, e.g. how the loss is computed), 16 hex digits. The fields added later
+        (``_LATER_DEFAULTS``) count only when set away from their default, so runs made before they existed keep
+        their fingerprint."""
+        d = {k: v for k, v in self.to_dict().items()
+             if k not in ignore and not (k in _LATER_DEFAULTS and v == _LATER_DEFAULTS[k])}
         d["stages"] = [{k: v for k, v in s.items() if k not in ignore_stage} for s in d["stages"]]
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
 

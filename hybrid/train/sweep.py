@@ -6,7 +6,8 @@ measurement printed and written as soon as it is taken (a call killed by its tim
     result = run_sweep(student, teacher, cfg, out_path=Path("throughput.json"))   # {"rows": [...], "best": {...}}
 
 Each row holds ``distill`` (the stage's own fused_loss setting), ``teacher_train`` and the side runs
-(``distill_naive``, ``distill_compiled``, ``distill_compiled_teacher``), each a ``hybrid.train.throughput``
+(``distill_naive``, ``distill_compiled``, ``distill_compiled_teacher``, ``distill_bf16_weights``: the last with
+bf16 working weights and float32 masters, hybrid.train.precision), each a ``hybrid.train.throughput``
 measurement with its peak memory. An out-of-memory eager step ends the sweep; a side run's does not.
 experiments/train_hybrid/run.py --throughput-only is the command line.
 """
@@ -27,7 +28,7 @@ __all__ = ["SweepConfig", "run_sweep", "profile_lines", "check_compile_mode", "C
 
 SCHEMA = "hybrid.train.throughput_sweep"
 SIDE_RUNS = (("distill_naive", "naive loss"), ("distill_compiled", "compiled"),
-             ("distill_compiled_teacher", "teacher compiled too"))
+             ("distill_compiled_teacher", "teacher compiled too"), ("distill_bf16_weights", "bf16 weights too"))
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,9 @@ class SweepConfig:
     compile: bool = False  # also time the student's decoder layers compiled, then the teacher's too (bf16 on CUDA)
     compile_mode: str = "default"  # torch.compile's mode (hybrid.train.build.COMPILE_MODES)
     compiled_only: bool = False  # only the compiled side runs (a batch whose eager step does not fit)
+    # also time the compiled student with bf16 working weights and float32 masters (hybrid.train.precision;
+    # TrainConfig.working_dtype = "bfloat16") beside the compiled bf16 teacher; needs compile
+    bf16_weights: bool = False
     profile: bool = False  # each measurement's profile_step
 
     def __post_init__(self) -> None:
@@ -57,6 +61,8 @@ class SweepConfig:
             raise ValueError(f"SweepConfig.compile_mode={self.compile_mode!r}: give one of {', '.join(COMPILE_MODES)}")
         if self.compiled_only and not self.compile:
             raise ValueError("SweepConfig.compiled_only=True times only the compiled side runs: set compile=True")
+        if self.bf16_weights and not self.compile:
+            raise ValueError("SweepConfig.bf16_weights=True is a side run of the compiled student: set compile=True")
 
 
 # compile modes whose CUDA graphs failed in the hybrid's stage-2 step on the H200 (2026-12-02): SmolLM2 at batch 64
@@ -163,6 +169,11 @@ def run_sweep(student: nn.Module, teacher: nn.Module, cfg: SweepConfig, out_path
             row["distill_compiled_teacher"].update(teacher_dtype=str(next(fast_teacher.parameters()).dtype),
                                                    teacher_compiled_modules=compiled_modules(fast_teacher),
                                                    compile_mode=cfg.compile_mode)
+            if cfg.bf16_weights:  # the same compiled layers: the bf16 parameters compile once more (warm-up)
+                side_run(row, "distill_bf16_weights", compiled, B, with_teacher=fast_teacher,
+                         fused_loss=cfg.fused_loss, profile=cfg.profile, working_dtype="bfloat16")
+                row["distill_bf16_weights"].update(teacher_dtype=str(next(fast_teacher.parameters()).dtype),
+                                                   compile_mode=cfg.compile_mode)
         if not cfg.compiled_only:
             try:
                 row["distill"] = measure_distill(student, teacher, B, T, **timing, fused_loss=cfg.fused_loss,
@@ -177,7 +188,8 @@ def run_sweep(student: nn.Module, teacher: nn.Module, cfg: SweepConfig, out_path
                 row["oom"] = str(err).splitlines()[0][:200]
                 gc.collect()
                 row["max_memory_gib"] = peak_gib()
-        elif all("oom" in row[k] for k in ("distill_compiled", "distill_compiled_teacher")):
+        elif all("oom" in row[k] for k in ("distill_compiled", "distill_compiled_teacher", "distill_bf16_weights")
+             if k in row):
             row["oom"] = row["distill_compiled"]["oom"]
         row["seconds"] = round(time.time() - t0, 1)
         rows.append(row)
@@ -193,7 +205,8 @@ def run_sweep(student: nn.Module, teacher: nn.Module, cfg: SweepConfig, out_path
                 f"{t['tflops']:.1f} TFLOP/s, MFU {t['mfu']:.1%} ({row['seconds']} s)")
         else:
             log(f"[throughput] batch {B} x {T}: (eager step not timed: compiled_only){sides} ({row['seconds']} s)")
-        for kind in ("distill", "distill_compiled", "distill_compiled_teacher", "teacher_train") if cfg.profile else ():
+        for kind in ("distill", "distill_compiled", "distill_compiled_teacher", "distill_bf16_weights",
+                     "teacher_train") if cfg.profile else ():
             if "profile" in row.get(kind, {}):
                 for line in profile_lines(f"batch {B} {kind}", row[kind]["profile"]):
                     log(line)
@@ -208,7 +221,7 @@ def _best(rows: list[dict], T: int) -> dict[str, Any]:
         bt = max(ok, key=lambda r: r["teacher_train"]["tokens_per_s"])
         best.update(batch_size=b["batch_size"], distill=b["distill"], teacher_train_same_batch=b["teacher_train"],
                     teacher_train_best=bt["teacher_train"])
-    for kind in ("distill_compiled", "distill_compiled_teacher"):  # every row, also one whose eager step OOMed
+    for kind in ("distill_compiled", "distill_compiled_teacher", "distill_bf16_weights"):  # also beside an OOM
         comp = [r[kind] for r in rows if "tokens_per_s" in r.get(kind, {})]
         if comp:
             best[kind] = max(comp, key=lambda c: c["tokens_per_s"])

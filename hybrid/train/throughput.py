@@ -157,10 +157,13 @@ def compiled_modules(model: nn.Module) -> int:
 
 def measure_distill(student: nn.Module, teacher: nn.Module, batch_size: int, seq_len: int, steps: int = 10,
                     warmup: int = 3, temperature: float = 1.0, peak: float = H200_BF16_PEAK,
-                    fused_loss: str = "auto", profile: bool = False) -> dict[str, Any]:
+                    fused_loss: str = "auto", profile: bool = False,
+                    working_dtype: str = "float32") -> dict[str, Any]:
     """Time ``steps`` stage-2 steps (teacher forward, student forward + backward, AdamW) on random tokens, the
     loss by the trainer's own ``distill_loss`` (kl 1, ce 0.2) with ``fused_loss`` ("auto" / "on" / "off",
-    hybrid.train.fused_loss); the row's ``fused`` says which path ran; ``profile``: also ``profile_step``."""
+    hybrid.train.fused_loss); the row's ``fused`` says which path ran; ``profile``: also ``profile_step``;
+    ``working_dtype="bfloat16"``: the student trains with bf16 working weights and float32 masters, as the
+    trainer does with that setting (hybrid.train.precision), the masters' update counted in the step."""
     from types import SimpleNamespace
 
     from hybrid.train.build import copy_model
@@ -174,9 +177,15 @@ def measure_distill(student: nn.Module, teacher: nn.Module, batch_size: int, seq
     g = torch.Generator(device="cpu").manual_seed(0)
     ids = torch.randint(0, V, (batch_size, seq_len), generator=g).to(device)  # [B, T]
     w = torch.ones(batch_size, seq_len, device=device)  # [B, T]
-    params = [p for p in student.parameters()]
-    for p in params:
+    for p in student.parameters():
         p.requires_grad_(True)
+    from hybrid.train.precision import WORKING_DTYPES, MasterWeights
+
+    if working_dtype not in WORKING_DTYPES:
+        raise ValueError(f"measure_distill(working_dtype={working_dtype!r}): give one of {sorted(WORKING_DTYPES)}")
+    dtype = WORKING_DTYPES[working_dtype]
+    mw = MasterWeights(student, dtype) if dtype != torch.float32 else None
+    params = [p for _, p in (mw.masters_for(list(student.named_parameters())) if mw else student.named_parameters())]
     opt = torch.optim.AdamW(params, lr=1e-5, fused=device.type == "cuda" or None)
     student.train()
 
@@ -187,8 +196,14 @@ def measure_distill(student: nn.Module, teacher: nn.Module, batch_size: int, seq
         terms = distill_loss(cfg, student, teacher, ids, w, autocast)
         loss = sum(wt * total / count for _, wt, total, count in terms)
         opt.zero_grad(set_to_none=True)
+        if mw is not None:
+            student.zero_grad(set_to_none=True)
         loss.backward()
+        if mw is not None:
+            mw.grads_to_master()
         opt.step()
+        if mw is not None:
+            mw.master_to_model()
 
     seconds, util = _timed(step, device, warmup, steps)
     fused = use_fused_loss(cfg, student, teacher, ids)  # after the steps: False where "auto" fell back
@@ -198,6 +213,7 @@ def measure_distill(student: nn.Module, teacher: nn.Module, batch_size: int, seq
     flops = 3 * s_f + t_f
     prof = {"profile": profile_step(step, device)} if profile else {}
     return {**prof, "kind": "distill", "fused_loss": fused, "compiled_modules": compiled_modules(student),
+            "working_dtype": working_dtype,
             "batch_size": batch_size, "seq_len": seq_len, "steps": steps,
             "seconds": round(seconds, 3), "tokens_per_s": round(tps, 1),
             "student_fwd_flops_per_token": s_f, "teacher_fwd_flops_per_token": t_f,

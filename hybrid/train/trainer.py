@@ -8,6 +8,7 @@ log line every ``log_every`` steps, an evaluation every ``eval_every`` and a che
 from __future__ import annotations
 
 
+import copy
 import math
 import time
 import warnings
@@ -92,6 +93,7 @@ class Trainer:
         # the next stage's data, made at this stage's start: index, loader, setup_s, progress, and its batches
         # (None until start_next_workers started its workers)
         self._next: dict[str, Any] | None = None
+        self._mw = None  # the stage's MasterWeights while one trains with bf16 working weights
 
     # ---- set-up ----------------------------------------------------------------------------
     def run(self, stage: str | int, resume: bool, allow_config_change: bool) -> RunResult:
@@ -112,6 +114,10 @@ class Trainer:
         if cfg.is_hybrid:
             self.teacher, self.tokenizer = load_teacher(cfg.teacher, env.device, cfg.tokenizer)
             self.student, self.mask = build_hybrid(self.teacher, cfg.mask, cfg.hybrid)
+            if cfg.teacher_dtype != "float32":  # after the student copied the teacher's float32 weights
+                from hybrid.train.precision import WORKING_DTYPES
+
+                self.teacher.to(WORKING_DTYPES[cfg.teacher_dtype])
         else:
             from headscope.reference import DEFAULT_NAME
 
@@ -155,6 +161,12 @@ class Trainer:
             from hybrid.train.build import compile_decoder_layers
 
             self.log.write({"event": "compile", "layers": compile_decoder_layers(self.student)})
+        self.loss_teacher = self.teacher  # what the stage losses run
+        if cfg.compile_teacher and self.teacher is not None:
+            from hybrid.train.build import compile_decoder_layers
+
+            self.loss_teacher = copy.deepcopy(self.teacher).requires_grad_(False)
+            self.log.write({"event": "compile_teacher", "layers": compile_decoder_layers(self.loss_teacher)})
         torch.manual_seed(cfg.seed * 1000 + env.rank)  # per-process randomness (head dropout)
         if rng is not None:
             set_rng_state(rng)
@@ -302,14 +314,27 @@ class Trainer:
         return loader, setup_s, progress
 
     def train_stage(self, index: int, s: StageConfig, start: int, train_state: dict | None) -> None:
+        from hybrid.train.precision import WORKING_DTYPES, MasterWeights
+
+        params = self.trainable(s)
+        dtype = WORKING_DTYPES[self.config.working_dtype]  # bf16 working weights: cast before DDP wraps the model
+        mw = self._mw = MasterWeights(self.student, dtype) if dtype != torch.float32 else None
+        try:
+            self._train_stage(index, s, start, train_state, params, mw)
+        finally:
+            if mw is not None:
+                mw.close()  # the float32 masters back in the model (the next stage, the final save)
+            self._mw = None
+
+    def _train_stage(self, index: int, s: StageConfig, start: int, train_state: dict | None, params, mw) -> None:
         cfg, env = self.config, self.env
         stage = STAGES[s.name]
-        params = self.trainable(s)
         model = wrap(self.student, env)
-        opt = self.optimizer(params, s)
+        opt_params = mw.masters_for(params) if mw is not None else params  # what AdamW updates and clips
+        opt = self.optimizer(opt_params, s)
         if train_state is not None:
             self._load_optimizer(opt, train_state["optimizer"])
-        teacher = self.teacher if stage.uses_teacher else None
+        teacher = self.loss_teacher if stage.uses_teacher else None
         batches, setup_s, shared_progress = self.stage_data(index, s, start)
         autocast = env.autocast()
         from contextlib import nullcontext
@@ -346,9 +371,15 @@ class Trainer:
                 counts = all_reduce_sum(torch.stack([c.detach().float() for *_, c in terms]), env)  # [n_terms]
                 loss = sum(weight * total / counts[j].clamp_min(1e-12) for j, (_, weight, total, _) in enumerate(terms))
                 opt.zero_grad(set_to_none=True)
+                if mw is not None:
+                    self.student.zero_grad(set_to_none=True)
                 (loss * env.world).backward()  # DDP averages gradients over processes: undo the 1/world
-                gnorm = torch.nn.utils.clip_grad_norm_([p for _, p in params], s.grad_clip or math.inf)
+                if mw is not None:
+                    mw.grads_to_master()
+                gnorm = torch.nn.utils.clip_grad_norm_([p for _, p in opt_params], s.grad_clip or math.inf)
                 opt.step()
+                if mw is not None:
+                    mw.master_to_model()
                 step += 1
                 n_tok = ids.numel() * env.world
                 tokens += n_tok
@@ -411,6 +442,8 @@ class Trainer:
             from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
             return get_model_state_dict(self.student, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        if self._mw is not None:  # bf16 working weights: save the float32 masters
+            return self._mw.state_dict()
         return self.student.state_dict()
 
     def _optimizer_state(self, opt) -> dict:

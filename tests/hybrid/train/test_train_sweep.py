@@ -18,6 +18,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
     ({"warmup": -1}, "warmup=-1"),
     ({"compile_mode": "fast"}, "compile_mode='fast'.*reduce-overhead"),
     ({"compiled_only": True}, "set compile=True"),
+    ({"bf16_weights": True}, "bf16_weights=True is a side run of the compiled student: set compile=True"),
 ])
 def test_bad_sweep_configs_name_the_field(kw, match):
     with pytest.raises(ValueError, match=match):
@@ -72,3 +73,19 @@ def test_cuda_graph_modes_are_refused_on_cuda_before_anything_runs(tiny_qwen3):
     cfg = SweepConfig(batches=(1,), seq_len=16, compile=True, compiled_only=True, compile_mode="reduce-overhead")
     with pytest.raises(ValueError, match="on CUDA"):
         run_sweep(tiny_qwen3.cuda(), tiny_qwen3, cfg)
+
+
+def test_a_distill_step_with_bf16_working_weights_is_timed_on_a_copy(tiny_qwen3):
+    """measure_distill(working_dtype="bfloat16"): the step the trainer runs with that setting (masters updated in
+    float32) is timed on a copy; the caller's model keeps its float32 weights."""
+    from hybrid.builders import from_teacher
+    from hybrid.train.throughput import measure_distill
+
+    student = from_teacher(tiny_qwen3)
+    before = {n: p.detach().clone() for n, p in student.named_parameters()}
+    r = measure_distill(student, tiny_qwen3, 1, 16, steps=2, warmup=1, working_dtype="bfloat16")
+    assert r["working_dtype"] == "bfloat16" and r["tokens_per_s"] > 0 and r["kind"] == "distill"
+    for n, p in student.named_parameters():
+        assert p.dtype == torch.float32 and torch.equal(p.detach(), before[n]), n
+    with pytest.raises(ValueError, match="working_dtype='fp8'"):
+        measure_distill(student, tiny_qwen3, 1, 16, steps=1, warmup=0, working_dtype="fp8")
