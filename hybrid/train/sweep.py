@@ -105,12 +105,30 @@ def _side_text(label: str, r: dict | None) -> str:
     return f" | {label}{layers} {r['tokens_per_s']:,.0f} tokens/s, MFU {r['mfu']:.1%}, {r['max_memory_gib']} GiB"
 
 
+# torch._dynamo's recompile limit while a sweep compiles: the side runs compile the same layer code for several
+# models (float32 and bf16 students, the teacher) and lengths; at the default 8 the bf16 side run's frames fell
+# back to eager on the H200 ("hit config.recompile_limit (8)", docs/results/train_session14_h200/)
+RECOMPILE_LIMIT = 64
+
+
 def run_sweep(student: nn.Module, teacher: nn.Module, cfg: SweepConfig, out_path: Path | None = None,
               log: Callable[[str], None] = lambda s: print(s, flush=True)) -> dict[str, Any]:
     """Time every batch size of ``cfg`` (see the module docstring); ``out_path`` gets the rows so far after each
     measurement (``"partial": true``); returns ``{"rows", "best"}``: the best eager step by tokens/s (one length:
     the same FLOPs per token at every batch, so also the best MFU), the teacher's step at that batch and its best,
-    and the best of each compiled side run over all rows. Raises RuntimeError when every batch failed."""
+    and the best of each compiled side run over all rows. Raises RuntimeError when every batch failed. With
+    ``cfg.compile``, torch._dynamo's recompile limit is at least ``RECOMPILE_LIMIT`` while it runs."""
+    if not cfg.compile:
+        return _run_sweep(student, teacher, cfg, out_path, log)
+    import torch._dynamo
+
+    limit = max(RECOMPILE_LIMIT, torch._dynamo.config.recompile_limit)
+    with torch._dynamo.config.patch(recompile_limit=limit):
+        return _run_sweep(student, teacher, cfg, out_path, log)
+
+
+def _run_sweep(student: nn.Module, teacher: nn.Module, cfg: SweepConfig, out_path: Path | None,
+               log: Callable[[str], None]) -> dict[str, Any]:
     from headscope.io import write_text
     from hybrid.train.build import compile_decoder_layers
     from hybrid.train.throughput import compiled_modules, measure_distill, measure_lm

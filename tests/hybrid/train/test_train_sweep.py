@@ -89,3 +89,27 @@ def test_a_distill_step_with_bf16_working_weights_is_timed_on_a_copy(tiny_qwen3)
         assert p.dtype == torch.float32 and torch.equal(p.detach(), before[n]), n
     with pytest.raises(ValueError, match="working_dtype='fp8'"):
         measure_distill(student, tiny_qwen3, 1, 16, steps=1, warmup=0, working_dtype="fp8")
+
+
+def test_a_compiling_sweep_raises_the_recompile_limit_while_it_runs(tiny_qwen3, monkeypatch):
+    """The side runs compile one layer code for float32 and bf16 students and the teacher: at dynamo's default
+    limit of 8 the H200's bf16 side run fell back to eager; the sweep raises it, and puts it back after."""
+    import torch._dynamo
+
+    import hybrid.train.throughput as tp
+    from hybrid.builders import from_teacher
+    from hybrid.train.sweep import RECOMPILE_LIMIT
+
+    seen = []
+
+    def fake(model, teacher, B, T, **kw):
+        seen.append(torch._dynamo.config.recompile_limit)
+        raise torch.OutOfMemoryError("fake: no step run")
+
+    monkeypatch.setattr(tp, "measure_distill", fake)
+    before = torch._dynamo.config.recompile_limit
+    cfg = SweepConfig(batches=(1,), seq_len=16, steps=1, warmup=0, compile=True, compiled_only=True)
+    with pytest.raises(RuntimeError, match="every batch size failed"):  # every (fake) side run ran out of memory
+        run_sweep(from_teacher(tiny_qwen3), tiny_qwen3, cfg)
+    assert len(seen) == 2 and all(s >= RECOMPILE_LIMIT for s in seen)  # the float32 and teacher side runs
+    assert torch._dynamo.config.recompile_limit == before
