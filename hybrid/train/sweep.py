@@ -93,6 +93,10 @@ def profile_lines(what: str, prof: dict, top: int = 12) -> list[str]:
         lines.append(f"[profile] {what}: host {prof['host_ms_per_step']} ms of self CPU time a step, "
                      f"{prof['kernels_per_step']} kernel launches")
         lines += [f"[profile]   host {r['ms']:9.3f} ms {r['calls']:5d}x  {r['name'][:100]}" for r in prof["host_top"][:top]]
+    if prof.get("ops_top"):  # the eager elementwise / copy ops by dtype and shape, and where they come from
+        lines.append(f"[profile] {what}: eager elementwise and copy ops by input dtypes and shapes")
+        lines += [f"[profile]   op {r['ms']:9.3f} ms {r['calls']:5d}x  {r['op']} {r['dtypes']} {r['shapes']}"
+                  f"{'  @ ' + r['where'] if r['where'] else ''}" for r in prof["ops_top"][:top]]
     return lines
 
 

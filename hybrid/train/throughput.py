@@ -21,7 +21,8 @@ import torch
 import torch.nn as nn
 
 __all__ = ["H200_BF16_PEAK", "linear_flops_per_token", "attention_flops_per_token", "forward_flops_per_token",
-           "measure_distill", "measure_lm", "profile_step", "kernel_category", "KERNEL_CATEGORIES", "compiled_modules"]
+           "measure_distill", "measure_lm", "profile_step", "kernel_category", "KERNEL_CATEGORIES", "compiled_modules",
+           "SHAPE_OPS"]
 
 H200_BF16_PEAK = 790e12
 
@@ -86,19 +87,57 @@ def kernel_category(name: str) -> str:
     return "other"
 
 
-def profile_step(step, device: torch.device, steps: int = 2, top: int = 25) -> dict[str, Any]:
+# the aten ops whose kernels profile_step attributes by input dtypes and shapes (``ops_top``): the elementwise and
+# copy work that is not matmul, attention or GDN (eager ops; a compiled region's fused kernels are not aten ops)
+SHAPE_OPS = ("aten::add", "aten::add_", "aten::copy_", "aten::mul", "aten::mul_", "aten::sum", "aten::div",
+             "aten::sub", "aten::exp", "aten::where", "aten::fill_", "aten::zero_", "aten::cat")
+
+
+_NOT_WHERE = ("torch/", "hybrid/train/throughput.py")  # frames that do not say where an op comes from
+
+
+def _ops_by_shape(prof, cuda: bool, steps: int, top: int) -> list[dict[str, Any]]:
+    """The ``SHAPE_OPS`` events grouped by (op, input dtypes, input shapes, the innermost Python frame above it
+    that is not torch's: ours, fla's, or "" for the autograd engine's own ops): the kernel time they launched
+    (CUDA) or their self CPU time, per step."""
+    agg: dict[tuple, list] = {}
+    for e in prof.events():
+        if e.name not in SHAPE_OPS:
+            continue
+        us = float(getattr(e, "self_device_time_total", 0.0) or 0.0) if cuda else float(e.self_cpu_time_total)
+        if us <= 0:
+            continue
+        where, p = "", e.cpu_parent  # the innermost Python frame above the op that is not torch's (with_stack)
+        while p is not None and not where:
+            if p.is_python_function and not any(m in p.name for m in _NOT_WHERE) and not p.name.startswith("<"):
+                where = p.name
+            p = p.cpu_parent
+        dtypes = [t for t in (getattr(e, "input_dtypes", None) or []) if t and t != "Scalar"][:2]
+        key = (e.name, str(dtypes), str([s for s in (e.input_shapes or []) if s][:2]), where)
+        a = agg.setdefault(key, [0.0, 0])
+        a[0] += us
+        a[1] += 1
+    rows = sorted(agg.items(), key=lambda kv: -kv[1][0])[:top]
+    return [{"op": k[0], "dtypes": k[1], "shapes": k[2], "where": k[3][:160], "ms": round(v[0] / 1e3 / steps, 3),
+             "calls": v[1] // steps} for k, v in rows]
+
+
+def profile_step(step, device: torch.device, steps: int = 2, top: int = 25, shapes: bool = True) -> dict[str, Any]:
     """Run ``step`` ``steps`` times under torch.profiler: self time per category (ms per step and share) and the
     ``top`` kernels. On CUDA only device kernels count (their self CUDA time); on CPU, the aten ops' self CPU
     time. ``step_ms``: the profiled wall time per step (profiling slows it a little). On CUDA also the host side:
     ``kernels_per_step`` (launches), ``host_ms_per_step`` (self CPU time of every CPU-side event: ops, CUDA runtime
-    calls, compiled regions; inflated by the profiler) and ``host_top``, for a step whose GPU waits on the CPU."""
+    calls, compiled regions; inflated by the profiler) and ``host_top``, for a step whose GPU waits on the CPU.
+    ``shapes``: also ``ops_top``, the eager elementwise and copy ops (``SHAPE_OPS``) by input dtypes, shapes and the
+    project's (or fla's) source line that issued them (the profiler records shapes and stacks: more overhead in
+    ``step_ms`` and the host times)."""
     from torch.profiler import ProfilerActivity, profile
 
     cuda = device.type == "cuda"
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     _sync(device)
     t0 = time.perf_counter()
-    with profile(activities=acts) as prof:
+    with profile(activities=acts, record_shapes=shapes, with_stack=shapes) as prof:
         for _ in range(steps):
             step()
         _sync(device)
@@ -127,6 +166,8 @@ def profile_step(step, device: torch.device, steps: int = 2, top: int = 25) -> d
         "kernels_per_step": sum(r[2] for r in rows),
         "host_ms_per_step": round(sum(r[1] for r in host), 2),
         "host_top": [{"name": n[:160], "ms": round(ms, 3), "calls": c} for n, ms, c in host[:top]]}
+    if shapes:
+        extra["ops_top"] = _ops_by_shape(prof, cuda, steps, top)
     return {"timer": "self CUDA time of device kernels" if cuda else "self CPU time of aten ops",
             "step_ms": round(wall * 1e3, 2), "kernel_ms_per_step": round(total, 2), **extra,
             "categories": {k: {"ms": round(v, 2), "share": round(v / total, 4)}

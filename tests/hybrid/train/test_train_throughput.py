@@ -47,6 +47,27 @@ def test_profile_of_a_cpu_step_counts_its_matmuls():
     assert {r["calls"] for r in prof["top"] if r["name"] == "aten::mm"} == {2}  # forward + the grad of w (x needs none), per step
 
 
+def test_profile_names_the_eager_elementwise_ops_by_dtype_shape_and_source_line():
+    """ops_top: a float32 add and a bf16 cast of known shapes, issued by this file, come back grouped by op,
+    dtypes and shapes, with the line that issued them; shapes=False leaves the list out."""
+    a = torch.randn(32, 1024)  # [N, C]
+    b = torch.randn(32, 1024)  # [N, C]
+
+    def step():
+        for _ in range(3):
+            c = a + b  # [N, C] float32
+        c.to(torch.bfloat16)
+
+    prof = profile_step(step, torch.device("cpu"), steps=2, top=10)
+    adds = [r for r in prof["ops_top"] if r["op"] == "aten::add"]
+    assert adds and adds[0]["calls"] == 3 and adds[0]["dtypes"] == "['float', 'float']"
+    assert adds[0]["shapes"] == "[[32, 1024], [32, 1024]]" and "test_train_throughput.py" in adds[0]["where"]
+    assert any(r["op"] == "aten::copy_" and "BFloat16" in r["dtypes"] for r in prof["ops_top"])
+    lines = __import__("hybrid.train.sweep", fromlist=["profile_lines"]).profile_lines("cpu step", prof)
+    assert any(line.startswith("[profile]   op ") and "aten::add ['float', 'float']" in line for line in lines)
+    assert "ops_top" not in profile_step(step, torch.device("cpu"), steps=1, shapes=False)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_profile_of_a_cuda_step_times_its_kernels_and_its_host_side():
