@@ -94,6 +94,7 @@ class Trainer:
         # (None until start_next_workers started its workers)
         self._next: dict[str, Any] | None = None
         self._mw = None  # the stage's MasterWeights while one trains with bf16 working weights
+        self.loss_teacher = None  # the teacher the stage losses run (a compiled copy with compile_teacher)
 
     # ---- set-up ----------------------------------------------------------------------------
     def run(self, stage: str | int, resume: bool, allow_config_change: bool) -> RunResult:
