@@ -4,6 +4,8 @@ forward and backward, time and peak memory side by side in one run.
     python experiments/bench_fused_loss.py                      # SmolLM2-135M: V 49152, C 576, B 16, T 2048 (GPU)
     python experiments/bench_fused_loss.py --cpu-small          # B 2, T 256 on CPU (time only)
     python experiments/bench_fused_loss.py --chunks 1024 2048 4096 --B 32
+    python experiments/bench_fused_loss.py --B 64 --chunks 2048 8192 --compare-f32-matmul --compare-math --skip-naive
+        # the batch-64 step's loss: float32-output matmuls on/off x compiled / eager chunk math, side by side
 
 "naive" = the stage's old path: student and teacher logits [B, T, V] (lm_head under autocast), losses.kl_div and
 losses.weighted_ce on them, backward. "fused c" = fused_distill_loss with chunk_tokens c. Each row: median seconds of
@@ -46,7 +48,7 @@ def loss_of(terms: dict, kl_weight: float, ce_weight: float) -> torch.Tensor:
     return sum(weights[n] * total / count for n, (total, count) in terms.items())
 
 
-def run_once(method: str, chunk: int, inputs, args, autocast):
+def run_once(method: str, chunk: int, inputs, args, autocast, f32_matmul=None, math="auto"):
     h_s, w_s, h_t, w_t, ids, w = inputs
     h_s.grad = w_s.grad = None
     kl, ce = args.kl_weight > 0, args.ce_weight > 0
@@ -55,7 +57,7 @@ def run_once(method: str, chunk: int, inputs, args, autocast):
             terms = naive_distill_loss(h_s, w_s, h_t, w_t, ids, w, temperature=args.temperature, kl=kl, ce=ce)
         else:
             terms = fused_distill_loss(h_s, w_s, h_t, w_t, ids, w, temperature=args.temperature, kl=kl, ce=ce,
-                                       chunk_tokens=chunk)
+                                       chunk_tokens=chunk, f32_matmul=f32_matmul, chunk_math=math)
         loss = loss_of(terms, args.kl_weight, args.ce_weight)
     loss.backward()
     return loss.detach(), h_s.grad.detach().clone(), w_s.grad.detach().clone()
@@ -71,10 +73,14 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def bench(method: str, chunk: int, inputs, args, device, autocast) -> dict:
-    row = {"method": method if method == "naive" else f"fused {chunk}", "chunk": chunk}
+def bench(method: str, chunk: int, inputs, args, device, autocast, f32_matmul=None, math="auto") -> dict:
+    tag = ("" if f32_matmul is None else (" f32mm" if f32_matmul else " no-f32mm")) + ("" if math == "auto" else f" {math}")
+    row = {"method": method if method == "naive" else f"fused {chunk}{tag}", "chunk": chunk, "f32_matmul": f32_matmul,
+           "chunk_math": math}
     try:
-        result = run_once(method, chunk, inputs, args, autocast)  # warm-up (and the values compared)
+        result = run_once(method, chunk, inputs, args, autocast, f32_matmul, math)  # warm-up (+ the values compared)
+        if method != "naive" and math != "eager":  # a compiled chunk math compiles the remainder's shape too
+            run_once(method, chunk, inputs, args, autocast, f32_matmul, math)
         sync(device)
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
@@ -82,7 +88,7 @@ def bench(method: str, chunk: int, inputs, args, device, autocast) -> dict:
         times = []
         for _ in range(args.repeat):
             t0 = time.perf_counter()
-            run_once(method, chunk, inputs, args, autocast)
+            run_once(method, chunk, inputs, args, autocast, f32_matmul, math)
             sync(device)
             times.append(time.perf_counter() - t0)
         row["seconds"] = statistics.median(times)
@@ -115,6 +121,11 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--skip-naive", action="store_true", help="fused rows only (no errors against naive)")
     ap.add_argument("--threads", type=int, default=0, help="torch threads on CPU (0: torch's default)")
+    ap.add_argument("--compare-f32-matmul", action="store_true",
+                    help="each fused row twice, side by side: with the float32-output matmuls (f32_matmul=True) and "
+                         "without (False); CUDA with a torch that has them")
+    ap.add_argument("--compare-math", action="store_true",
+                    help="each fused row with chunk_math 'compiled' and 'eager' side by side (default: 'auto')")
     args = ap.parse_args()
     if args.cpu_small:
         args.B, args.T, args.device = 2, 256, "cpu"
@@ -130,29 +141,34 @@ def main() -> None:
           f"{'bf16 autocast' if use_cuda else 'float32'}; B {args.B}, T {args.T} ({N} tokens), V {args.V}, C {args.C}, "
           f"Ct {Ct}; tau {args.temperature}, kl_weight {args.kl_weight}, ce_weight {args.ce_weight}; one float32 "
           f"[B, T, V] copy = {N * args.V * 4 / 2 ** 30:.2f} GiB")
-    rows = [] if args.skip_naive else [bench("naive", 0, inputs, args, device, autocast)]
-    rows += [bench("fused", c, inputs, args, device, autocast) for c in args.chunks]
-    ref = rows[0].get("result") if rows and rows[0]["method"] == "naive" else None
-    head = f"{'method':<12}{'seconds':>10}{'peak GiB':>10}{'tok/s':>12}{'loss err':>11}{'grad_h err':>12}{'grad_W err':>12}"
+    head = f"{'method':<31}{'seconds':>10}{'peak GiB':>10}{'tok/s':>12}{'loss err':>11}{'grad_h err':>12}{'grad_W err':>12}"
     print(head)
-    out = []
-    for r in rows:
+    modes = (True, False) if args.compare_f32_matmul else (None,)
+    maths = ("compiled", "eager") if args.compare_math else ("auto",)
+    plan = ([] if args.skip_naive else [("naive", 0, None, "auto")])
+    plan += [("fused", c, m, k) for c in args.chunks for m in modes for k in maths]
+    ref, out = None, []
+    for method, c, m, k in plan:  # each row printed (and the JSON written) as soon as it is measured
+        r = bench(method, c, inputs, args, device, autocast, m, k)
         res = r.pop("result", None)
-        if ref is not None and res is not None and r["method"] != "naive":
+        if method == "naive":
+            ref = res
+        elif ref is not None and res is not None:
             r["loss_err"], r["grad_h_err"], r["grad_w_err"] = (rel(a, b) for a, b in zip(res, ref))
         if res is not None:
             r["loss"] = float(res[0])
         if "error" in r:
-            print(f"{r['method']:<12}{r['error']:>10}")
+            print(f"{r['method']:<31}{r['error']:>10}")
         else:
             peak = f"{r['peak_gib']:.2f}" if "peak_gib" in r else "-"
             errs = "".join(f"{r[k]:>12.2e}" if k in r else f"{'-':>12}" for k in ("loss_err", "grad_h_err", "grad_w_err"))
-            print(f"{r['method']:<12}{r['seconds']:>10.4f}{peak:>10}{N / r['seconds']:>12.0f}{errs[1:]}")
+            print(f"{r['method']:<31}{r['seconds']:>10.4f}{peak:>10}{N / r['seconds']:>12.0f}{errs[1:]}")
         out.append(r)
+        if os.environ.get("OUT"):
+            path = Path(os.environ["OUT"]) / "bench_fused_loss.json"
+            write_text(path, json.dumps({"args": vars(args), "device": str(device), "rows": out}, indent=1))
     if os.environ.get("OUT"):
-        path = Path(os.environ["OUT"]) / "bench_fused_loss.json"
-        write_text(path, json.dumps({"args": vars(args), "device": str(device), "rows": out}, indent=1))
-        print(f"wrote {path}")
+        print(f"wrote {Path(os.environ['OUT']) / 'bench_fused_loss.json'}")
 
 
 if __name__ == "__main__":

@@ -71,7 +71,7 @@ def worker(args) -> None:
 
     from headscope.metrics import resolve_metric
     from headscope.patching import HFBackend, receiver_scores
-    from headscope.patching.sharded import init_from_env
+    from headscope.patching.sharded import end_process_group, init_from_env
 
     local = int(os.environ.get("LOCAL_RANK", "0"))
     device = torch.device(f"cuda:{local}") if args.device == "cuda" else torch.device("cpu")
@@ -104,8 +104,7 @@ def worker(args) -> None:
                 "shape": args.shape, "pairs": args.pairs, "dtype": str(dtype), "torch": torch.__version__,
                 "threads_per_process": args.threads if args.device == "cpu" else None, "results": results}
         write_text(args.worker, json.dumps(info))
-    if sharded:
-        dist.destroy_process_group()
+    end_process_group()  # a barrier first: rank 0's file is written before any rank leaves
 
 
 def drive(args) -> dict:

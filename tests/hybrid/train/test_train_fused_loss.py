@@ -99,6 +99,120 @@ def test_under_autocast_the_matmuls_run_in_the_autocast_dtype_as_the_naive_path(
         assert_close(what, a, b, "bf16_kernel")
 
 
+@pytest.mark.parametrize("tau,kl,ce", [(1.0, True, True), (2.5, True, True), (0.7, True, False), (1.0, False, True)])
+def test_the_pure_chunk_math_equals_the_in_place_one(tau, kl, ce):
+    """_chunk_terms_pure (what chunk_math="compiled" compiles) gives _chunk_terms' sums and gradients, the gradients
+    already in the asked dtype, and leaves its logits unchanged."""
+    from hybrid.train.fused_loss import _chunk_terms, _chunk_terms_pure
+
+    g = torch.Generator().manual_seed(1)
+    s = torch.randn(9, 40, generator=g, dtype=torch.float64) * 3  # [n, V]
+    t = torch.randn(9, 40, generator=g, dtype=torch.float64) * 3  # [n, V]
+    tg = torch.randint(0, 40, (9,), generator=g)  # [n]
+    wc = torch.rand(9, generator=g, dtype=torch.float64)  # [n]
+    s0 = s.clone()
+    got = _chunk_terms_pure(s, t, tg, wc, tau, kl, ce, torch.float32)
+    assert torch.equal(s, s0)
+    ref = _chunk_terms(s.clone(), t.clone(), tg, wc, tau, kl, ce)
+    for i in (0, 1):
+        assert (got[i] is None) == (ref[i] is None)
+        if got[i] is not None:
+            assert_close("sum", got[i], ref[i], "fp64_exact")
+    assert set(got[2]) == set(ref[2])
+    for name in got[2]:
+        assert got[2][name].dtype == torch.float32
+        assert_close(name, got[2][name], ref[2][name].float(), "fp32")
+
+
+def test_a_failing_compile_falls_back_to_the_eager_math_with_a_warning(monkeypatch):
+    import hybrid.train.fused_loss as fl
+
+    def broken(*args):
+        raise RuntimeError("inductor: no compiler here")
+
+    monkeypatch.setattr(fl, "_COMPILED", {"fn": broken})
+    h_s, w_s, h_t, w_t, ids, w = problem(torch.float64)
+    ref = fused_distill_loss(h_s, w_s, h_t, w_t, ids, w, chunk_tokens=4, chunk_math="eager")
+    with pytest.warns(UserWarning, match="compiled chunk math failed.*no compiler here.*chunk_math='eager'"):
+        got = fused_distill_loss(h_s, w_s, h_t, w_t, ids, w, chunk_tokens=4, chunk_math="compiled")
+    for name in ref:
+        assert torch.equal(got[name][0], ref[name][0])
+    assert "failed" in fl._COMPILED and fl._chunk_math("auto", torch.device("cuda")) == "eager"
+    with pytest.raises(ValueError, match="chunk_math='fast'"):
+        fused_distill_loss(h_s, w_s, h_t, w_t, ids, w, chunk_math="fast")
+
+
+@pytest.mark.slow  # inductor on the CPU: a compile of the chunk math
+def test_the_compiled_chunk_math_on_the_cpu_equals_the_naive_twin():
+    import hybrid.train.fused_loss as fl
+
+    h_s, w_s, h_t, w_t, ids, w = problem(torch.float32, B=2, T=16, C=8, Ct=6, V=50)
+    ref = naive(h_s, w_s, h_t, w_t, ids, w, 2.0)
+    got = fused_distill_loss(h_s, w_s, h_t, w_t, ids, w, temperature=2.0, chunk_tokens=12, chunk_math="compiled")
+    assert "failed" not in fl._COMPILED and "fn" in fl._COMPILED
+    coef = {"kl": 1.0, "ce": 0.2}
+    for name in ref:
+        assert_close(f"{name} sum", got[name][0], ref[name][0], "fp32")
+    for a, b, what in zip(grads(got, coef, h_s, w_s), grads(ref, coef, h_s, w_s), ("grad h_s", "grad w_s")):
+        assert_close(what, a, b, "fp32")
+
+
+def test_float32_output_matmuls_are_used_only_where_torch_has_them():
+    """f32_matmul=None (auto) takes the float32-output matmuls only where torch has them (not on the CPU: the
+    half-precision logits are cast as before); True where it has not is refused, naming the fix."""
+    from hybrid.train.fused_loss import out_dtype_matmul_available
+
+    assert out_dtype_matmul_available("cpu") is False
+    h_s, w_s, h_t, w_t, ids, w = problem(torch.float32, B=1, T=6, C=8, Ct=6, V=40)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        auto = fused_distill_loss(h_s, w_s, h_t, w_t, ids, w, chunk_tokens=4)
+        off = fused_distill_loss(h_s, w_s, h_t, w_t, ids, w, chunk_tokens=4, f32_matmul=False)
+        with pytest.raises(RuntimeError, match="f32_matmul=True.*no float32-output matmul.*leave f32_matmul=None"):
+            fused_distill_loss(h_s, w_s, h_t, w_t, ids, w, chunk_tokens=4, f32_matmul=True)
+    for name in auto:
+        assert torch.equal(auto[name][0], off[name][0]), name
+    # float32 matmuls have float32 outputs: True asks for nothing and is not refused
+    got = fused_distill_loss(h_s, w_s, h_t, w_t, ids, w, chunk_tokens=4, f32_matmul=True)
+    assert_close("fp32 kl", got["kl"][0], naive(h_s, w_s, h_t, w_t, ids, w, 1.0)["kl"][0], "fp32")
+
+
+@pytest.mark.gpu
+def test_float32_output_matmuls_and_compiled_math_on_cuda_match_the_naive_twin():
+    """On the GPU under bf16 autocast (the trainer's setting): the float32-output matmuls (logits without bf16
+    rounding, grad_W accumulated by addmm) and the compiled chunk math give the naive twin's sums and gradients
+    within bf16 tolerance, as the cast path and the eager math do; SmolLM2's vocabulary, a small batch."""
+    from hybrid.train.fused_loss import out_dtype_matmul_available
+
+    assert out_dtype_matmul_available("cuda"), f"torch {torch.__version__}: no out_dtype matmul on CUDA"
+    g = torch.Generator().manual_seed(0)
+    B, T, C, V = 2, 384, 576, 49152
+    h_s = torch.randn(B, T, C, generator=g).cuda().requires_grad_()  # [B, T, C]
+    w_s = (torch.randn(V, C, generator=g) * C ** -0.5).cuda().requires_grad_()  # [V, C]
+    h_t = torch.randn(B, T, C, generator=g).cuda()  # [B, T, C]
+    w_t = (torch.randn(V, C, generator=g) * C ** -0.5).cuda()  # [V, C]
+    ids = torch.randint(0, V, (B, T), generator=g).cuda()  # [B, T]
+    w = (torch.rand(B, T, generator=g) * 2).cuda()  # [B, T]
+    coef = {"kl": 1.0, "ce": 0.2}
+    out = {}
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        out["naive"] = naive(h_s, w_s, h_t, w_t, ids, w, 2.0)
+        for mode in (True, False):
+            out[mode] = fused_distill_loss(h_s, w_s, h_t, w_t, ids, w, temperature=2.0, chunk_tokens=256,
+                                           f32_matmul=mode, chunk_math="compiled")
+        out["eager"] = fused_distill_loss(h_s, w_s, h_t, w_t, ids, w, temperature=2.0, chunk_tokens=256,
+                                          chunk_math="eager")
+    import hybrid.train.fused_loss as fl
+
+    assert "failed" not in fl._COMPILED, fl._COMPILED.get("failed")
+    ref_g = grads(out["naive"], coef, h_s, w_s)
+    for mode in (True, False, "eager"):
+        for name in out["naive"]:
+            assert_close(f"{name} sum f32mm={mode}", out[mode][name][0], out["naive"][name][0], "bf16_kernel")
+        for a, b, what in zip(grads(out[mode], coef, h_s, w_s), ref_g, ("grad h_s", "grad w_s")):
+            assert a.dtype == b.dtype == torch.float32
+            assert_close(f"{what} f32mm={mode}", a, b, "bf16_kernel")
+
+
 def test_bad_calls_are_refused():
     h_s, w_s, h_t, w_t, ids, w = problem(torch.float32)
     with pytest.raises(ValueError, match="bias"):
