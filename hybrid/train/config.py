@@ -240,7 +240,8 @@ class TrainConfig:
     # the student's parameters while a stage trains: "float32" (autocast casts each weight on every use) or
     # "bfloat16" (bf16 working weights, float32 masters in the optimizer: hybrid.train.precision); not with FSDP
     working_dtype: str = "float32"
-    # the frozen teacher's weights ("bfloat16": the casts autocast makes anyway, made once; also its text sampling)
+    # the frozen teacher's weights ("bfloat16": the casts autocast makes anyway, made once; also for its text sampling
+    # and the fusion calibration, which run the teacher)
     teacher_dtype: str = "float32"
     # torch.compile the decoder layers of a copy of the teacher that the stage losses run (its text sampling keeps
     # the eager teacher: a new shape at every decode step); not with FSDP; not part of the fingerprint
