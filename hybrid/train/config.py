@@ -238,10 +238,11 @@ class TrainConfig:
     # the first step of each new shape compiles; not with distributed = "fsdp"; not part of the fingerprint
     compile: bool = False
     # the student's parameters while a stage trains: "float32" (autocast casts each weight on every use) or
-    # "bfloat16" (bf16 working weights, float32 masters in the optimizer: hybrid.train.precision); not with FSDP
+    # "bfloat16" (bf16 working weights, float32 masters in the optimizer: hybrid.train.precision; evaluations inside
+    # a stage run the bf16 copies, and under DDP the gradients are all-reduced in bf16); not with FSDP
     working_dtype: str = "float32"
-    # the frozen teacher's weights ("bfloat16": the casts autocast makes anyway, made once; also for its text sampling
-    # and the fusion calibration, which run the teacher)
+    # the frozen teacher's parameters ("bfloat16": the weight casts autocast makes anyway, made once; buffers such as
+    # RoPE's inv_freq stay float32; also for its text sampling and the fusion calibration, which run the teacher)
     teacher_dtype: str = "float32"
     # torch.compile the decoder layers of a copy of the teacher that the stage losses run (its text sampling keeps
     # the eager teacher: a new shape at every decode step); not with FSDP; not part of the fingerprint

@@ -153,6 +153,8 @@ def _compiled_chunk_terms(*args):
         _COMPILED["fn"] = torch.compile(_chunk_terms_pure, dynamic=None)
     try:
         return _COMPILED["fn"](*args)
+    except torch.OutOfMemoryError:  # not a compile failure: the caller's to handle (a sweep's side run ends)
+        raise
     except Exception as err:  # an inductor / Triton failure costs speed, not the run
         _COMPILED["failed"] = f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"
         warnings.warn(f"fused_distill_loss: the compiled chunk math failed ({_COMPILED['failed']}); the eager math "

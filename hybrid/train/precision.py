@@ -21,10 +21,21 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-__all__ = ["WORKING_DTYPES", "MasterWeights"]
+__all__ = ["WORKING_DTYPES", "MasterWeights", "cast_parameters"]
 
 # TrainConfig.working_dtype -> the dtype the parameters hold while a stage trains
 WORKING_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+@torch.no_grad()
+def cast_parameters(model: nn.Module, dtype: torch.dtype) -> nn.Module:
+    """``model``'s floating parameters in ``dtype``, in place; buffers stay as they are. (``model.to(dtype)`` would
+    also cast the rotary ``inv_freq`` buffer, and bf16 frequencies put RoPE's angles off by radians at a few
+    thousand positions: what a frozen bf16 teacher must not do.)"""
+    for p in model.parameters():
+        if p.is_floating_point() and p.dtype != dtype:
+            p.data = p.data.to(dtype)
+    return model
 
 
 class MasterWeights:
@@ -69,14 +80,18 @@ class MasterWeights:
 
     @torch.no_grad()
     def grads_to_master(self) -> None:
-        """Each master's .grad = its parameter's gradient in float32 (None where the parameter has none)."""
+        """Each master's .grad = its parameter's gradient in float32 (None where the parameter has none); the
+        working copies' gradients are freed."""
         for p, m in zip(self.params, self.master):
             m.grad = None if p.grad is None else p.grad.float()
+            p.grad = None
 
     @torch.no_grad()
     def master_to_model(self) -> None:
-        """The parameters = their masters rounded to the working dtype (after each optimizer step)."""
-        torch._foreach_copy_([p.data for p in self.params], self.master)
+        """The parameters = their masters rounded to the working dtype (after each optimizer step). In place on the
+        parameters themselves (not ``.data``), so their version counters advance: the layers' inference caches
+        (``hybrid.layers.common``: keyed by data pointer and version) see the new values."""
+        torch._foreach_copy_(self.params, self.master)
         for m in self.master:
             m.grad = None
 

@@ -135,6 +135,7 @@ def _run_sweep(student: nn.Module, teacher: nn.Module, cfg: SweepConfig, out_pat
                log: Callable[[str], None]) -> dict[str, Any]:
     from headscope.io import write_text
     from hybrid.train.build import compile_decoder_layers
+    from hybrid.train.precision import cast_parameters
     from hybrid.train.throughput import compiled_modules, measure_distill, measure_lm
 
     device = next(student.parameters()).device
@@ -184,7 +185,8 @@ def _run_sweep(student: nn.Module, teacher: nn.Module, cfg: SweepConfig, out_pat
             side_run(row, "distill_compiled", compiled, B, fused_loss=cfg.fused_loss, profile=cfg.profile)
             row["distill_compiled"]["compile_mode"] = cfg.compile_mode
             if fast_teacher is None:  # frozen: bf16 weights change no gradient, only the casts autocast makes
-                fast_teacher = copy.deepcopy(teacher).to(torch.bfloat16 if device.type == "cuda" else torch.float32)
+                fast_teacher = cast_parameters(copy.deepcopy(teacher),  # its parameters only: RoPE's inv_freq
+                                               torch.bfloat16 if device.type == "cuda" else torch.float32)
                 compile_decoder_layers(fast_teacher, mode=cfg.compile_mode)
             side_run(row, "distill_compiled_teacher", compiled, B, with_teacher=fast_teacher,
                      fused_loss=cfg.fused_loss, profile=cfg.profile)

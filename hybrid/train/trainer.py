@@ -116,9 +116,9 @@ class Trainer:
             self.teacher, self.tokenizer = load_teacher(cfg.teacher, env.device, cfg.tokenizer)
             self.student, self.mask = build_hybrid(self.teacher, cfg.mask, cfg.hybrid)
             if cfg.teacher_dtype != "float32":  # after the student copied the teacher's float32 weights
-                from hybrid.train.precision import WORKING_DTYPES
+                from hybrid.train.precision import WORKING_DTYPES, cast_parameters
 
-                self.teacher.to(WORKING_DTYPES[cfg.teacher_dtype])
+                cast_parameters(self.teacher, WORKING_DTYPES[cfg.teacher_dtype])  # not its rotary buffers
         else:
             from headscope.reference import DEFAULT_NAME
 

@@ -142,6 +142,21 @@ def test_a_failing_compile_falls_back_to_the_eager_math_with_a_warning(monkeypat
         fused_distill_loss(h_s, w_s, h_t, w_t, ids, w, chunk_math="fast")
 
 
+def test_out_of_memory_in_the_compiled_math_is_raised_not_swallowed(monkeypatch):
+    """An out-of-memory error is not a compile failure: it reaches the caller (a sweep's side run reports it) and
+    the compiled math stays in use."""
+    import hybrid.train.fused_loss as fl
+
+    def oom(*args):
+        raise torch.OutOfMemoryError("fake: out of memory")
+
+    monkeypatch.setattr(fl, "_COMPILED", {"fn": oom})
+    h_s, w_s, h_t, w_t, ids, w = problem(torch.float64)
+    with pytest.raises(torch.OutOfMemoryError):
+        fused_distill_loss(h_s, w_s, h_t, w_t, ids, w, chunk_tokens=4, chunk_math="compiled")
+    assert "failed" not in fl._COMPILED
+
+
 @pytest.mark.slow  # inductor on the CPU: a compile of the chunk math
 def test_the_compiled_chunk_math_on_the_cpu_equals_the_naive_twin():
     import hybrid.train.fused_loss as fl

@@ -47,6 +47,7 @@ def test_master_weights_cast_update_in_float32_save_the_masters_and_close_exactl
     model(ids).float().pow(2).mean().backward()
     mw.grads_to_master()
     assert all(m.grad is not None and m.grad.dtype == torch.float32 for _, m in masters)
+    assert all(p.grad is None for p in model.parameters())  # the working copies' gradients are freed
     opt.step()
     mw.master_to_model()
     for p, m in zip(mw.params, mw.master):
@@ -63,6 +64,56 @@ def test_master_weights_cast_update_in_float32_save_the_masters_and_close_exactl
         MasterWeights(model, torch.float32)
     with pytest.raises(ValueError, match="'x' has no master"):
         MasterWeights(model).masters_for([("x", nn.Parameter(torch.zeros(2, dtype=torch.bfloat16)))])
+
+
+def test_updated_working_copies_reach_the_layers_inference_caches():
+    """master_to_model writes the parameters in place (their versions advance), so the hybrid layers' inference
+    constants (-exp(A_log), the float32 decay bias: cached by data pointer and version) follow an update: an
+    evaluation after an optimizer step sees the new weights, not the first evaluation's."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from headscope.mask import HeadMask
+    from hybrid import from_mask
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=64, hidden_size=64, intermediate_size=96, num_hidden_layers=1,
+                      num_attention_heads=2, num_key_value_heads=1, head_dim=32, max_position_embeddings=128)
+    model = from_mask(LlamaForCausalLM(cfg), HeadMask.for_model(LlamaForCausalLM(cfg), [(0, 0)]),
+                      allow_degenerate=True).eval()
+    mw = MasterWeights(model)
+    ids = torch.randint(0, 64, (1, 12))  # [B, T]
+    with torch.no_grad():
+        before = model(input_ids=ids).logits.float()  # [B, T, V]; fills the inference caches
+    versions = [p._version for p in mw.params]
+    decay = [i for i, n in enumerate(mw.names) if n.endswith(("A_log", "dt_bias"))]
+    assert decay
+    with torch.no_grad():  # what AdamW's step does to the masters
+        for i in decay:
+            mw.master[i].add_(1.0)
+    mw.master_to_model()
+    assert all(p._version > v for p, v in zip(mw.params, versions))
+    with torch.no_grad():
+        after = model(input_ids=ids).logits.float()  # [B, T, V]
+    assert not torch.equal(after, before)  # the new decay reached the layer
+    mw.close()
+
+
+def test_a_cast_teacher_keeps_its_rotary_frequencies_in_float32():
+    """cast_parameters (teacher_dtype, the sweep's bf16 teacher): parameters in bf16, buffers such as RoPE's inv_freq
+    left in float32 (model.to(bf16) would round them: angles off by radians at a few thousand positions)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from hybrid.train.precision import cast_parameters
+
+    cfg = LlamaConfig(vocab_size=64, hidden_size=64, intermediate_size=96, num_hidden_layers=1,
+                      num_attention_heads=2, num_key_value_heads=1, head_dim=32, max_position_embeddings=4096)
+    model = LlamaForCausalLM(cfg)
+    inv = {n: b.clone() for n, b in model.named_buffers() if b.is_floating_point()}
+    assert inv and cast_parameters(model, torch.bfloat16) is model
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+    for n, b in model.named_buffers():
+        if n in inv:
+            assert b.dtype == torch.float32 and torch.equal(b, inv[n]), n
 
 
 STAGES = [stage("align", steps=3, seq_len=32), stage("distill", steps=4, seq_len=32)]
@@ -148,6 +199,7 @@ def test_a_bf16_teacher_runs_the_losses(tmp_path, tiny_teacher_dir, tiny_mask):
     tr = Trainer(cfg)
     res = tr.run("all", resume=False, allow_config_change=False)
     assert {p.dtype for p in tr.teacher.parameters()} == {torch.bfloat16}
+    assert {b.dtype for b in tr.teacher.buffers() if b.is_floating_point()} <= {torch.float32}  # RoPE's inv_freq
     assert {p.dtype for p in res.model.parameters()} == {torch.float32}
     assert all(torch.isfinite(torch.tensor(r["loss"])) for r in res.history if "loss" in r)
 
