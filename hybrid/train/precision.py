@@ -64,6 +64,7 @@ class MasterWeights:
                 self.params.append(p)
                 self.master.append(m)
                 p.data = p.data.to(dtype)
+                p.grad = None  # a working copy's gradient lives from a backward to grads_to_master only
         self.closed = False
 
     def masters_for(self, params: list[tuple[str, nn.Parameter]]) -> list[tuple[str, torch.Tensor]]:

@@ -29,6 +29,7 @@ __all__ = ["SweepConfig", "run_sweep", "profile_lines", "check_compile_mode", "C
 SCHEMA = "hybrid.train.throughput_sweep"
 SIDE_RUNS = (("distill_naive", "naive loss"), ("distill_compiled", "compiled"),
              ("distill_compiled_teacher", "teacher compiled too"), ("distill_bf16_weights", "bf16 weights too"))
+COMPILED_RUNS = tuple(kind for kind, _ in SIDE_RUNS if kind != "distill_naive")  # the side runs of cfg.compile
 
 
 @dataclass(frozen=True)
@@ -212,8 +213,7 @@ def _run_sweep(student: nn.Module, teacher: nn.Module, cfg: SweepConfig, out_pat
                 row["oom"] = str(err).splitlines()[0][:200]
                 gc.collect()
                 row["max_memory_gib"] = peak_gib()
-        elif all("oom" in row[k] for k in ("distill_compiled", "distill_compiled_teacher", "distill_bf16_weights")
-             if k in row):
+        elif all("oom" in row[k] for k in COMPILED_RUNS if k in row):
             row["oom"] = row["distill_compiled"]["oom"]
         row["seconds"] = round(time.time() - t0, 1)
         rows.append(row)
@@ -229,8 +229,7 @@ def _run_sweep(student: nn.Module, teacher: nn.Module, cfg: SweepConfig, out_pat
                 f"{t['tflops']:.1f} TFLOP/s, MFU {t['mfu']:.1%} ({row['seconds']} s)")
         else:
             log(f"[throughput] batch {B} x {T}: (eager step not timed: compiled_only){sides} ({row['seconds']} s)")
-        for kind in ("distill", "distill_compiled", "distill_compiled_teacher", "distill_bf16_weights",
-                     "teacher_train") if cfg.profile else ():
+        for kind in ("distill", *COMPILED_RUNS, "teacher_train") if cfg.profile else ():
             if "profile" in row.get(kind, {}):
                 for line in profile_lines(f"batch {B} {kind}", row[kind]["profile"]):
                     log(line)
@@ -245,7 +244,7 @@ def _best(rows: list[dict], T: int) -> dict[str, Any]:
         bt = max(ok, key=lambda r: r["teacher_train"]["tokens_per_s"])
         best.update(batch_size=b["batch_size"], distill=b["distill"], teacher_train_same_batch=b["teacher_train"],
                     teacher_train_best=bt["teacher_train"])
-    for kind in ("distill_compiled", "distill_compiled_teacher", "distill_bf16_weights"):  # also beside an OOM
+    for kind in COMPILED_RUNS:  # every row, also one whose eager step OOMed
         comp = [r[kind] for r in rows if "tokens_per_s" in r.get(kind, {})]
         if comp:
             best[kind] = max(comp, key=lambda c: c["tokens_per_s"])

@@ -236,9 +236,7 @@ def measure_distill(student: nn.Module, teacher: nn.Module, batch_size: int, seq
     def step() -> None:
         terms = distill_loss(cfg, student, teacher, ids, w, autocast)
         loss = sum(wt * total / count for _, wt, total, count in terms)
-        opt.zero_grad(set_to_none=True)
-        if mw is not None:
-            student.zero_grad(set_to_none=True)
+        opt.zero_grad(set_to_none=True)  # with master weights: the masters' (grads_to_master freed the others)
         loss.backward()
         if mw is not None:
             mw.grads_to_master()

@@ -371,9 +371,7 @@ class Trainer:
                 terms = stage.loss(s, model, teacher, ids, w, autocast)
                 counts = all_reduce_sum(torch.stack([c.detach().float() for *_, c in terms]), env)  # [n_terms]
                 loss = sum(weight * total / counts[j].clamp_min(1e-12) for j, (_, weight, total, _) in enumerate(terms))
-                opt.zero_grad(set_to_none=True)
-                if mw is not None:
-                    self.student.zero_grad(set_to_none=True)
+                opt.zero_grad(set_to_none=True)  # with master weights: the masters' (the working copies' were freed)
                 (loss * env.world).backward()  # DDP averages gradients over processes: undo the 1/world
                 if mw is not None:
                     mw.grads_to_master()
