@@ -198,6 +198,7 @@ def _run_sweep(student: nn.Module, teacher: nn.Module, cfg: SweepConfig, out_pat
                 side_run(row, "distill_bf16_weights", compiled, B, with_teacher=fast_teacher,
                          fused_loss=cfg.fused_loss, profile=cfg.profile, working_dtype="bfloat16")
                 row["distill_bf16_weights"].update(teacher_dtype=str(next(fast_teacher.parameters()).dtype),
+                                                   teacher_compiled_modules=compiled_modules(fast_teacher),
                                                    compile_mode=cfg.compile_mode)
         if not cfg.compiled_only:
             try:

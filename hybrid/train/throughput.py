@@ -96,6 +96,25 @@ SHAPE_OPS = ("aten::add", "aten::add_", "aten::copy_", "aten::mul", "aten::mul_"
 _NOT_WHERE = ("torch/", "hybrid/train/throughput.py")  # frames that do not say where an op comes from
 
 
+_PY_FRAME = re.compile(r".+\.py\(\d+\): ")  # how the profiler names a Python frame: "path.py(12): function"
+
+
+def _is_ours(frame: str) -> bool:
+    return bool(_PY_FRAME.match(frame)) and not any(m in frame for m in _NOT_WHERE) and not frame.startswith("<")
+
+
+def _where(e) -> str:
+    """The innermost Python frame above the op ``e`` that is not torch's (profiled with_stack), or "": its parents
+    that are Python function events (``is_python_function``, torch >= 2.12; older versions name them "f.py(n): g"),
+    else the op's own recorded ``stack`` (innermost first)."""
+    p = e.cpu_parent
+    while p is not None:
+        if getattr(p, "is_python_function", True) and _is_ours(p.name):
+            return p.name
+        p = p.cpu_parent
+    return next((f for f in (getattr(e, "stack", None) or []) if _is_ours(f)), "")
+
+
 def _ops_by_shape(prof, cuda: bool, steps: int, top: int) -> list[dict[str, Any]]:
     """The ``SHAPE_OPS`` events grouped by (op, input dtypes, input shapes, the innermost Python frame above it
     that is not torch's: ours, fla's, or "" for the autograd engine's own ops): the kernel time they launched
@@ -107,11 +126,7 @@ def _ops_by_shape(prof, cuda: bool, steps: int, top: int) -> list[dict[str, Any]
         us = float(getattr(e, "self_device_time_total", 0.0) or 0.0) if cuda else float(e.self_cpu_time_total)
         if us <= 0:
             continue
-        where, p = "", e.cpu_parent  # the innermost Python frame above the op that is not torch's (with_stack)
-        while p is not None and not where:
-            if p.is_python_function and not any(m in p.name for m in _NOT_WHERE) and not p.name.startswith("<"):
-                where = p.name
-            p = p.cpu_parent
+        where = _where(e)
         dtypes = [t for t in (getattr(e, "input_dtypes", None) or []) if t and t != "Scalar"][:2]
         key = (e.name, str(dtypes), str([s for s in (e.input_shapes or []) if s][:2]), where)
         a = agg.setdefault(key, [0.0, 0])

@@ -68,6 +68,25 @@ def test_profile_names_the_eager_elementwise_ops_by_dtype_shape_and_source_line(
     assert "ops_top" not in profile_step(step, torch.device("cpu"), steps=1, shapes=False)
 
 
+def test_the_source_line_of_an_op_is_found_on_profilers_of_older_torch():
+    """torch < 2.12 has no FunctionEvent.is_python_function (the H200 image's 2.11 failed here): a parent named like a
+    Python frame counts, torch's own frames are skipped, and without such a parent the op's own stack answers."""
+    from types import SimpleNamespace as E
+
+    from hybrid.train.throughput import _where
+
+    engine = E(name="autograd::engine::evaluate_function: AddBackward0", cpu_parent=None)
+    ours = E(name="hybrid/layers/gdn.py(88): forward", cpu_parent=engine)
+    torch_frame = E(name="torch/nn/modules/module.py(1750): _call_impl", cpu_parent=ours)
+    assert _where(E(name="aten::add", cpu_parent=torch_frame)) == "hybrid/layers/gdn.py(88): forward"
+    assert _where(E(name="aten::add", cpu_parent=engine, stack=["torch/autograd/graph.py(824): _engine_run_backward",
+                                                                 "hybrid/train/fused_loss.py(140): backward"])) \
+        == "hybrid/train/fused_loss.py(140): backward"
+    assert _where(E(name="aten::add", cpu_parent=engine)) == ""
+    not_python = E(name="hybrid/layers/gdn.py(88): forward", cpu_parent=None, is_python_function=False)
+    assert _where(E(name="aten::add", cpu_parent=not_python)) == ""
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_profile_of_a_cuda_step_times_its_kernels_and_its_host_side():
