@@ -43,3 +43,15 @@ def tiny_model(family: str = "qwen3", seed: int = 0, attn_implementation: str = 
     cfg = tiny_config(family, **overrides)
     model = tf.AutoModelForCausalLM.from_config(cfg, attn_implementation=attn_implementation, dtype=dtype)
     return model.eval()
+
+
+def reference_kv_group_mask(path):
+    """A head-mask JSON at ``path`` (returned): FA on KV groups (L0, kv0), (L1, kv3), (L4, kv1), (L6, kv2) of the reference model: 1/8 of its KV heads."""
+    from headscope.heads import Head
+    from headscope.mask import HeadMask
+    from headscope.reference import load_model
+
+    model, _ = load_model()
+    heads = [Head(l, 2 * g + r) for l, g in ((0, 0), (1, 3), (4, 1), (6, 2)) for r in range(2)]
+    HeadMask.for_model(model, heads).to_json(path)
+    return path

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from model_factories import reference_kv_group_mask as kv_group_mask
 
 ROOT = Path(__file__).resolve().parents[3]
 SCRIPT = ROOT / "experiments" / "train_hybrid" / "run.py"
@@ -19,18 +20,6 @@ def run_script(*args: str) -> dict:
     subprocess.run([sys.executable, str(SCRIPT), *args], check=True, env=env, cwd=ROOT)
     out = Path(args[args.index("--out") + 1])
     return json.loads((out / "results.json").read_text())
-
-
-def kv_group_mask(path: Path) -> Path:
-    """FA on KV groups (L0, kv0), (L1, kv3), (L4, kv1), (L6, kv2) of the reference model: 1/8 of its KV heads."""
-    from headscope.heads import Head
-    from headscope.mask import HeadMask
-    from headscope.reference import load_model
-
-    model, _ = load_model()
-    heads = [Head(l, 2 * g + r) for l, g in ((0, 0), (1, 3), (4, 1), (6, 2)) for r in range(2)]
-    HeadMask.for_model(model, heads).to_json(path)
-    return path
 
 
 def check(out: dict, folder: Path) -> None:
