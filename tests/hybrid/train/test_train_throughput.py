@@ -17,6 +17,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
     ("chunk_gated_delta_rule_fwd_kernel_h_blockdim64", "gdn"),
     ("chunk_fwd_kernel_o", "gdn"),
     ("solve_tril_16x16_kernel", "gdn"),
+    ("prepare_wy_repr_bwd_kernel", "gdn"),
     ("_prologue_fwd_kernel", "gdn"),
     ("flash_fwd_kernel", "attention"),
     ("pytorch_flash::flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel", "attention"),
@@ -29,6 +30,18 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 def test_kernel_names_fall_into_their_category(name, category):
     assert kernel_category(name) == category
     assert category == "other" or category in dict(KERNEL_CATEGORIES)
+
+
+@pytest.mark.parametrize("name, annotation", [
+    ("## Call CompiledFxGraph fbmuqlynqnjq2ffcovqaiqkgtqwt3chyhu4nkxmyfabex7uhex5k ##", True),
+    ("ProfilerStep#3", True),
+    ("triton_red_fused__log_softmax__to_copy_amax", False),
+    ("nvjet_sm90_tst_192x192_64x4_1x2_h_bz_coopB_TNN", False),
+])
+def test_named_ranges_on_the_gpu_timeline_are_not_kernels(name, annotation):
+    from hybrid.train.throughput import _is_annotation
+
+    assert _is_annotation(name) is annotation
 
 
 def test_profile_of_a_cpu_step_counts_its_matmuls():
@@ -105,6 +118,26 @@ def test_profile_of_a_cuda_step_times_its_kernels_and_its_host_side():
     assert prof["kernels_per_step"] >= 3  # forward mm, relu, the grad's mm at least
     assert prof["host_ms_per_step"] > 0 and prof["host_top"] and len(prof["host_top"]) <= 5
     assert prof["host_top"][0]["ms"] >= prof["host_top"][-1]["ms"]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_profile_of_a_compiled_cuda_step_counts_its_kernels_once():
+    """A compiled region's range ("## Call CompiledFxGraph ... ##") also shows on the GPU timeline on torch 2.11,
+    spanning the region's kernels: it is left out, so the kernels' sum is not counted twice."""
+    dev = torch.device("cuda")
+    w = torch.randn(1024, 1024, device=dev, requires_grad=True)  # [D, D]
+    x = torch.randn(4096, 1024, device=dev)  # [N, D]
+    f = torch.compile(lambda x, w: torch.nn.functional.silu(x @ w).square().mean())
+
+    def step():
+        f(x, w).backward()
+
+    step()  # compiles
+    prof = profile_step(step, dev, steps=3, top=25)
+    assert not any(r["name"].startswith("## ") for r in prof["top"])
+    assert prof["categories"]["matmul"]["share"] > 0.3  # three [4096, 1024] x [1024, 1024] matmuls dominate
+    assert prof["kernel_ms_per_step"] <= prof["step_ms"] * 1.05  # kernels on one stream fit in the step
 
 
 def test_copy_model_keeps_compiled_submodules_compiled():
