@@ -22,7 +22,6 @@ import argparse
 import json
 import os
 import time
-from types import SimpleNamespace
 
 import torch
 
@@ -36,26 +35,13 @@ def sync():
 
 
 def build(args):
-    import transformers as tf
+    from headscope.synthetic import moved_answer_pair, random_qwen3
 
-    cfg = tf.Qwen3Config(vocab_size=args.vocab, hidden_size=args.hidden, num_hidden_layers=args.layers,
-                         num_attention_heads=args.heads, num_key_value_heads=args.kv_heads, head_dim=args.head_dim,
-                         intermediate_size=args.intermediate, max_position_embeddings=max(40960, args.seq),
-                         tie_word_embeddings=True)
-    torch.manual_seed(args.seed)
-    with torch.device(DEV):
-        model = tf.AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa", dtype=torch.bfloat16).eval()
-    g = torch.Generator().manual_seed(args.seed)
-    T, A, p0 = args.seq, args.answer, args.first_diff
-    clean = torch.randint(0, args.vocab, (T,), generator=g)  # [T]
-    corrupt = clean.clone()
-    corrupt[p0:p0 + 4] = (corrupt[p0:p0 + 4] + 7) % args.vocab
-    with torch.inference_mode():
-        lc = model(clean[None].to(DEV), logits_to_keep=A).logits[0].float()  # [A, V]
-        lx = model(corrupt[None].to(DEV), logits_to_keep=A).logits[0].float()  # [A, V]
-    # answers with the largest effect of the corruption (random weights: no "correct" answer exists)
-    pair = SimpleNamespace(clean_ids=clean, corrupt_ids=corrupt, answer_pos=torch.arange(T - A, T),
-                           clean_answer_ids=(lc - lx).argmax(-1).cpu(), corrupt_answer_ids=(lx - lc).argmax(-1).cpu())
+    shape = dict(layers=args.layers, heads=args.heads, kv_heads=args.kv_heads, head_dim=args.head_dim,
+                 hidden=args.hidden, intermediate=args.intermediate, vocab=args.vocab)
+    model = random_qwen3(shape, device=DEV, dtype=torch.bfloat16, seed=args.seed,
+                         max_position_embeddings=max(40960, args.seq))
+    pair = moved_answer_pair(model, args.seq, args.first_diff, args.answer, torch.Generator().manual_seed(args.seed))
     return model, pair
 
 

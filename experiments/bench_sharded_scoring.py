@@ -22,15 +22,14 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import torch
 
 from headscope.io import write_text
+from headscope.synthetic import QWEN3_1_7B
 
-SHAPES = {  # Qwen3-1.7B: 28 layers, 16 query / 8 KV heads of 128, hidden 2048, MLP 6144, vocabulary 151936
-    "qwen3-1.7b": dict(layers=28, heads=16, kv_heads=8, head_dim=128, hidden=2048, intermediate=6144, vocab=151936,
-                       seq=4096, first_diff=2048, answer=4),
+SHAPES = {  # headscope.synthetic.QWEN3_1_7B: 28 layers, 16 query / 8 KV heads of 128, hidden 2048, MLP 6144
+    "qwen3-1.7b": dict(QWEN3_1_7B, seq=4096, first_diff=2048, answer=4),
     "small": dict(layers=6, heads=8, kv_heads=4, head_dim=32, hidden=256, intermediate=768, vocab=2048, seq=512,
                   first_diff=256, answer=4),
 }
@@ -38,31 +37,14 @@ SHAPES = {  # Qwen3-1.7B: 28 layers, 16 query / 8 KV heads of 128, hidden 2048, 
 
 def build(shape: dict, n_pairs: int, device: torch.device, dtype: torch.dtype, seed: int = 0):
     """The seeded random Qwen3 of ``shape`` and ``n_pairs`` pairs whose answers the corruption moves most."""
-    import transformers as tf
-
     from headscope.patching import as_patch_pair
+    from headscope.synthetic import moved_answer_pair, random_qwen3
 
-    s = SimpleNamespace(**shape)
-    cfg = tf.Qwen3Config(vocab_size=s.vocab, hidden_size=s.hidden, num_hidden_layers=s.layers,
-                         num_attention_heads=s.heads, num_key_value_heads=s.kv_heads, head_dim=s.head_dim,
-                         intermediate_size=s.intermediate, max_position_embeddings=max(40960, s.seq),
-                         tie_word_embeddings=True)
-    torch.manual_seed(seed)
-    with torch.device(device):
-        model = tf.AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa", dtype=dtype).eval()
+    model = random_qwen3(shape, device=device, dtype=dtype, seed=seed,
+                         max_position_embeddings=max(40960, shape["seq"]))
     g = torch.Generator().manual_seed(seed)
-    pairs = []
-    for _ in range(n_pairs):
-        clean = torch.randint(0, s.vocab, (s.seq,), generator=g)  # [T]
-        corrupt = clean.clone()
-        corrupt[s.first_diff:s.first_diff + 4] = (corrupt[s.first_diff:s.first_diff + 4] + 7) % s.vocab
-        pos = torch.arange(s.seq - s.answer, s.seq)  # [A]
-        with torch.inference_mode():
-            lc = model(clean[None].to(device)).logits[0, pos.to(device)].float()  # [A, V]
-            lx = model(corrupt[None].to(device)).logits[0, pos.to(device)].float()  # [A, V]
-        pairs.append(as_patch_pair(SimpleNamespace(clean_ids=clean, corrupt_ids=corrupt, answer_pos=pos,
-                                                   clean_answer_ids=(lc - lx).argmax(-1).cpu(),
-                                                   corrupt_answer_ids=(lx - lc).argmax(-1).cpu())))
+    pairs = [as_patch_pair(moved_answer_pair(model, shape["seq"], shape["first_diff"], shape["answer"], g))
+             for _ in range(n_pairs)]
     return model, pairs
 
 

@@ -55,16 +55,13 @@ MODELS = ("teacher", "hybrid_7to1", "layer_3to1")
 
 def build_models(shape: dict, device: str, dtype: torch.dtype) -> dict:
     """The three models of the module docstring (random weights; the HF teacher is dropped after conversion)."""
-    from transformers import AutoModelForCausalLM, Qwen3Config
+    from headscope.synthetic import random_qwen3
 
-    cfg = Qwen3Config(vocab_size=shape["vocab"], hidden_size=shape["C"], intermediate_size=shape["I"],
-                      num_hidden_layers=shape["L"], num_attention_heads=shape["H"], num_key_value_heads=shape["K"],
-                      head_dim=shape["D"], max_position_embeddings=262144,
-                      rope_parameters={"rope_type": "default", "rope_theta": 1e6},
-                      tie_word_embeddings=True, rms_norm_eps=1e-6)
-    torch.manual_seed(0)
+    hf = random_qwen3(dict(vocab=shape["vocab"], hidden=shape["C"], intermediate=shape["I"], layers=shape["L"],
+                           heads=shape["H"], kv_heads=shape["K"], head_dim=shape["D"]), device=device, dtype=dtype,
+                      max_position_embeddings=262144, rope_parameters={"rope_type": "default", "rope_theta": 1e6},
+                      rms_norm_eps=1e-6)
     with torch.device(device):
-        hf = AutoModelForCausalLM.from_config(cfg, dtype=dtype, attn_implementation="sdpa").eval()
         rep = shape["H"] // shape["K"]
         # 7:1 with whole KV groups: layer l keeps the `rep` query heads of KV head (3 l) mod K (1/K of the KV)
         fa = [Head(layer=l, head=(3 * l) % shape["K"] * rep + r) for l in range(shape["L"]) for r in range(rep)]
