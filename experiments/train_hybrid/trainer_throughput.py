@@ -24,21 +24,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default=None)
     a = ap.parse_args(argv)
 
-    from hybrid.train import TrainConfig, run
-    from hybrid.train.build import load_teacher
+    from headscope.io import write_text
+    from hybrid.train import TrainConfig, Trainer
     from hybrid.train.logs import read_log
     from hybrid.train.stages import STAGES
     from hybrid.train.throughput import H200_BF16_PEAK, forward_flops_per_token
 
     overrides = {k: v for k, v in (("mask", a.mask), ("out", a.out), ("device", a.device)) if v is not None}
     cfg = TrainConfig.from_file(a.config, **overrides)
-    result = run(cfg)
-    student = result.model
-    teacher, _ = load_teacher(cfg.teacher, next(student.parameters()).device) if cfg.mask else (None, None)
+    trainer = Trainer(cfg)  # what hybrid.train.run does, keeping the trainer: its loaded teacher is counted below
+    student, teacher = trainer.run("all", resume=False, allow_config_change=False).model, trainer.teacher
     records = [r for r in read_log(Path(cfg.out) / "log.jsonl") if "tok_per_s" in r]
     rows = []
     for st in cfg.stages:
-        tps = [r["tok_per_s"] for r in records if r["stage"] == st.name]
+        mine = [r for r in records if r["stage"] == st.name]
+        tps = [r["tok_per_s"] for r in mine]
         if not tps:
             print(f"{st.name}: no log records with tokens/s (log_every larger than the steps run?)")
             continue
@@ -47,7 +47,6 @@ def main(argv: list[str] | None = None) -> int:
         if kind.trains == "all":  # forward + backward of every weight (3x), plus the teacher's forward if it runs
             flops = 3 * forward_flops_per_token(student, T)
             flops += forward_flops_per_token(teacher, T) if kind.uses_teacher and teacher is not None else 0.0
-        mine = [r for r in records if r["stage"] == st.name]
         row = {"stage": st.name, "batch_size": st.batch_size, "seq_len": T, "log_records": len(tps),
                "steps": max(r["step"] for r in mine), "tok_per_s_median": med, "tok_per_s_min": min(tps),
                "tok_per_s_max": max(tps), "model_flops_per_token": flops,
@@ -59,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
                 " (MFU not counted: only the new parameters train)")
         print(f"{st.name}: batch {st.batch_size} x {T}, {row['steps']} steps: {med:,.0f} tokens/s (median of "
               f"{len(tps)} log records, {min(tps):,.0f}-{max(tps):,.0f}){rate}")
-    (Path(cfg.out) / "trainer_throughput.json").write_text(json.dumps({"config": a.config, "rows": rows}, indent=1))
+    write_text(Path(cfg.out) / "trainer_throughput.json", json.dumps({"config": a.config, "rows": rows}, indent=1))
     return 0
 
 

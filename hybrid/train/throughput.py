@@ -82,7 +82,7 @@ def _is_annotation(name: str) -> bool:
     """A named range, not a kernel: torch.compile's "## Call CompiledFxGraph <key> ##" (and any record_function
     range) appears on the GPU timeline too, spanning kernels that are counted on their own; counting both made
     the H200 profiles' "other" category 45% of the kernel time (fifteenth session)."""
-    return name.startswith("## ") and name.endswith(" ##") or name.startswith("ProfilerStep#")
+    return (name.startswith("## ") and name.endswith(" ##")) or name.startswith("ProfilerStep#")
 
 
 def kernel_category(name: str) -> str:
