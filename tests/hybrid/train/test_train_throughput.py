@@ -45,8 +45,10 @@ def test_named_ranges_on_the_gpu_timeline_are_not_kernels(name, annotation):
 
 
 def test_profile_of_a_cpu_step_counts_its_matmuls():
-    w = torch.randn(256, 256, requires_grad=True)  # [D, D]
-    x = torch.randn(64, 256)  # [N, D]
+    # matmuls large enough (2 x 134 MFLOP a step) to lead the self-CPU-time list whatever the machine's noise: at
+    # [64, 256] x [256, 256] aten::mm once fell out of the top 5 under a loaded CI run
+    w = torch.randn(512, 512, requires_grad=True)  # [D, D]
+    x = torch.randn(256, 512)  # [N, D]
 
     def step():
         y = (x @ w).relu().sum()
