@@ -22,7 +22,7 @@ __all__ = ["load_model", "load_tokenizer", "default_path", "has_default_weights"
 
 DEFAULT_NAME = "default"
 _WEIGHTS_DIR = Path(__file__).resolve().parent / "weights"
-_TRAIN_HINT = ("train it with `python experiments/reference/train_reference.py --out runs/reference` on a GPU "
+_TRAIN_HINT = ("train it with `python research/reference/train_reference.py --out runs/reference` on a GPU "
                "(see docs/reference_model.md) and copy the output folder to headscope/weights/default")
 
 

@@ -1,10 +1,19 @@
 """Shared fixtures. The model factories themselves live in model_factories.py (import them by name)."""
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 import torch
 
 from model_factories import tiny_model
+
+# research/ is a package at the repository root, not installed: its scripts run as `python -m research.<name>` from
+# the root. Subprocesses that tests start (with or without their own env) find it through PYTHONPATH.
+_ROOT = str(Path(__file__).resolve().parents[1])
+os.environ["PYTHONPATH"] = os.pathsep.join([_ROOT] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+                                                      if p and p != _ROOT])
 
 
 @pytest.fixture
@@ -20,3 +29,28 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+# hybrid.train and research: the reference tokenizer, a tiny Qwen3 teacher saved to disk with it, a mask
+@pytest.fixture(scope="package")
+def ref_tokenizer():
+    from transformers import AutoTokenizer
+
+    from headscope.reference import default_path
+
+    return AutoTokenizer.from_pretrained(default_path(), local_files_only=True)
+
+
+@pytest.fixture(scope="package")
+def tiny_teacher_dir(tmp_path_factory, ref_tokenizer):
+    """A 2-layer Qwen3 (4 heads, 2 KV heads, vocab of the reference tokenizer) saved with the tokenizer."""
+    from train_factories import save_tiny_teacher
+
+    return save_tiny_teacher(tmp_path_factory.mktemp("teacher"), ref_tokenizer)
+
+
+@pytest.fixture(scope="package")
+def tiny_mask(tiny_teacher_dir, tmp_path_factory):
+    from train_factories import save_mask
+
+    return save_mask(tiny_teacher_dir, tmp_path_factory.mktemp("mask") / "mask.json")

@@ -26,7 +26,6 @@ HYBRID_TRAIN_ALL = [
     "CheckpointError", "DataConfig", "EVALUATIONS", "EvalContext", "MixtureConfig", "MixtureStream", "ModelConfig",
     "RunResult", "STAGES", "Stage", "StageConfig", "TrainConfig", "TrainConfigError", "Trainer", "latest_checkpoint",
     "plot_log", "read_log", "register_evaluation", "register_stage", "run",
-    "StudyConfig", "run_study", "VariantSpec", "VARIANT_KINDS", "selection_scores",
 ]
 
 

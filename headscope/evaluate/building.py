@@ -92,7 +92,7 @@ def _gather(n_cells: int, owner: list[int], results: list) -> list:
 @contextlib.contextmanager
 def _without_main() -> Iterator[None]:
     """While worker processes start: the parent's ``__main__`` shows no file and no module spec, which is how
-    multiprocessing's spawn leaves the main module alone in the child (as for an interactive session) instead
+    multiprocessing's spawn leaves the main module alone in the child (as for an interactive interpreter) instead
     of re-running the calling script there. The workers need nothing from it."""
     main = sys.modules.get("__main__")
     if main is None:

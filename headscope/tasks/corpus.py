@@ -5,7 +5,7 @@
     texts = build_corpus(sdist)                       # {"train": ..., "heldout": ..., "shipped": ...}
     write_corpus(texts, out_dir)                      # only files whose text changed are rewritten
 
-experiments/prepare_corpus.py is the command that finds the sdist and calls these. The sdist holds two
+research/prepare_corpus.py is the command that finds the sdist and calls these. The sdist holds two
 Project Gutenberg editions of most works: ``<work>_gut.txt`` (modern spelling) and ``<work>_gut_f.txt``
 (First Folio spelling, file names differ, e.g. "comedy_of_errours"). Every folio text has a modern
 counterpart, so exactly the ``_gut.txt`` files are kept: one edition per work.

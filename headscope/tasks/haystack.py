@@ -1,7 +1,7 @@
 """Haystack text for needle-in-a-haystack tasks: loading, sentence boundaries, needle insertion.
 
 Sources: "heldout" (shipped with the package: held-out Shakespeare works, never in the training corpus),
-"train" (data/corpus/train.txt, built by experiments/prepare_corpus.py), a file path, or the text itself.
+"train" (data/corpus/train.txt, built by research/prepare_corpus.py), a file path, or the text itself.
 """
 from __future__ import annotations
 
@@ -29,12 +29,12 @@ def load_haystack(source: str = "heldout") -> str:
         raise ValueError(f"haystack={source!r}: give 'heldout', 'train', a text file path, or the text itself")
     if source == "heldout":
         if not SHIPPED.exists():
-            raise FileNotFoundError(f"shipped haystack {SHIPPED} is missing; run python experiments/prepare_corpus.py")
+            raise FileNotFoundError(f"shipped haystack {SHIPPED} is missing; run python research/prepare_corpus.py")
         return _read(str(SHIPPED))
     if source == "train":
         path = CORPUS / "train.txt"
         if not path.exists():
-            raise FileNotFoundError(f"{path} is missing; build it with python experiments/prepare_corpus.py")
+            raise FileNotFoundError(f"{path} is missing; build it with python research/prepare_corpus.py")
         return _read(str(path))
     if "\n" not in source and len(source) < 1000:
         path = Path(source).expanduser()

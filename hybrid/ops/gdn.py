@@ -19,7 +19,7 @@ combination `fla_chunk` keeps fla's forward and, by default, computes the backwa
 with `torch_chunk` (exact gradients of the same function, slower), except at head dims listed in
 HOPPER_BWD_VERIFIED_DIMS. `allow_unverified_hopper_backward=True` (or env HYBRID_ALLOW_UNVERIFIED_HOPPER_BWD=1)
 runs fla's own backward with the guard switched off at any head dim, for the parity test
-(tests/hybrid/ops/test_gpu_kernels.py, experiments/fla_parity_gpu.py) that measures whether it is right.
+(tests/hybrid/ops/test_gpu_kernels.py, research/fla_parity_gpu.py) that measures whether it is right.
 See docs/kernels.md for the decision.
 """
 from __future__ import annotations
@@ -37,7 +37,7 @@ from hybrid.ops.utils import check_gdn_inputs
 BACKENDS = ("auto", "torch_chunk", "torch_recurrent", "fla_chunk", "fla_recurrent")
 FLA_RECURRENT_MAX_T = 64  # auto: decode / short no-grad calls use fla's fused recurrent kernel
 HOPPER_BWD_ENV = "HYBRID_ALLOW_UNVERIFIED_HOPPER_BWD"
-# (Dk, Dv) head dims at which experiments/fla_parity_gpu.py measured fla's guarded Hopper backward to match the
+# (Dk, Dv) head dims at which research/fla_parity_gpu.py measured fla's guarded Hopper backward to match the
 # reference (relative error <= 1e-2 for every gradient); there the guard is bypassed by default. Measured on one
 # H200 (torch 2.11, Triton 3.6, fla-core 0.6.0, 2026-11-29): at T = 512 and 1024, D = 64 and 128, the bypassed
 # backward's worst relative error was 5.0e-3 (docs/results/hybrid_gpu_h200/gpu_hybrid_h200.log,

@@ -1,5 +1,5 @@
 """Kernel-vs-reference parity measurements for the GPU (used by tests/hybrid/ops/test_gpu_kernels.py and
-experiments/fla_parity_gpu.py). Error measure: ||x - ref||_2 / ||ref||_2 (fla's `get_err_ratio`).
+research/fla_parity_gpu.py). Error measure: ||x - ref||_2 / ||ref||_2 (fla's `get_err_ratio`).
 
 The reference is the PyTorch chunked twin in float32 run on the *same* (bf16-rounded) input values, so the numbers
 measure the kernel's own arithmetic, not the rounding of its inputs."""

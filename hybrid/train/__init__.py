@@ -2,12 +2,10 @@
 pretraining, in one training loop.
 
     from hybrid.train import TrainConfig, run
-    result = run(TrainConfig.from_file("experiments/train_hybrid/reference.toml"))
-    # or: hybrid-train --config experiments/train_hybrid/reference.toml [--stage 1|2|3|all] [--resume]
+    result = run(TrainConfig.from_file("research/train_hybrid/reference.toml"))
+    # or: hybrid-train --config research/train_hybrid/reference.toml [--stage 1|2|3|all] [--resume]
 
 Stages (``STAGES``): "align" (1), "distill" (2), "long" (3), "pretrain". Names load lazily.
-Studies (``run_study``, ``StudyConfig``, ``VariantSpec``): several variants trained and evaluated side by side,
-resumable (hybrid.train.studies; experiments/studies/run_studies.py).
 """
 from __future__ import annotations
 
@@ -34,11 +32,6 @@ _EXPORTS = {
     "MixtureConfig": "hybrid.train.data",
     "MixtureStream": "hybrid.train.data",
     "read_log": "hybrid.train.logs",
-    "StudyConfig": "hybrid.train.study_config",
-    "run_study": "hybrid.train.studies",
-    "VariantSpec": "hybrid.train.variants",
-    "VARIANT_KINDS": "hybrid.train.variants",
-    "selection_scores": "hybrid.train.variants",
     "plot_log": "hybrid.train.logs",
 }
 

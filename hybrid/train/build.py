@@ -79,7 +79,7 @@ def compiled_submodules(model: nn.Module) -> list[str]:
 
 def copy_model(model: nn.Module) -> nn.Module:
     """``copy.deepcopy(model)`` that keeps ``nn.Module.compile``: ``Module.__getstate__`` drops a compiled
-    module's ``_compiled_call_impl``, so a plain deepcopy of a compiled model runs eagerly (the tenth session's
+    module's ``_compiled_call_impl``, so a plain deepcopy of a compiled model runs eagerly (an earlier
     "compiled" throughput was such a copy: its kernel profile equalled the eager one's). The submodules that
     were compiled are compiled again on the copy, in the mode ``compile_decoder_layers`` gave them (else the
     default)."""

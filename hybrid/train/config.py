@@ -1,6 +1,6 @@
 """Training configuration: frozen, validated dataclasses, loadable from a TOML (or YAML) file.
 
-    run = TrainConfig.from_file("experiments/train_hybrid/reference.toml")
+    run = TrainConfig.from_file("research/train_hybrid/reference.toml")
 
 A file has top-level run fields, a ``[data]`` table (the mixture), an optional ``[hybrid]`` table
 (``hybrid.HybridOptions``), an optional ``[model]`` table (the fresh model of the "pretrain" stage) and one

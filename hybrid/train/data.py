@@ -473,7 +473,7 @@ def load_corpus(spec: str, tokenizer) -> torch.Tensor:
         path = Path(spec)
         if not path.exists():
             raise FileNotFoundError(f"data.corpus={spec!r}: no such file; give 'heldout', 'train' or a text file "
-                                    "(python experiments/prepare_corpus.py writes data/corpus/train.txt)")
+                                    "(python research/prepare_corpus.py writes data/corpus/train.txt)")
         text = path.read_text(encoding="utf-8")
     return tokenize_corpus(tokenizer, text)
 

@@ -4,7 +4,7 @@
 NIAH teacher-forced accuracy (``headscope.ablation.answer_accuracy``) on fixed prompts at the stage's length; in a
 stage at another length than the run's first stage, also the held-out loss at that first length
 (``eval_heldout_loss_base``), so that every stage is compared on the same windows (a loss at 8192 tokens is not
-one at 2048: the ninth session's stage 3 lowered the 8192 loss and raised the 2048 one by 0.35 nats).
+one at 2048: one measured stage 3 lowered the 8192 loss and raised the 2048 one by 0.35 nats).
 "none": no evaluation. Pass any other callable to ``hybrid.train.run(config, evaluate=fn)``.
 """
 from __future__ import annotations
@@ -105,7 +105,7 @@ LONG_MULTIPLES = (2, 4, 8)
 
 def eval_lengths(teacher: nn.Module, config, *, cap: int = MAX_EVAL_LENGTH,
                  multiples: tuple[int, ...] = LONG_MULTIPLES) -> tuple[int, tuple[int, ...]]:
-    """(L0, long lengths) for the evaluation after a hybrid run (experiments/train_hybrid/run.py).
+    """(L0, long lengths) for the evaluation after a hybrid run (research/train_hybrid/run.py).
 
     L0, the training length: the longest align / distill ``seq_len`` of ``config`` (a TrainConfig), never past
     the teacher's own (``headscope.evaluate.training_length``: train_summary.json, else max_position_embeddings).

@@ -4,8 +4,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "docs" / "results"
-CITING = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "experiments").rglob("*.md")),
-          *sorted((ROOT / "experiments").rglob("*.py")), *sorted((ROOT / "experiments").rglob("*.sh")),
+CITING = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "research").rglob("*.md")),
+          *sorted((ROOT / "research").rglob("*.py")), *sorted((ROOT / "research").rglob("*.sh")),
           *sorted((ROOT / "hybrid").rglob("*.py")), *sorted((ROOT / "headscope").rglob("*.py")),
           *sorted((ROOT / "tests").rglob("*.py"))]
 

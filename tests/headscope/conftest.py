@@ -4,7 +4,7 @@ import pytest
 from model_factories import tiny_model
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def model_dir(tmp_path_factory):
     """A tiny Qwen3 saved with a tiny word-level tokenizer (digits split), as `--model PATH` expects."""
     from tokenizers import Tokenizer, models, pre_tokenizers

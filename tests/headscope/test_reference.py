@@ -11,7 +11,7 @@ from model_factories import tiny_model
 SHIPPED_SKIP = pytest.mark.skipif(
     not has_default_weights(),
     reason="headscope/weights/default holds no model weights yet: train them with "
-           "experiments/reference/train_reference.py (docs/reference_model.md)")
+           "research/reference/train_reference.py (docs/reference_model.md)")
 
 
 def _tiny_tokenizer():

@@ -300,7 +300,7 @@ def test_gdn_fold_heads_option_gives_the_same_model_output():
 def test_hybrid_layer_traces_as_one_graph_without_host_sync(cached):
     """A layer with FA and GDN heads is one torch.compile graph (dynamo's explain, no inductor): the FA branch takes
     the query offset from the cache as a Python int, not int(positions[0]) (a device->host sync in every FA layer
-    of every forward and a graph break under compile: the "compiled" stage-2 step of the tenth session)."""
+    of every forward and a graph break under compile: a "compiled" stage-2 step once measured this way)."""
     import torch._dynamo as dynamo
 
     from hybrid.cache import LayerCache

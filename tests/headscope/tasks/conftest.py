@@ -21,7 +21,7 @@ def _wrap(tok, **special):
     return PreTrainedTokenizerFast(tokenizer_object=tok, **special)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def digit_tokenizer():
     """BPE with whitespace splitting, digits split one by one, and a BOS that it adds by default."""
     from tokenizers import Tokenizer, models, pre_tokenizers, processors, trainers
@@ -35,7 +35,7 @@ def digit_tokenizer():
     return _wrap(tok, bos_token="<s>", unk_token="<unk>")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def bytelevel_tokenizer():
     """GPT-2-like byte-level BPE that merges digits (values need retries to match token counts)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -49,7 +49,7 @@ def bytelevel_tokenizer():
     return _wrap(tok, eos_token="<|endoftext|>")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def metaspace_tokenizer():
     """SentencePiece-like: "▁" word markers and single digits, so " 4321" starts with a lone "▁" token."""
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
@@ -62,6 +62,6 @@ def metaspace_tokenizer():
     return _wrap(tok, unk_token="<unk>")
 
 
-@pytest.fixture(scope="session", params=["digit", "bytelevel"])
+@pytest.fixture(scope="package", params=["digit", "bytelevel"])
 def tokenizer(request, digit_tokenizer, bytelevel_tokenizer):
     return {"digit": digit_tokenizer, "bytelevel": bytelevel_tokenizer}[request.param]

@@ -1,4 +1,4 @@
-"""headscope.tasks.corpus (what experiments/prepare_corpus.py runs) and the shipped haystack."""
+"""headscope.tasks.corpus (what research/prepare_corpus.py runs) and the shipped haystack."""
 from __future__ import annotations
 
 import io

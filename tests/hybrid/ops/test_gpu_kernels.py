@@ -4,7 +4,7 @@ Run on the GPU machine: pip install --no-index --find-links .whl fla-core==0.6.0
                         python -m pytest -m gpu tests/hybrid/ops/test_gpu_kernels.py -v -s
 Small shapes (T = 512: 8 chunks, so the state hand-off is exercised) and one (B, H) = (1, 4) everywhere, so fla's
 kernels are compiled and autotuned once per head dim; the long-T measurements live in
-experiments/gpu_hybrid_all.py.
+research/gpu_hybrid_all.py.
 """
 import pytest
 import torch

@@ -1,0 +1,384 @@
+"""Whole-model cost of the hybrids at long context (issue 14), in ONE process under a wall-clock budget.
+
+Models (random weights, bf16, built on the GPU; no download):
+  teacher      a Qwen3-1.7B-shaped model (28 layers, 16 query / 8 KV heads of 128, hidden 2048, MLP 6144,
+               vocab 151936) as a HybridForCausalLM (hybrid.from_teacher: every head FA with RoPE, logits equal
+               to the HF model's), so all three run the same code, cache class and decode loop
+  hybrid_7to1  head-level 7:1: per layer 2 query heads sharing one KV head keep FA (1/8 of the KV cache)
+  layer_3to1   layer-wise 3:1: FA layers 3, 7, ..., 27, the others all GDN
+
+Measured, most important first (each unit is skipped, with the reason recorded, when its estimate no longer
+fits --budget-s):
+  1. decode time per step (one token per row, hybrid.decoding.Decoder: preallocated StaticHybridCache, CUDA
+     graph unless --no-cuda-graph, plus a few eager steps for comparison) at 128K then 32K context, batch 8 and 1.
+     The cache rows are set to the context length without a prefill (a step's cost depends on the lengths, not
+     on the values; the ragged prefill path is tested on the CPU);
+  2. prefill time (logits of the last position only, the cache kept) and peak memory at 128K, 64K, 32K, 16K
+     (peak_gb: the allocator's peak above the resident weights plus this model's own weights);
+  3. cache bytes per sequence at 128K: measured (StaticHybridCache.nbytes) vs the analytic hybrid.cache_nbytes
+     and vs (FA KV groups' share x teacher KV + GDN state);
+  4. the largest batch that fits at 128K (analytic guess from the free memory, then allocate + one decode step,
+     bisecting on CUDA out-of-memory), with all three models' weights resident (recorded) for every model;
+  5. one layer at 128K, forward with projections: the 7:1 layer (fused Triton prologue, and the PyTorch
+     prologue) vs the 16-head full-attention layer (research.perf.benchmark.build_layers, as gpu_hybrid_all.py).
+
+Run (GPU machine; fla-core carried as a wheel, see docs/hybrid.md "Whole-model benchmark"):
+    PYTHONPATH=/tmp/site:$PWD python3 research/bench_whole_model_gpu.py --budget-s 450
+CPU check of the logic (tiny model, float32, emulated memory cap): python research/bench_whole_model_gpu.py --dry-run
+Writes $OUT/bench_whole_model.json (--out to override), rewritten after every row;
+python research/render_whole_model.py renders it into docs/hybrid.md's table.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+from headscope.heads import Head
+from headscope.mask import HeadMask
+from research.perf.benchmark import Run, bench_ms, build_layers, layer_forward_ms, sync
+from hybrid.cache import cache_nbytes, teacher_cache_nbytes
+from hybrid.convert import from_mask
+from hybrid.decoding import Decoder, StaticHybridCache
+from hybrid.builders import from_teacher, layerwise_mask
+
+GPU_SHAPE = dict(vocab=151936, C=2048, I=6144, L=28, H=16, K=8, D=128)
+DRY_SHAPE = dict(vocab=256, C=64, I=128, L=4, H=16, K=8, D=16)
+TARGETS = dict(decode_speedup_b8_128k=5.0, decode_speedup_b1_128k=2.5, max_batch_ratio_128k=6.0,
+               cache_bytes_rel_err=0.05, prefill_speedup_128k=3.0, layer_fwd_speedup_128k=4.5)
+MODELS = ("teacher", "hybrid_7to1", "layer_3to1")
+
+
+def build_models(shape: dict, device: str, dtype: torch.dtype) -> dict:
+    """The three models of the module docstring (random weights; the HF teacher is dropped after conversion)."""
+    from headscope.synthetic import random_qwen3
+
+    hf = random_qwen3(dict(vocab=shape["vocab"], hidden=shape["C"], intermediate=shape["I"], layers=shape["L"],
+                           heads=shape["H"], kv_heads=shape["K"], head_dim=shape["D"]), device=device, dtype=dtype,
+                      max_position_embeddings=262144, rope_parameters={"rope_type": "default", "rope_theta": 1e6},
+                      rms_norm_eps=1e-6)
+    with torch.device(device):
+        rep = shape["H"] // shape["K"]
+        # 7:1 with whole KV groups: layer l keeps the `rep` query heads of KV head (3 l) mod K (1/K of the KV)
+        fa = [Head(layer=l, head=(3 * l) % shape["K"] * rep + r) for l in range(shape["L"]) for r in range(rep)]
+        models = {
+            "teacher": from_teacher(hf),
+            "hybrid_7to1": from_mask(hf, HeadMask.for_model(hf, fa)),
+            "layer_3to1": from_mask(hf, layerwise_mask(hf, "3:1"), granularity="layer"),
+        }
+    del hf
+    for m in models.values():
+        m.eval().requires_grad_(False)
+    return models
+
+
+def free(device: str) -> None:
+    gc.collect()
+    if device == "cuda":
+        torch.cuda.empty_cache()
+
+
+def round_up(n: int, m: int = 64) -> int:
+    return -(-n // m) * m
+
+
+def filled_cache(model, batch: int, ctx: int, capacity: int) -> StaticHybridCache:
+    """A StaticHybridCache whose rows already hold `ctx` positions (zeros: a step's cost depends on lengths)."""
+    cache = StaticHybridCache.allocate(model, batch, capacity)
+    cache.lengths.fill_(ctx)
+    cache.host_lengths = [ctx] * batch
+    cache.seen_tokens = ctx
+    return cache
+
+
+# ---------------------------------------------------------------- 1. decode
+
+
+def decode_row(run: Run, name: str, model, ctx: int, batch: int, steps: int, graph: bool, vocab: int) -> dict:
+    dev = run.device
+    capacity = round_up(ctx + steps + 16)
+    cache = filled_cache(model, batch, ctx, capacity)
+    ids = torch.randint(0, vocab, (batch, 1), device=dev)  # [B, 1]
+    row = dict(model=name, context=ctx, batch=batch)
+    try:
+        eager = Decoder(model, cache, cuda_graph=False)
+        row["eager_ms"] = round(bench_ms(lambda: eager.step(ids), dev, target_ms=100.0, max_reps=5), 3)
+        if graph:
+            try:
+                dec = Decoder(model, cache, cuda_graph=True)
+                row["graph_ms"] = round(bench_ms(lambda: dec.step(ids), dev, target_ms=200.0, max_reps=steps), 3)
+                del dec
+            except torch.OutOfMemoryError:
+                raise
+            except Exception as e:  # a capture failure is a finding, not the end of the run: eager stands
+                row["graph_error"] = f"{type(e).__name__}: {str(e)[:300]}"
+                run.say(f"CUDA graph capture failed for {name} ctx={ctx} B={batch}: {row['graph_error']}")
+        row["step_ms"] = row.get("graph_ms", row["eager_ms"])
+    except torch.OutOfMemoryError as e:
+        row["error"] = f"out of memory: {str(e)[:120]}"
+    del cache
+    free(dev)
+    return row
+
+
+def decode_section(run: Run, models: dict, contexts: list[int], batches: list[int], steps: int, graph: bool,
+                   vocab: int, est) -> None:
+    for ctx in contexts:
+        for batch in batches:
+            for name in MODELS:
+                label = f"decode {name} ctx={ctx} B={batch}"
+                if not run.fits(label, est(name, ctx, batch)):
+                    continue
+                row = decode_row(run, name, models[name], ctx, batch, steps, graph, vocab)
+                run.data["decode"].append(row)
+                run.say(f"{label}: {row}")
+                run.save()
+            base = next((r for r in run.data["decode"] if r["model"] == "teacher" and r["context"] == ctx
+                         and r["batch"] == batch and "step_ms" in r), None)
+            for r in run.data["decode"]:
+                if base and r["context"] == ctx and r["batch"] == batch and "step_ms" in r:
+                    r["speedup_vs_teacher"] = round(base["step_ms"] / r["step_ms"], 2)
+            run.save()
+
+
+# ---------------------------------------------------------------- 2. prefill
+
+
+def prefill_row(run: Run, name: str, model, T: int, vocab: int) -> dict:
+    dev = run.device
+    ids = torch.randint(0, vocab, (1, T), device=dev)  # [B, T]
+    row = dict(model=name, T=T)
+
+    def call():
+        with torch.no_grad():
+            return model(ids, use_cache=True, logits_to_keep=1)
+
+    try:
+        free(dev)
+        base = torch.cuda.memory_allocated() if dev == "cuda" else 0
+        if dev == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        out = call()  # first call: compiles / autotunes; also gives the peak
+        sync(dev)
+        if dev == "cuda":  # the three models stay resident: peak_gb counts only this model's own weights
+            own = sum(p.numel() * p.element_size() for p in model.parameters())
+            extra = torch.cuda.max_memory_allocated() - base
+            row["peak_over_weights_gb"] = round(extra / 2**30, 3)
+            row["peak_gb"] = round((extra + own) / 2**30, 3)
+            row["peak_all_resident_gb"] = round(torch.cuda.max_memory_allocated() / 2**30, 3)
+        row["cache_bytes"] = out.hybrid_cache.nbytes()["total"]
+        del out
+        row["ms"] = round(bench_ms(call, dev, target_ms=300.0, max_reps=5, warmup=0), 2)
+    except torch.OutOfMemoryError as e:
+        row["error"] = f"out of memory: {str(e)[:120]}"
+    del ids
+    free(dev)
+    return row
+
+
+def prefill_section(run: Run, models: dict, lengths: list[int], vocab: int, est) -> None:
+    for T in lengths:
+        for name in MODELS:
+            label = f"prefill {name} T={T}"
+            if not run.fits(label, est(name, T)):
+                continue
+            row = prefill_row(run, name, models[name], T, vocab)
+            run.data["prefill"].append(row)
+            run.say(f"{label}: {row}")
+            run.save()
+        base = next((r for r in run.data["prefill"] if r["model"] == "teacher" and r["T"] == T and "ms" in r), None)
+        for r in run.data["prefill"]:
+            if base and r["T"] == T and "ms" in r:
+                r["speedup_vs_teacher"] = round(base["ms"] / r["ms"], 2)
+                if "peak_gb" in r:
+                    r["peak_vs_teacher"] = round(r["peak_gb"] / base["peak_gb"], 3)
+        run.save()
+
+
+# ---------------------------------------------------------------- 3. cache bytes, 4. max batch
+
+
+def cache_section(run: Run, models: dict, ctx: int, dtype: torch.dtype) -> None:
+    teacher_cfg = models["teacher"].config
+    t_kv = teacher_cache_nbytes(teacher_cfg, ctx, 1, dtype)
+    for name in MODELS:
+        model = models[name]
+        cache = StaticHybridCache.allocate(model, 1, ctx)
+        measured = cache.nbytes()
+        del cache
+        free(run.device)
+        analytic = cache_nbytes(model, ctx, 1, dtype)
+        cfg = model.config
+        share = sum(len(cfg.fa_kv_heads(l)) for l in range(cfg.num_hidden_layers)) / (
+            cfg.num_hidden_layers * cfg.num_key_value_heads)
+        formula = share * t_kv + analytic["gdn_state"] + analytic["conv_state"]
+        row = dict(model=name, context=ctx, measured_bytes=measured["total"], analytic_bytes=analytic["total"],
+                   fa_kv_bytes=measured["fa_kv"], gdn_state_bytes=measured["gdn_state"], kv_share=round(share, 4),
+                   formula_bytes=int(formula), rel_err_vs_formula=round(abs(measured["total"] - formula) / formula, 5),
+                   teacher_over_this=round(t_kv / measured["total"], 2))
+        run.data["cache_bytes"].append(row)
+        run.say(f"cache bytes/sequence {name} at {ctx}: {row}")
+    run.save()
+
+
+def batch_fits(run: Run, model, batch: int, ctx: int, vocab: int, mem_cap: int | None) -> bool:
+    """Allocate the cache for `batch` rows at `ctx` and run one eager decode step; False on out-of-memory."""
+    cache = None
+    try:
+        if mem_cap is not None:  # emulated device memory (CPU dry run)
+            need = cache_nbytes(model, ctx + 1, batch, next(model.parameters()).dtype)["total"]
+            if need > mem_cap:
+                raise torch.OutOfMemoryError(f"emulated: {need} B > cap {mem_cap} B")
+        cache = filled_cache(model, batch, ctx, ctx + 1)
+        Decoder(model, cache, cuda_graph=False).step(torch.zeros(batch, 1, dtype=torch.long, device=run.device))
+        sync(run.device)
+        return True
+    except torch.OutOfMemoryError:
+        return False
+    finally:
+        del cache
+        free(run.device)
+
+
+def max_batch_section(run: Run, models: dict, ctx: int, vocab: int, mem_cap: int | None, limit: int) -> None:
+    for name in MODELS:
+        model = models[name]
+        if not run.fits(f"max batch {name} ctx={ctx}", 40.0 if run.device == "cuda" else 5.0):
+            continue
+        per_seq = cache_nbytes(model, ctx + 1, 1, next(model.parameters()).dtype)["total"]
+        avail = mem_cap if mem_cap is not None else torch.cuda.mem_get_info()[0]
+        guess = max(1, min(limit, avail // per_seq))
+        tried = []
+
+        def fits(b: int) -> bool:
+            ok = batch_fits(run, model, b, ctx, vocab, mem_cap)
+            tried.append((b, ok))
+            return ok
+
+        lo, hi = 0, guess  # lo fits (0 trivially), hi does not (unless it is tried and fits)
+        if fits(guess):
+            lo, step = guess, max(1, guess // 16)
+            while lo + step <= limit and fits(lo + step):  # the analytic guess ignores activations: grow
+                lo += step
+            hi = min(lo + step, limit + 1)
+        while hi - lo > 1:  # bisect: lo fits, hi does not
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+        row = dict(model=name, context=ctx, max_batch=lo, analytic_guess=int(guess), tried=tried,
+                   free_bytes=int(avail), per_seq_bytes=int(per_seq), hit_limit=lo >= limit,
+                   resident_weights_gb=round(sum(p.numel() * p.element_size() for m in models.values()
+                                                 for p in m.parameters()) / 2**30, 2))
+        run.data["max_batch"].append(row)
+        run.say(f"max batch {name} at {ctx}: {lo} (guess {guess}, tried {tried})")
+        run.save()
+    base = next((r["max_batch"] for r in run.data["max_batch"] if r["model"] == "teacher"), None)
+    for r in run.data["max_batch"]:
+        if base:
+            r["ratio_vs_teacher"] = round(r["max_batch"] / base, 2)
+    run.save()
+
+
+# ---------------------------------------------------------------- 5. one layer
+
+
+def layer_section(run: Run, shape: dict, T: int, dtype: torch.dtype) -> None:
+    """One 7:1 layer (2 FA heads on one KV head) vs the 16-head layer, forward with projections."""
+    lshape = dict(C=shape["C"], H=shape["H"], K=shape["K"], D=shape["D"], fa_heads=[2, 3])
+    row = dict(T=T, fa_heads=[2, 3])
+    for prologue in ("triton", "torch"):
+        if prologue == "triton" and run.device != "cuda":
+            continue
+        cfg, hybrid, full = build_layers(lshape, run.device, dtype, "auto", "auto", prologue_backend=prologue)
+        try:
+            row[f"hybrid_fwd_ms[{prologue}_prologue]"] = round(layer_forward_ms(hybrid, cfg, T, run.device, dtype), 3)
+            if "full16_fwd_ms" not in row:
+                row["full16_fwd_ms"] = round(layer_forward_ms(full, cfg, T, run.device, dtype), 3)
+        except torch.OutOfMemoryError as e:
+            row[f"error[{prologue}]"] = str(e)[:120]
+        del hybrid, full
+        free(run.device)
+    best = min(v for k, v in row.items() if k.startswith("hybrid_fwd_ms"))
+    row["fwd_speedup"] = round(row["full16_fwd_ms"] / best, 2)
+    run.data["layer"].append(row)
+    run.say(f"one layer at T={T}: {row}")
+    run.save()
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--budget-s", type=float, default=450.0, help="wall-clock budget; later units are skipped")
+    ap.add_argument("--dry-run", action="store_true", help="tiny model on the CPU (float32), emulated memory cap")
+    ap.add_argument("--out", type=Path, default=None, help="JSON path (default $OUT/bench_whole_model.json)")
+    ap.add_argument("--no-cuda-graph", action="store_true", help="decode eagerly only")
+    ap.add_argument("--steps", type=int, default=None, help="timed decode steps per row")
+    ap.add_argument("--lengths", type=int, nargs="+", default=None, help="prefill lengths, first = the longest")
+    ap.add_argument("--contexts", type=int, nargs="+", default=None, help="decode contexts, first = the longest")
+    ap.add_argument("--batches", type=int, nargs="+", default=None, help="decode batch sizes")
+    args = ap.parse_args(argv)
+    out = args.out or Path(os.environ.get("OUT", ".")) / "bench_whole_model.json"
+    if args.dry_run:
+        device, dtype, shape = "cpu", torch.float32, DRY_SHAPE
+        lengths, contexts, batches, steps = [128, 64], [64, 32], [2, 1], args.steps or 3
+        big, mem_cap, limit, layer_T = 64, 2 * 2**20, 256, 128
+    else:
+        if not torch.cuda.is_available():
+            sys.exit("needs a CUDA GPU (or --dry-run)")
+        device, dtype, shape = "cuda", torch.bfloat16, GPU_SHAPE
+        lengths, contexts, batches, steps = [131072, 65536, 32768, 16384], [131072, 32768], [8, 1], args.steps or 20
+        big, mem_cap, limit, layer_T = 131072, None, 512, 131072
+    lengths, contexts, batches = args.lengths or lengths, args.contexts or contexts, args.batches or batches
+    big = contexts[0]
+    run = Run(args.budget_s, out, device, shape=shape, targets=TARGETS, decode=[], prefill=[], cache_bytes=[],
+              max_batch=[], layer=[], dry_run=args.dry_run, cuda_graph=not args.no_cuda_graph and device == "cuda")
+    from hybrid.ops import parity
+    from hybrid.ops.gdn import fla_available
+
+    run.data["environment"] = parity.environment()
+    run.data["fla"] = device == "cuda" and fla_available()
+    run.say(f"environment {run.data['environment']}; fla {run.data['fla']}; writing {out}")
+    if device == "cuda" and not run.data["fla"]:
+        run.say("WARNING: fla not importable: GDN runs the PyTorch twins (slow); carry the fla-core wheel")
+    models = build_models(shape, device, dtype)
+    run.data["params"] = {k: sum(p.numel() for p in m.parameters()) for k, m in models.items()}
+    run.say(f"built {run.data['params']}")
+    run.save()
+    gpu = device == "cuda"
+    cache_section(run, models, big, dtype)
+
+    # rough cost estimates (s) for the budget: GPU from H200 rates (KV read ~3 TB/s, 16-head layer ~135 ms at
+    # 128K, quadratic), plus compile/autotune for first calls; CPU dry run: a few seconds
+    def dec_est(name, ctx, batch):
+        if not gpu:
+            return 3.0
+        kv = cache_nbytes(models[name], ctx, batch)["total"]
+        return 8.0 + (steps + 8) * (kv / 2.5e12 + 0.01)
+
+    def pre_est(name, T):
+        if not gpu:
+            return 3.0
+        full = 28 * 0.15 * (T / 131072) ** 2 + 28 * 0.02 * T / 131072  # teacher forward, s
+        frac = {"teacher": 1.0, "hybrid_7to1": 0.35, "layer_3to1": 0.35}[name]
+        return 3 * full * frac + 10.0
+
+    graph = run.data["cuda_graph"]
+    # most important first: the issue's targets (decode, prefill, max batch at the longest context)
+    decode_section(run, models, contexts[:1], batches, steps, graph, shape["vocab"], dec_est)
+    prefill_section(run, models, lengths[:1], shape["vocab"], pre_est)
+    max_batch_section(run, models, big, shape["vocab"], mem_cap, limit)
+    decode_section(run, models, contexts[1:], batches, steps, graph, shape["vocab"], dec_est)
+    prefill_section(run, models, lengths[1:], shape["vocab"], pre_est)
+    del models
+    free(device)
+    if run.fits(f"one layer T={layer_T}", 40.0 if gpu else 5.0):
+        layer_section(run, shape, layer_T, dtype)
+    run.say(f"done; skipped {run.data['skipped'] or 'nothing'}")
+    run.save()
+    return run.data
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,198 @@
+"""A study's numbers as tables and a figure: the headline metrics of each variant (from ``headscope.evaluate``
+rows), one table per study (``study_table``), a plotly figure (NIAH accuracy by length), and the markdown block
+that ``docs/results.md`` shows between ``<!-- studies:begin -->`` and ``<!-- studies:end -->``.
+"""
+from __future__ import annotations
+
+import math
+import statistics
+from pathlib import Path
+from typing import Any
+
+__all__ = ["headline", "study_table", "to_markdown", "study_figure", "markdown_block", "update_docs",
+           "STUDY_TITLES", "BEGIN", "END"]
+
+BEGIN, END = "<!-- studies:begin -->", "<!-- studies:end -->"
+STUDY_TITLES = {
+    2: "Study 2: selection strategies at an equal FA budget (1/8 of the query heads, or 1/8 of the KV cache)",
+    3: "Study 3: granularity (head-level 7:1, layer-wise 3:1 and 7:1, token-level sliding window + GDN)",
+    4: "Study 4: fusion (per-head norm with scale, no norm, per-head gated competition)",
+    5: "Study 5: FA branch (no RoPE + log-length scaling, against keeping RoPE), past the training length",
+    7: "Study 7: a learned selector (a gate per head, FA or GDN) against causal and random selection",
+}
+
+
+def _mean(xs: list[float]) -> float | None:
+    xs = [x for x in xs if x is not None and not (isinstance(x, float) and math.isnan(x))]
+    return sum(xs) / len(xs) if xs else None
+
+
+def headline(rows: list[dict], train_length: int) -> dict[str, Any]:
+    """From ``headscope.evaluate`` rows (status "ok"): single-key NIAH generation accuracy by length (mean over
+    depths), multi-key (mean over key counts and lengths), reasoning (mean of the families' means over sizes,
+    and each family), perplexity by length, and ``ppl`` at the training length (else the first length)."""
+    ok = [r for r in rows if r.get("status") == "ok" and r.get("metric") in ("accuracy", "perplexity")]
+    niah: dict[int, list[float]] = {}
+    for r in ok:
+        if r["evaluation"] == "niah" and r["metric"] == "accuracy":
+            niah.setdefault(int(r["context_length"]), []).append(r["value"])
+    mk = [r["value"] for r in ok if r["evaluation"] == "niah_multikey" and r["metric"] == "accuracy"]
+    fam: dict[str, list[float]] = {}
+    for r in ok:
+        if r["evaluation"] == "reasoning" and r["metric"] == "accuracy":
+            fam.setdefault(r["family"], []).append(r["value"])
+    fams = {f: _mean(v) for f, v in sorted(fam.items())}
+    ppl = {int(r["context_length"]): r["value"] for r in ok if r["evaluation"] == "perplexity"}
+    ppl_head = ppl.get(train_length, next(iter(sorted(ppl.items())), (None, None))[1]) if ppl else None
+    return {"niah": {str(L): _mean(v) for L, v in sorted(niah.items())}, "multikey": _mean(mk),
+            "reasoning": _mean(list(fams.values())), "reasoning_by_family": fams,
+            "perplexity": {str(L): v for L, v in sorted(ppl.items())}, "ppl": ppl_head}
+
+
+def _fmt(vals: list[float | None], digits: int = 2) -> str:
+    vals = [v for v in vals if v is not None]
+    if not vals:
+        return "-"
+    m = sum(vals) / len(vals)
+    if len(vals) == 1:
+        return f"{m:.{digits}f}"
+    return f"{m:.{digits}f} ± {statistics.stdev(vals):.{digits}f}"
+
+
+def _describe(v: dict) -> str:
+    """The row label of a variant's saved spec: its kind's ``describe`` (research.studies.variants.VARIANT_KINDS), then the
+    variant's own hybrid options (``hybrid = {...}``, e.g. "; fusion=none"), which tell apart rows of one kind that
+    share a mask (studies 4 and 5)."""
+    from research.studies.variants import VARIANT_KINDS
+
+    label = VARIANT_KINDS.entry(v["kind"], who="variant kind").describe(v)
+    options = v.get("hybrid") or {}
+    return label + ("; " + ", ".join(f"{k}={x}" for k, x in options.items()) if options else "")
+
+
+def study_table(collected: dict, study: int):
+    """One row per variant of ``study`` (the teacher included), mean (± std over seeds when > 1): NIAH by length
+    (columns named by length and multiple of the training length), multi-key, reasoning, perplexity, KV cache
+    share and FA query-head share at the training length, layers with an FA head, and the status."""
+    import pandas as pd
+
+    cfg = collected["config"]
+    train_length = cfg["train_length"]
+    by: dict[str, list[dict]] = {}
+    order = [v["name"] for v in cfg["variants"] if study in v["studies"]]
+    for r in collected["runs"]:
+        if r["name"] in order:
+            by.setdefault(r["name"], []).append(r)
+    lengths = sorted({int(L) for rs in by.values() for r in rs for L in (r.get("metrics") or {}).get("niah", {})})
+    rows = []
+    for name in order:
+        rs = by.get(name, [])
+        v = next(x for x in cfg["variants"] if x["name"] == name)
+        row: dict[str, Any] = {"variant": name, "what": v.get("label") or _describe(v)}
+        done = [r for r in rs if r.get("metrics")]
+        for L in lengths:
+            mult = (L + 8) / train_length
+            col = f"NIAH {L}" + (f" ({mult:g}x)" if abs(mult - round(mult * 8) / 8) < 1e-9 else "")
+            row[col] = _fmt([r["metrics"]["niah"].get(str(L)) for r in done])
+        row["multi-key"] = _fmt([r["metrics"]["multikey"] for r in done])
+        row["reasoning"] = _fmt([r["metrics"]["reasoning"] for r in done])
+        row["ppl"] = _fmt([r["metrics"]["ppl"] for r in done])
+        info = next((r["info"] for r in rs if r.get("info")), None)
+        row["KV share"] = f"{info['kv_share']:.3f}" if info else "-"
+        row["FA query share"] = f"{info['fa_query_share']:.3f}" if info else "-"
+        row["layers with FA"] = str(info["layers_with_fa"]) if info else "-"
+        if study == 3:
+            row["GDN state (KiB)"] = f"{info['gdn_state_bytes'] / 1024:.0f}" if info else "-"
+        statuses = sorted({r["status"] for r in rs}) or ["not run yet"]
+        if statuses == ["infeasible"]:
+            row["status"] = "infeasible: " + rs[0].get("reason", "")
+        else:
+            capped = any((r.get("train") or {}).get("capped") for r in rs)
+            timeouts = sorted({i for r in rs for i, s in (r.get("eval_items") or {}).items() if s["status"] == "timeout"})
+            row["status"] = ", ".join(statuses) + (" (a stage hit its time cap)" if capped else "") + (
+                f" (timed out: {', '.join(timeouts)})" if timeouts else "")
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def to_markdown(df) -> str:
+    cols = list(df.columns)
+    lines = ["| " + " | ".join(cols) + " |", "|" + "|".join(" --- " for _ in cols) + "|"]
+    for _, r in df.iterrows():
+        lines.append("| " + " | ".join(str(r[c]).replace("|", "/") for c in cols) + " |")
+    return "\n".join(lines)
+
+
+def study_figure(collected: dict):
+    """NIAH generation accuracy by context length, one panel per study, one line per variant (seed mean)."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    studies = sorted({s for v in collected["config"]["variants"] for s in v["studies"]})
+    fig = make_subplots(rows=1, cols=max(1, len(studies)), subplot_titles=[f"study {s}" for s in studies],
+                        shared_yaxes=True)
+    shown: set[str] = set()
+    for c, study in enumerate(studies, start=1):
+        for v in collected["config"]["variants"]:
+            if study not in v["studies"]:
+                continue
+            rs = [r for r in collected["runs"] if r["name"] == v["name"] and r.get("metrics")]
+            Ls = sorted({int(L) for r in rs for L in r["metrics"]["niah"]})
+            ys = [_mean([r["metrics"]["niah"].get(str(L)) for r in rs]) for L in Ls]
+            if Ls:
+                fig.add_trace(go.Scatter(x=Ls, y=ys, mode="lines+markers", name=v["name"], legendgroup=v["name"],
+                                         showlegend=v["name"] not in shown), row=1, col=c)
+                shown.add(v["name"])
+        fig.update_xaxes(type="log", title_text="context length (tokens)", row=1, col=c)
+    fig.update_yaxes(title_text="single-key NIAH accuracy", range=[0, 1.05], row=1, col=1)
+    fig.update_layout(title="NIAH accuracy by length (training length %d)" % collected["config"]["train_length"],
+                      height=420, width=max(600, 420 * len(studies)))
+    return fig
+
+
+def gpu_minutes(collected: dict) -> float:
+    return round(sum(c.get("seconds") or 0 for c in collected["calls"] if c.get("device", "").startswith("cuda")) / 60,
+                 2)
+
+
+def markdown_block(collected: dict, *, command: str, figure: str | None = None, source: str | None = None) -> str:
+    """The tables of every study with how they were made: the command, seeds, steps, device minutes, calls."""
+    cfg = collected["config"]
+    calls = collected["calls"]
+    devices = sorted({c.get("gpu") or c.get("device") for c in calls})
+    cpu_min = round(sum(c.get("seconds") or 0 for c in calls if not c.get("device", "").startswith("cuda")) / 60, 2)
+    stages = ", ".join(f"{s['name']} {s['steps']} steps x {s['batch_size']} x {s['seq_len']}"
+                       for s in cfg["train"]["stages"])
+    head = []
+    if cfg.get("dry_run"):
+        head.append("**CPU dry run (tiny settings), not a result**: these cells only show that the pipeline runs.")
+    if cfg.get("profile"):
+        head.append(f"**Profile `{cfg['profile']}`**: {cfg.get('profile_note') or 'settings of that profile'}")
+    head += [f"- made by: `{command}`" + (f" (raw JSON: `{source}`)" if source else ""),
+             f"- teacher: `{cfg['teacher']}` (training length {cfg['train_length']}); seeds {cfg['seeds']}; "
+             f"evaluation seed {cfg['eval'].get('seed', 0)}",
+             f"- training budget, the same for every variant (steps scale {cfg['steps_scale']:g}): {stages}",
+             f"- device time: {gpu_minutes(collected)} GPU minutes, {cpu_min} CPU minutes in {len(calls)} call(s) "
+             f"({', '.join(str(d) for d in devices)}); finished calls: {sum(bool(c.get('finished')) for c in calls)}",
+             "- NIAH / multi-key / reasoning: generation accuracy (headscope.evaluate); ppl: held-out perplexity at "
+             "the training length; KV share and FA query share at the training length (hybrid.cache_nbytes)"]
+    if figure:
+        head.append(f"- figure: `{figure}` (NIAH accuracy by length, one panel per study)")
+    parts = ["\n".join(head)]
+    for study in sorted({s for v in cfg["variants"] for s in v["studies"]}):
+        parts.append(f"### {STUDY_TITLES.get(study, f'Study {study}')}\n\n{to_markdown(study_table(collected, study))}")
+    return "\n\n".join(parts) + "\n"
+
+
+def update_docs(path: str | Path, block: str, marker: str = "studies") -> Path:
+    """Replace the text between the ``marker`` markers of ``path`` (docs/results.md: ``<!-- studies:begin -->``
+    ... ``<!-- studies:end -->`` by default) with ``block``."""
+    from headscope.io import write_text
+
+    begin, end = f"<!-- {marker}:begin -->", f"<!-- {marker}:end -->"
+    p = Path(path)
+    text = p.read_text(encoding="utf-8")
+    if begin not in text or end not in text or text.index(begin) > text.index(end):
+        raise ValueError(f"{p} has no '{begin}' ... '{end}' block to fill; add the two markers where the tables go")
+    a, b = text.index(begin) + len(begin), text.index(end)
+    return write_text(p, text[:a] + "\n" + block + text[b:])

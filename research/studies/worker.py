@@ -1,0 +1,208 @@
+"""One variant x seed of a study, in a process of its own (started by ``research.studies.runner.run_study``):
+
+    python -m research.studies.worker --run OUT --variant NAME --seed S
+
+trains the variant (``hybrid.train.run``, resuming from the newest checkpoint of ``OUT/variants/NAME/seedS/run``),
+reloads the saved hybrid from disk, and evaluates it (or the teacher) item by item through ``headscope.evaluate``:
+one ``eval/ITEM.json`` per item, items already written are skipped, items past the variant's evaluation time
+budget (``[eval] timeout_s``) are written as "timeout". Step times go to ``progress.json`` and to the log.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from research.studies.config import StudyConfig, eval_items, variant_dir
+
+__all__ = ["work", "train_variant", "evaluate_variant", "StepTimer"]
+
+PRINT_AT = (1, 2, 3, 5, 10, 20)
+
+
+def _write(path: Path, data: dict) -> None:
+    from headscope.io import write_text
+
+    write_text(path, json.dumps(data, indent=1, default=str))
+
+
+class StepTimer:
+    """``on_step`` callback of ``hybrid.train.run``: seconds per step (median from step 2, the first includes
+    kernel compilation), printed at a few early steps, and written to progress.json at most every 2 s."""
+
+    def __init__(self, folder: Path, key: str, steps: dict[str, int]) -> None:
+        self.folder, self.key, self.steps = folder, key, steps
+        self.stage, self.times, self.last, self.written = None, [], time.time(), 0.0
+
+    def __call__(self, stage: str, step: int) -> None:
+        now = time.time()
+        if stage != self.stage:
+            self.stage, self.times, self.first = stage, [], step
+        else:
+            self.times.append(now - self.last)
+        self.last = now
+        med = statistics.median(self.times) if self.times else None
+        n = step - self.first + 1  # steps of this stage run in this process
+        if n in PRINT_AT or step % 50 == 0:
+            print(f"[{self.key}] {stage} step {step}/{self.steps.get(stage)}: "
+                  + (f"{med:.3f} s/step (median of {len(self.times)})" if med is not None else "first step done"),
+                  flush=True)
+        if now - self.written > 2.0 or n in PRINT_AT:
+            self.written = now
+            _write(self.folder / "progress.json", {"phase": "train", "stage": stage, "step": step,
+                                                   "steps": self.steps.get(stage), "s_per_step": med, "time": now})
+
+
+def train_summary(out: Path, cfg) -> dict[str, Any]:
+    """Steps, minutes, tokens, tokens/s and last losses per stage from the run's log.jsonl (resumes included)."""
+    from hybrid.train.logs import read_log
+
+    by: dict[str, dict[str, Any]] = {}
+    for r in read_log(out / "log.jsonl"):
+        if "loss" not in r or "stage" not in r:
+            continue
+        s = by.setdefault(r["stage"], {"tok_per_s": []})
+        s.update(steps=r["step"], minutes=r.get("minutes"), tokens=r.get("tokens"), loss=r["loss"])
+        s["tok_per_s"].append(r.get("tok_per_s", 0.0))
+    stages = {}
+    for st in cfg.stages:
+        s = by.get(st.name, {})
+        tps = s.pop("tok_per_s", [])
+        stages[st.name] = {**s, "planned_steps": st.steps, "tok_per_s": statistics.median(tps) if tps else None,
+                           "capped": bool(s) and s.get("steps", 0) < st.steps}
+    return {"stages": stages, "minutes": round(sum(s.get("minutes") or 0 for s in stages.values()), 3),
+            "tokens": sum(s.get("tokens") or 0 for s in stages.values()),
+            "capped": any(s["capped"] for s in stages.values())}
+
+
+def train_variant(folder: Path, key: str) -> dict:
+    """Train (or resume) the variant in ``folder``; writes and returns train_done.json."""
+    from hybrid.train import TrainConfig, run
+    from hybrid.train.checkpoint import latest_checkpoint
+
+    done = folder / "train_done.json"
+    if done.exists():
+        if (folder / "run" / "hybrid" / "config.json").exists():
+            print(f"[{key}] training done earlier: skipped", flush=True)
+            return json.loads(done.read_text())
+        print(f"[{key}] trained earlier but the saved hybrid is missing (a folder restored without weights?): "
+              "training again", flush=True)
+        done.unlink()
+    cfg = TrainConfig.from_file(folder / "train.json")
+    resume = latest_checkpoint(Path(cfg.out)) is not None
+    print(f"[{key}] training {'(resumed from ' + latest_checkpoint(Path(cfg.out)).path.name + ')' if resume else ''}"
+          f": stages {[(s.name, s.steps, s.seq_len, s.batch_size) for s in cfg.stages]}", flush=True)
+    t0 = time.time()
+    timer = StepTimer(folder, key, {s.name: s.steps for s in cfg.stages})
+    run(cfg, resume=resume, on_step=timer)
+    summary = train_summary(Path(cfg.out), cfg)
+    summary["seconds_this_process"] = round(time.time() - t0, 1)
+    _write(done, summary)
+    return summary
+
+
+def _load(spec, folder: Path, teacher: str, device: torch.device):
+    from headscope.evaluate.api import load
+
+    if not spec.trains:
+        return load(teacher, device=str(device))
+    import hybrid
+
+    hybrid.register()
+    model, tok = load(str(folder / "run" / "hybrid"), device=str(device))
+    mask = json.loads((folder / "mask.json").read_text())
+    saved = getattr(model.config, "head_mask", None) or {}
+    if saved.get("fa_heads") != mask.get("fa_heads"):
+        raise RuntimeError(f"{folder}: the saved hybrid carries another mask than mask.json")
+    return model, tok
+
+
+def evaluate_variant(cfg: StudyConfig, spec, folder: Path, key: str, device: torch.device) -> dict:
+    """Every evaluation item not written yet (see the module docstring); returns {item: status}."""
+    import headscope.evaluate as hev
+
+    items = eval_items(cfg, cfg.train_length)
+    edir = folder / "eval"
+    edir.mkdir(exist_ok=True)
+    skip = json.loads((edir / "_skip.json").read_text()) if (edir / "_skip.json").exists() else {}
+    status: dict[str, str] = {}
+    spent = 0.0
+    for name, *_ in items:
+        f = edir / f"{name}.json"
+        if f.exists():
+            d = json.loads(f.read_text())
+            status[name], spent = d.get("status", "ok"), spent + float(d.get("seconds") or 0)
+    todo = [it for it in items if it[0] not in status]
+    if not todo:
+        return status
+    model, tok = _load(spec, folder, cfg.teacher, device)
+    timeout = float(cfg.eval_setting("timeout_s"))
+    ac = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
+    t_start = time.time()
+    for i, (name, evaluation, over) in enumerate(todo):
+        f = edir / f"{name}.json"
+        base = {"item": name, "evaluation": evaluation, "config": over}
+        if name in skip:
+            _write(f, {**base, "status": "timeout", "note": skip[name], "seconds": None, "rows": []})
+            status[name] = "timeout"
+            continue
+        used = spent + time.time() - t_start
+        if used > timeout:
+            _write(f, {**base, "status": "timeout", "seconds": None, "rows": [],
+                       "note": f"the variant's evaluation budget ({timeout:.0f} s) was used ({used:.0f} s)"})
+            status[name] = "timeout"
+            continue
+        now = time.time()
+        _write(folder / "progress.json", {"phase": "eval", "item": name, "item_since": now, "done": len(status),
+                                          "items": len(items), "time": now})
+        with ac:
+            df = hev.evaluate(model, [evaluation], tokenizer=tok, configs={evaluation: over}, seed=cfg.eval_setting("seed"),
+                              batch_size=int(cfg.eval_setting("batch_size")),
+                              token_budget=int(cfg.eval_setting("token_budget")), progress=False, workers=0)
+        secs = round(time.time() - now, 2)
+        rows = json.loads(df.to_json(orient="records"))
+        _write(f, {**base, "status": "ok", "seconds": secs, "rows": rows})
+        status[name] = "ok"
+        print(f"[{key}] eval {name}: {secs:.1f} s", flush=True)
+    return status
+
+
+def work(run_dir: Path, name: str, seed: int) -> dict:
+    run_dir = Path(run_dir)
+    cfg = StudyConfig.from_dict(json.loads((run_dir / "study.json").read_text()))
+    spec = cfg.variant(name)
+    folder = variant_dir(run_dir, name, seed)
+    key = f"{name}/seed{seed}"
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    device = torch.device("cuda" if cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
+                          else "cpu")
+    t0 = time.time()
+    train = train_variant(folder, key) if spec.trains else None
+    status = evaluate_variant(cfg, spec, folder, key, device)
+    result = {"variant": spec.to_dict(), "seed": seed, "train": train, "eval_status": status,
+              "device": str(device), "seconds_this_process": round(time.time() - t0, 1)}
+    _write(folder / "result.json", result)
+    _write(folder / "progress.json", {"phase": "done", "time": time.time()})
+    print(f"[{key}] done ({(time.time() - t0) / 60:.2f} min in this process)", flush=True)
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--run", required=True, help="the study folder (holds study.json)")
+    ap.add_argument("--variant", required=True)
+    ap.add_argument("--seed", type=int, default=0)
+    a = ap.parse_args(argv)
+    work(Path(a.run), a.variant, a.seed)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,326 @@
+"""Reference teacher -> head-level hybrid at 1/8 of the teacher's attention KV cache, in one command:
+mask (headscope, NIAH + reasoning), the three stages (hybrid.train), the saved hybrid reloaded from disk and
+evaluated against the teacher, and the stage-2 throughput. Prints a table; writes OUT/results.json.
+
+GPU (one H200, < 10 minutes in all; data/corpus carried, from research/prepare_corpus.py):
+    python research/train_hybrid/run.py --config research/train_hybrid/reference.toml --out $OUT/hybrid
+CPU (a few minutes; the same path with short lengths and few samples):
+    python research/train_hybrid/run.py --config research/train_hybrid/tiny.toml --out /tmp/th --tiny
+
+SmolLM2-135M-Instruct (the real teacher; GGUF staged on the GPU: gpu_h200.sh's header):
+    python research/train_hybrid/run.py --config research/train_hybrid/smollm2.toml --out $OUT/smol \
+        [--stop-after 420] [--resume]       # two calls of <= 520 s: stop at a checkpoint, then continue
+    python research/train_hybrid/run.py --config research/train_hybrid/smollm2.toml --out $OUT/smol \
+        --throughput-only                   # untrained hybrid: stage-2 + teacher training-step MFU, batch sweep
+
+Evaluation lengths (hybrid.train.evals.eval_lengths): L0 = the align / distill length, never past the teacher's
+own training length; NIAH at L0 and 2x / 4x / 8x L0 (at most 16384 tokens: --max-eval-length).
+
+The mask keeps full attention on the KV groups (GQA: the query heads sharing a key/value head) with the
+highest fused NIAH + reasoning score, 1/8 of all KV heads (headscope.select(..., fraction=1/8,
+unit="kv_group")), so the hybrid's KV cache is 1/8 of the teacher's. --mask FILE uses a saved mask instead.
+Reasoning enters the fusion only where the teacher solves >= 90% of its clean prompts (hybrid.train.
+selection_scores); SmolLM2-135M does not, so its mask comes from NIAH alone (results.json: mask.reasoning_left_out).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+
+DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)  # NIAH needle depths; n // 5 prompts at each
+
+
+def evaluate_both(models: dict, tok, L0: int, long_lengths: tuple[int, ...], n: int, n_reasoning: int,
+                  ppl_windows: int, forms: dict[str, dict] | None = None):
+    """Each model through the evaluation harness (``headscope.evaluate``, same prompts for all, greedy generation
+    exact match as the headline): single-key NIAH at L0 and each long length, multi-key (4 keys) at L0, every
+    reasoning family at its default size in the prompt ``forms`` given (the teacher's: a registry model's
+    few-shot forms, headscope.zoo.task_defaults), held-out perplexity at L0. Returns (table, rows): one row per metric
+    (``niah@L``, ``multikey@L0``, ``reasoning_<family>``, ``ppl@L0``), one column per model; and the raw rows."""
+    import pandas as pd
+
+    import headscope
+    from research.studies.metrics import headline
+
+    totals = (L0, *long_lengths)  # whole prompt lengths; each NIAH prompt leaves 8 tokens for the answer
+    configs = {"niah": {"lengths": tuple(L - 8 for L in totals), "depths": DEPTHS, "n": max(1, n // len(DEPTHS)),
+                        "haystack": "heldout"},
+               "niah_multikey": {"lengths": (L0 - 8,), "n_keys": (4,), "n": n, "haystack": "heldout"},
+               "reasoning": {"n": n_reasoning, "forms": forms or {}},
+               "perplexity": {"lengths": (L0,), "n_windows": ppl_windows, "text": "heldout"}}
+    table, frames = {}, []
+    for name, model in models.items():
+        df = headscope.evaluate(model, list(configs), tok, configs=configs, seed=12_345)
+        df["model"] = name
+        frames.append(df)
+        h = headline(df.to_dict("records"), L0)
+        niah = [h["niah"].get(str(L - 8)) for L in totals]
+        col = {f"niah@{L}": v for L, v in zip(totals, niah)}
+        col[f"multikey@{L0}"] = h["multikey"]
+        col |= {f"reasoning_{f}": v for f, v in h["reasoning_by_family"].items()}
+        col[f"ppl@{L0}"] = h["perplexity"].get(str(L0))
+        table[name] = {k: float("nan") if v is None else float(v) for k, v in col.items()}
+    return pd.DataFrame(table), pd.concat(frames, ignore_index=True)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--config", required=True, help="hybrid.train TOML (teacher, stages, data)")
+    ap.add_argument("--out", type=Path, required=True, help="output folder (results.json, mask.json, run/)")
+    ap.add_argument("--mask", default=None, help="a saved head-mask JSON instead of selecting one")
+    ap.add_argument("--fraction", type=float, default=1 / 8, help="fraction of the teacher's KV heads kept")
+    ap.add_argument("--tiny", action="store_true", help="CPU settings: short lengths, few samples")
+    ap.add_argument("--device", default=None, help="override the config's device")
+    ap.add_argument("--resume", action="store_true", help="continue the training in OUT/run")
+    ap.add_argument("--n", type=int, default=None, help="NIAH / multi-key prompts per length (default 50; tiny 2)")
+    ap.add_argument("--no-throughput", action="store_true")
+    ap.add_argument("--throughput-only", action="store_true",
+                    help="no training: the untrained hybrid from the mask, stage-2 and teacher training-step "
+                         "throughput over --batches at the stage-1/2 length; writes OUT/throughput.json")
+    ap.add_argument("--batches", default=None,
+                    help="batch sizes of --throughput-only, comma-separated (default 8,16,32,48,64; tiny 1,2)")
+    ap.add_argument("--compare-naive", action="store_true",
+                    help="--throughput-only: also time each batch with fused_loss='off' (full logits) beside the "
+                         "distill stage's own fused_loss setting")
+    ap.add_argument("--compile", action="store_true",
+                    help="--throughput-only: also time each batch's stage-2 step with the student's decoder layers "
+                         "torch.compile'd (hybrid.train.build.compile_decoder_layers; TrainConfig.compile trains so), "
+                         "and with the teacher's layers compiled too (on CUDA the frozen teacher also held in bf16)")
+    from hybrid.train.build import COMPILE_MODES
+
+    ap.add_argument("--compile-mode", default="default", choices=COMPILE_MODES,
+                    help="--compile: torch.compile's mode for the compiled side runs (reduce-overhead, CUDA graphs: "
+                         "refused on CUDA, where it failed: research.perf.sweep.CUDA_GRAPH_MODES)")
+    ap.add_argument("--compiled-only", action="store_true",
+                    help="--throughput-only --compile without the eager stage-2 step and teacher step: for batch "
+                         "sizes whose eager step does not fit in memory (the compiled layers keep fewer "
+                         "activations: SmolLM2 at batch 32, 54 GiB against 83 GiB eager)")
+    ap.add_argument("--bf16-weights", action="store_true",
+                    help="--throughput-only --compile: also time the compiled student with bf16 working weights "
+                         "and float32 masters (hybrid.train.precision; TrainConfig.working_dtype = 'bfloat16' "
+                         "trains so) beside the compiled bf16 teacher")
+    ap.add_argument("--profile", action="store_true",
+                    help="--throughput-only: also profile each batch's stage-2 step and teacher step "
+                         "(research.perf.throughput.profile_step: kernel time by category, top kernels)")
+    ap.add_argument("--stop-after", type=float, default=None, metavar="SECONDS",
+                    help="stop the training at the first checkpoint written after SECONDS from the start (exit 3; "
+                         "continue with --resume): a GPU call that ends cleanly instead of being killed")
+    ap.add_argument("--max-eval-length", type=int, default=None,
+                    help="longest NIAH length of the evaluation (default 16384)")
+    ap.add_argument("--eval-only", action="store_true",
+                    help="no training: evaluate the hybrid a finished run left in OUT/run (OUT/run/hybrid, "
+                         "OUT/run/log.jsonl, OUT/mask.json), e.g. one trained on the GPU and brought back")
+    a = ap.parse_args(argv)
+    if a.compiled_only and not (a.compile and a.throughput_only):
+        ap.error("--compiled-only times only the compiled side runs: give it with --throughput-only --compile")
+    if a.bf16_weights and not (a.compile and a.throughput_only):
+        ap.error("--bf16-weights is a compiled side run: give it with --throughput-only --compile")
+
+    from transformers import AutoModelForCausalLM
+
+    import hybrid
+    from headscope.io import write_text
+    from headscope.mask import HeadMask
+    from headscope.reference import load_model
+    from hybrid.train import TrainConfig, run
+    from hybrid.train.evals import MAX_EVAL_LENGTH, eval_lengths
+    from research.perf.throughput import measure_distill, measure_lm
+    from hybrid.train.trainer import RunResult, read_history
+    from research.studies.variants import make_mask
+
+    a.out.mkdir(parents=True, exist_ok=True)
+    overrides = {"out": str(a.out / "run")} | ({"device": a.device} if a.device else {})
+    base = TrainConfig.from_file(a.config, mask=a.mask or str(a.out / "mask.json"), **overrides)
+    device = torch.device("cuda" if base.device == "cuda" or (base.device == "auto" and torch.cuda.is_available())
+                          else "cpu")
+    if a.throughput_only and a.compile:
+        from research.perf.sweep import check_compile_mode
+
+        try:  # before minutes of loading and scoring
+            check_compile_mode(a.compile_mode, device)
+        except ValueError as err:
+            ap.error(str(err))
+    t_start = time.time()
+    teacher, tok = load_model(base.teacher, device=device)
+    # L0: the align / distill length (2048; tiny.toml 128), never past the teacher's training length; NIAH at
+    # 2x/4x/8x L0 (SmolLM2's config says 8192 positions, but it is solid only to 2K: see eval_lengths)
+    L0, long_lengths = eval_lengths(teacher, base, cap=a.max_eval_length or MAX_EVAL_LENGTH)
+    n = a.n or (2 if a.tiny else 50)
+
+    t0 = time.time()
+    if a.mask is None and not (a.out / "mask.json").exists():
+        mask = make_mask(teacher, tok, a.fraction, n_samples=2 if a.tiny else 16,
+                         context_length=120 if a.tiny else 1024, device=device, scores_path=a.out / "scores.json")
+        write_text(a.out / "mask.json", mask.to_json())
+    mask = HeadMask.from_json(base.mask)
+    mask_seconds = time.time() - t0
+    print(f"[run.py] mask ready in {mask_seconds:.1f} s: {len(mask.fa_heads)} FA query heads of "
+          f"{mask.n_layers * mask.n_heads}, {mask.ratio} LA:FA", flush=True)  # phase times: where a call's time goes
+    left_out = reasoning_left_out(a.out / "scores.json")
+    if left_out:
+        print(f"[run.py] the mask's scores are NIAH alone: {left_out}", flush=True)
+
+    if a.throughput_only:
+        return throughput_only(a, base, teacher, device, L0, mask)
+
+    if a.eval_only:
+        run_dir = Path(base.out)
+        if not (run_dir / "hybrid" / "config.json").exists() or not (run_dir / "log.jsonl").exists():
+            raise SystemExit(f"--eval-only: no finished run in {run_dir} (hybrid/config.json and log.jsonl); "
+                             "train first (run.py without --eval-only), or unpack a run brought back from the GPU")
+        result = RunResult(run_dir, run_dir / "hybrid", read_history(run_dir))
+    else:
+        t0 = time.time()
+        on_step = None if a.stop_after is None else stop_at_checkpoint(base, a.stop_after, t_start)
+        try:
+            result = run(base, resume=a.resume, on_step=on_step)
+        except StopAtCheckpoint as stop:
+            print(f"[run.py] stopped at checkpoint {stop} after {time.time() - t_start:.0f} s (--stop-after "
+                  f"{a.stop_after:g}): continue with --resume", flush=True)
+            sys.exit(3)
+        train_minutes = (time.time() - t0) / 60
+        print(f"[run.py] training done in {train_minutes:.2f} min", flush=True)
+    # each stage's last minutes, from the whole log (--eval-only's history is that log already): a resumed call's
+    # own history holds only the steps it trained
+    history = result.history if a.eval_only else read_history(base.out)
+    names = [s.name for s in base.stages]  # a stage name used twice (a "distill" stage 3) is keyed "distill (3)"
+    stage_minutes = {(r["stage"] if names.count(r["stage"]) == 1 else f"{r['stage']} ({r['stage_index'] + 1})"):
+                     r["minutes"] for r in history if "minutes" in r}
+    if a.eval_only or a.resume:  # the training's own clock: the stages' minutes (set-up and warm-up steps not counted)
+        train_minutes = sum(stage_minutes.values())
+    t_eval = time.time()
+
+    hybrid.register()
+    hyb = AutoModelForCausalLM.from_pretrained(result.model_path, dtype=torch.float32).to(device).eval()
+    assert HeadMask.from_dict(hyb.config.head_mask) == mask, "the saved hybrid must carry its mask"
+    kv = hybrid.cache_nbytes(hyb, L0)
+    teacher_kv = hybrid.teacher_cache_nbytes(teacher, L0)
+    from headscope.tasks.reasoning import FAMILIES
+    from headscope.zoo import task_defaults
+
+    forms = {f: task_defaults(base.teacher, f) for f in FAMILIES}  # the teacher's prompt forms, for both models
+    table, rows = evaluate_both({"teacher": teacher, "hybrid": hyb}, tok, L0, long_lengths, n,
+                                n_reasoning=4 if a.tiny else 100, ppl_windows=4 if a.tiny else 32, forms=forms)
+    write_text(a.out / "eval_rows.csv", rows.to_csv(index=False))  # every harness row of both models
+    table["hybrid / teacher"] = table["hybrid"] / table["teacher"].where(table["teacher"] != 0)
+    print(f"[run.py] evaluation done in {time.time() - t_eval:.1f} s", flush=True)
+    targets = {f"niah@{L0}": 0.9, f"multikey@{L0}": 0.8, **{i: 0.9 for i in table.index if i.startswith("reasoning_")}}
+    checks = {k: bool(table.loc[k, "hybrid"] >= v * table.loc[k, "teacher"]) for k, v in targets.items()}
+    checks[f"ppl@{L0} <= 1.2x"] = bool(table.loc[f"ppl@{L0}", "hybrid"] <= 1.2 * table.loc[f"ppl@{L0}", "teacher"])
+
+    throughput = None
+    if not a.no_throughput:
+        B, T = (2, 64) if a.tiny else (16, L0)
+        throughput = {"distill": measure_distill(hyb, teacher, B, T, steps=3 if a.tiny else 10),
+                      "teacher_train": measure_lm(teacher, B, T, steps=3 if a.tiny else 10)}
+
+    out = {"schema": "hybrid.train.experiment", "teacher": base.teacher, "device": str(device),
+           "mask": {"fa_heads": [h.to_list() for h in mask.fa_heads], "ratio_la_fa": mask.ratio,
+                    "kv_cache_fraction": kv["fa_kv"] / teacher_kv, "seconds": round(mask_seconds, 1),
+                    "reasoning_left_out": left_out},
+           "train": {"minutes_total": round(train_minutes, 2), "minutes_by_stage": stage_minutes,
+                     "minutes_from": ("stage minutes in the log" if a.eval_only or a.resume
+                                      else "wall clock of the training"),
+                     "config": base.to_dict()},
+           "eval": {"length": L0, "long_lengths": list(long_lengths), "n": n,
+                    "table": json.loads(table.to_json(orient="index")), "checks": checks},
+           "throughput": throughput}
+    write_text(a.out / "results.json", json.dumps(out, indent=1, default=str))
+    print(table.to_string(float_format=lambda x: f"{x:.3f}"))
+    print(f"KV cache: hybrid {kv['fa_kv'] / teacher_kv:.3f} of the teacher's at {L0} tokens "
+          f"(+ GDN state {kv['gdn_state']} B); mask {mask.ratio} LA:FA")
+    print(f"training: {train_minutes:.2f} min ({stage_minutes}); checks: {checks}")
+    if throughput:
+        d, t = throughput["distill"], throughput["teacher_train"]
+        print(f"stage 2: {d['tokens_per_s']:,.0f} tokens/s, {d['tflops']:.2f} TFLOP/s, MFU {d['mfu']:.2%} of "
+              f"{d['peak_flops'] / 1e12:.0f} TFLOP/s, GPU utilisation {d['gpu_utilisation_percent']}%; teacher "
+              f"training step: {t['tokens_per_s']:,.0f} tokens/s, MFU {t['mfu']:.2%}")
+    return out
+
+
+class StopAtCheckpoint(Exception):
+    """--stop-after: the time is up and a checkpoint was just written (the message names it)."""
+
+
+def stop_at_checkpoint(config, seconds: float, t_start: float):
+    """An ``on_step`` callback for ``hybrid.train.run``: once ``seconds`` have passed since ``t_start``, raise
+    StopAtCheckpoint right after the trainer writes a periodic checkpoint (``checkpoints/LATEST`` names this
+    stage and step). Not at a stage's end: a finished stage goes on into the next (and the last one into the final
+    save). One process only: under torchrun the ranks' clocks could disagree."""
+    names = [s.name for s in config.stages]
+    latest = Path(config.out) / "checkpoints" / "LATEST"
+
+    def on_step(stage: str, step: int) -> None:
+        if time.time() - t_start < seconds or not latest.exists():
+            return
+        name = f"s{names.index(stage) + 1}-{stage}-{step:06d}"
+        if latest.read_text().strip() != name:
+            return
+        state = json.loads((latest.parent / name / "state.json").read_text())
+        if not state.get("stage_done"):
+            raise StopAtCheckpoint(name)
+
+    return on_step
+
+
+def reasoning_left_out(scores_path: Path) -> str | None:
+    """Why the mask's scores hold no reasoning (research.studies.variants.selection_scores), or None."""
+    if not scores_path.exists():
+        return None
+    return json.loads(scores_path.read_text()).get("settings", {}).get("reasoning_left_out")
+
+
+def throughput_only(a, base, teacher, device, T: int, mask) -> dict:
+    """Stage-2 throughput of the untrained hybrid (the mask, the config's hybrid options) against the teacher's
+    own training step at each batch size of --batches (research.perf.sweep: side runs, out-of-memory handling, every
+    measurement written to OUT/throughput.json as it is taken); the best by stage-2 tokens/s (= by MFU: one length,
+    the same FLOPs per token) is the result. Model FLOPs: research.perf.throughput (student fwd + bwd + teacher fwd,
+    attention cores included; MFU against 790 TFLOP/s)."""
+    from headscope.io import write_text
+    from hybrid.train.build import build_hybrid
+    from research.perf.sweep import SCHEMA, SweepConfig, run_sweep
+
+    if a.tiny:
+        T = 64
+    batches = tuple(int(b) for b in (a.batches or ("1,2" if a.tiny else "8,16,32,48,64")).split(","))
+    steps, warmup = (2, 1) if a.tiny else (10, 3)
+    fused = next((s.fused_loss for s in base.stages if s.name == "distill"), "auto")  # the training's setting
+    cfg = SweepConfig(batches=batches, seq_len=T, steps=steps, warmup=warmup, fused_loss=fused,
+                      compare_naive=a.compare_naive, compile=a.compile, compile_mode=a.compile_mode,
+                      compiled_only=a.compiled_only, bf16_weights=a.bf16_weights, profile=a.profile)
+    student, _ = build_hybrid(teacher, base.mask, base.hybrid)
+    path = a.out / "throughput.json"
+    try:
+        swept = run_sweep(student.to(device), teacher, cfg, out_path=path)
+    except RuntimeError as err:
+        raise SystemExit(f"--throughput-only: {err}") from None
+    out = {"schema": SCHEMA, "teacher": base.teacher, "device": str(device),
+           "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+           "hybrid": base.hybrid, "mask": {"fa_heads": len(mask.fa_heads), "ratio_la_fa": mask.ratio}, **swept}
+    write_text(path, json.dumps(out, indent=1, default=str))
+    best = out["best"]
+    if "distill" in best:
+        d, tb = best["distill"], best["teacher_train_best"]
+        print(f"stage 2 (best: batch {best['batch_size']} x {T}): {d['tokens_per_s']:,.0f} tokens/s, "
+              f"{d['tflops']:.1f} TFLOP/s = MFU {d['mfu']:.2%} of {d['peak_flops'] / 1e12:.0f} TFLOP/s (model "
+              f"FLOPs/token: student fwd {d['student_fwd_flops_per_token'] / 1e6:.0f}M x 3 + teacher fwd "
+              f"{d['teacher_fwd_flops_per_token'] / 1e6:.0f}M); teacher training step at that batch: MFU "
+              f"{best['teacher_train_same_batch']['mfu']:.2%}, best {tb['mfu']:.2%} (batch {tb['batch_size']})")
+    for kind, what in (("distill_compiled", "the student's decoder layers compiled"),
+                       ("distill_compiled_teacher", "the teacher's compiled too"),
+                       ("distill_bf16_weights", "and bf16 working weights")):
+        if kind in best:
+            c = best[kind]
+            print(f"stage 2, {what} (best: batch {c['batch_size']}): {c['tokens_per_s']:,.0f} tokens/s "
+                  f"= MFU {c['mfu']:.2%}")
+    return out
+
+
+if __name__ == "__main__":
+    main()

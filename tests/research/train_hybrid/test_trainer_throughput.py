@@ -1,0 +1,41 @@
+"""research/train_hybrid/trainer_throughput.py: the trainer's own tokens/s and MFU per stage, from its log."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from model_factories import reference_kv_group_mask
+
+ROOT = Path(__file__).resolve().parents[3]
+SCRIPT = ROOT / "research" / "train_hybrid" / "trainer_throughput.py"
+
+
+def test_tiny_run_reports_tokens_per_second_and_mfu_per_stage(tmp_path):
+    from headscope.reference import load_model
+    from hybrid import from_mask
+    from research.perf.throughput import H200_BF16_PEAK, forward_flops_per_token
+
+    mask = reference_kv_group_mask(tmp_path / "mask.json")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    p = subprocess.run([sys.executable, str(SCRIPT), "--config", str(ROOT / "research/train_hybrid/tiny.toml"),
+                        "--mask", str(mask), "--out", str(tmp_path / "o")], env=env, cwd=ROOT, capture_output=True,
+                       text=True, check=True)
+    rows = {r["stage"]: r for r in json.loads((tmp_path / "o" / "trainer_throughput.json").read_text())["rows"]}
+    assert set(rows) == {"align", "distill", "long"}
+    for r in rows.values():  # tiny.toml logs every step: every step after the first (compiling) one is a record
+        assert r["tok_per_s_min"] <= r["tok_per_s_median"] <= r["tok_per_s_max"] and r["tok_per_s_median"] > 0
+    assert rows["align"]["mfu"] is None and "MFU not counted" in p.stdout  # only the new parameters train
+    d, lg = rows["distill"], rows["long"]  # distill: student x 3 + the teacher's forward; long: student x 3
+    teacher, _ = load_model()
+    student = from_mask(teacher, mask, gdn_fold_heads=True)  # tiny.toml's hybrid options
+    assert d["model_flops_per_token"] == pytest.approx(3 * forward_flops_per_token(student, d["seq_len"])
+                                                       + forward_flops_per_token(teacher, d["seq_len"]))
+    assert lg["model_flops_per_token"] == pytest.approx(3 * forward_flops_per_token(student, lg["seq_len"]))
+    assert d["mfu"] == pytest.approx(d["tok_per_s_median"] * d["model_flops_per_token"] / H200_BF16_PEAK, rel=1e-3)
+    assert lg["mfu"] == pytest.approx(lg["tok_per_s_median"] * lg["model_flops_per_token"] / H200_BF16_PEAK,
+                                      rel=1e-3)
+    assert f"distill: batch {d['batch_size']} x {d['seq_len']}" in p.stdout and "MFU" in p.stdout
