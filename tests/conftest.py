@@ -54,3 +54,26 @@ def tiny_mask(tiny_teacher_dir, tmp_path_factory):
     from train_factories import save_mask
 
     return save_mask(tiny_teacher_dir, tmp_path_factory.mktemp("mask") / "mask.json")
+
+
+# End-to-end tests (CI's second lane, `-m e2e`): whole scripts in subprocesses, the notebook, the docs' snippets, the
+# shipped and real models' science. Marked here by path so the list stays in one place; a test may also carry
+# @pytest.mark.e2e itself.
+E2E = (
+    "tests/research/train_hybrid/",
+    "tests/research/reference/",
+    "tests/research/studies/test_run_studies.py",
+    "tests/research/test_bench_",
+    "tests/research/test_report_heads.py",
+    "tests/research/test_stage_gguf.py",
+    "tests/docs/test_quickstart_notebook.py::test_quickstart_runs",
+    "tests/docs/test_hybrid_docs.py::test_hybrid_doc_snippets_run",
+    "tests/headscope/test_real_model.py",
+    "tests/headscope/test_reference.py::test_shipped_",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.nodeid.startswith(E2E):
+            item.add_marker(pytest.mark.e2e)
