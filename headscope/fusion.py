@@ -45,9 +45,12 @@ _EPS = 1e-8
 # ----------------------------------------------------------------------------- registries
 
 StabilityFn = Callable[..., torch.Tensor]  # (s [N, L, H] clipped, threshold, c) -> [L, H]
-STABILITY_METHODS: Registry[StabilityFn] = Registry("stability method")
-COMBINE_RULES: Registry[Callable[..., torch.Tensor]] = Registry("combine rule")  # (r, s [N, L, H], weight)
-NORMALIZE_MODES: Registry[Callable[[torch.Tensor], torch.Tensor]] = Registry("normalize mode")  # [L, H] -> [L, H]
+STABILITY_METHODS: Registry[StabilityFn] = Registry("stability method", owner="headscope.fusion.STABILITY_METHODS")
+# (r, s [N, L, H], weight) -> [L, H]
+COMBINE_RULES: Registry[Callable[..., torch.Tensor]] = Registry("combine rule", owner="headscope.fusion.COMBINE_RULES")
+# [L, H] -> [L, H]
+NORMALIZE_MODES: Registry[Callable[[torch.Tensor], torch.Tensor]] = Registry("normalize mode",
+                                                                              owner="headscope.fusion.NORMALIZE_MODES")
 
 # the formula of each stability method, recorded in the fused settings
 STABILITY_FORMULAS = {

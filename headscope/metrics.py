@@ -13,6 +13,8 @@ from typing import Any, Callable
 
 import torch
 
+from headscope.registry import Registry
+
 __all__ = ["Metric", "resolve_metric", "logit_diff", "logprob", "greedy_correct", "METRICS"]
 
 
@@ -32,7 +34,10 @@ def logprob(logits: torch.Tensor, clean_ids: torch.Tensor, corrupt_ids: torch.Te
     return logp.gather(-1, idx).squeeze(-1).sum(-1)  # [B]
 
 
-METRICS: dict[str, Callable[..., torch.Tensor]] = {"logit_diff": logit_diff, "logprob": logprob}
+# built-in metrics: fn(logits [B, A, V], clean_ids [A], corrupt_ids [A]) -> [B] float64
+METRICS: Registry[Callable[..., torch.Tensor]] = Registry("metric", owner="headscope.metrics.METRICS")
+METRICS.register("logit_diff", logit_diff)
+METRICS.register("logprob", logprob)
 
 
 def greedy_correct(logits: torch.Tensor, clean_ids: torch.Tensor) -> bool:

@@ -8,6 +8,9 @@
 
 A Registry is a read-only mapping from name to entry (iterating yields the names, like the tuples of
 names it replaces), so ``name in REGISTRY`` and ``argparse(choices=REGISTRY)`` keep working.
+
+A name that is taken is refused unless ``overwrite=True`` is passed: a built-in is never replaced by accident, so
+results labelled with a built-in's name always come from the built-in.
 """
 from __future__ import annotations
 
@@ -21,18 +24,22 @@ T = TypeVar("T")
 class Registry(Mapping[str, T], Generic[T]):
     """Entries by name, in registration order."""
 
-    def __init__(self, kind: str) -> None:
+    def __init__(self, kind: str, *, owner: str | None = None) -> None:
+        """``kind`` names one entry ("selection strategy"); ``owner`` names the registry in messages
+        (e.g. "headscope.selection.STRATEGIES"; default "the <kind> registry")."""
         self.kind = kind
+        self.owner = owner or f"the {kind} registry"
         self._items: dict[str, T] = {}
 
-    def register(self, name: str, entry: T | None = None, *, replace: bool = False):
-        """``reg.register("x", fn)`` or ``@reg.register("x")``. A taken name needs ``replace=True``."""
+    def register(self, name: str, entry: T | None = None, *, overwrite: bool = False):
+        """``reg.register("x", fn)`` or ``@reg.register("x")``. A taken name needs ``overwrite=True``."""
         if not isinstance(name, str) or not name or not name.replace("_", "").replace("-", "").isalnum():
             raise ValueError(f"{self.kind} name {name!r} must be a non-empty word (letters, digits, _ or -)")
 
         def add(obj: T) -> T:
-            if name in self._items and not replace:
-                raise ValueError(f"{self.kind} {name!r} is already registered; pass replace=True to replace it")
+            if name in self._items and not overwrite:
+                raise ValueError(f"{self.kind} {name!r} is already registered in {self.owner}: pass overwrite=True "
+                                 f"to replace it, or register yours under another name")
             self._items[name] = obj
             return obj
 

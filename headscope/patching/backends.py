@@ -33,8 +33,10 @@ class BackendEntry:
     detect: Callable[[Any], bool] | None = None
 
 
-BACKENDS: Registry[BackendEntry] = Registry("patching backend")
-PATH_BACKENDS: Registry[BackendEntry] = Registry("path-patching backend")
+BACKENDS: Registry[BackendEntry] = Registry("patching backend",
+                                            owner="headscope.patching.backends.BACKENDS")
+PATH_BACKENDS: Registry[BackendEntry] = Registry("path-patching backend",
+                                                 owner="headscope.patching.backends.PATH_BACKENDS")
 
 
 def _check(name: Any, factory: Any, detect: Any, kind: str) -> None:
@@ -47,17 +49,18 @@ def _check(name: Any, factory: Any, detect: Any, kind: str) -> None:
 
 
 def register_backend(name: str, factory: Callable[[Any, nn.Module, int | None], Any], *,
-                     detect: Callable[[Any], bool] | None = None, replace: bool = False) -> BackendEntry:
-    """Make ``score(..., backend=name)`` use ``factory(model, hf, batch_size)`` (a taken name needs replace=True)."""
+                     detect: Callable[[Any], bool] | None = None, overwrite: bool = False) -> BackendEntry:
+    """Make ``score(..., backend=name)`` use ``factory(model, hf, batch_size)`` (a taken name needs overwrite=True)."""
     _check(name, factory, detect, BACKENDS.kind)
-    return BACKENDS.register(name, BackendEntry(factory, detect), replace=replace)
+    return BACKENDS.register(name, BackendEntry(factory, detect), overwrite=overwrite)
 
 
 def register_path_backend(name: str, factory: Callable[[nn.Module, Any, int | None], Any], *,
-                          replace: bool = False) -> BackendEntry:
-    """Make ``sender_scores(..., backend=name)`` use ``factory(hf, receivers, batch_size)``."""
+                          overwrite: bool = False) -> BackendEntry:
+    """Make ``sender_scores(..., backend=name)`` use ``factory(hf, receivers, batch_size)`` (a taken name needs
+    overwrite=True)."""
     _check(name, factory, None, PATH_BACKENDS.kind)
-    return PATH_BACKENDS.register(name, BackendEntry(factory), replace=replace)
+    return PATH_BACKENDS.register(name, BackendEntry(factory), overwrite=overwrite)
 
 
 def resolve_backend(model: Any, backend: str) -> str:

@@ -4,7 +4,7 @@
     pairs = task.generate(tokenizer, n=8, seed=0)   # list[PromptPair], deterministic per seed
     tps = task.tokenized(tokenizer, n=8, seed=0)    # list[TokenizedPair]: teacher-forced with the clean answer
 """
-from headscope.tasks.base import (PairError, PromptPair, Task, TokenizedPair, UnknownTaskError, from_pairs,
+from headscope.tasks.base import (TASKS, PairError, PromptPair, Task, TokenizedPair, UnknownTaskError, from_pairs,
                                   get_task, list_tasks, register_task, tokenize_pair)
 from headscope.tasks.haystack import load_haystack
 from headscope.tasks.niah import NiahMultikeyTask, NiahTask
@@ -17,4 +17,4 @@ for _name, _cls in FAMILIES.items():
 register_task("reasoning", ReasoningTask)
 
 __all__ = ["PromptPair", "TokenizedPair", "PairError", "UnknownTaskError", "Task", "get_task", "register_task",
-           "list_tasks", "from_pairs", "tokenize_pair", "load_haystack"]
+           "list_tasks", "from_pairs", "tokenize_pair", "load_haystack", "TASKS"]

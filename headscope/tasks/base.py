@@ -13,7 +13,6 @@ answer token 0 always differs between the two answers.
 """
 from __future__ import annotations
 
-import dataclasses
 import difflib
 import random
 import weakref
@@ -21,6 +20,9 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
+
+from headscope.configs import from_dict
+from headscope.registry import Registry
 
 Span = tuple[int, int]
 
@@ -226,11 +228,7 @@ def tokenize_pair(tokenizer, pair: PromptPair) -> TokenizedPair:
 
 def make_config(cls, task: str, config: dict):
     """Build a frozen config dataclass from kwargs; unknown fields are a ValueError naming them."""
-    names = [f.name for f in dataclasses.fields(cls)]
-    unknown = [k for k in config if k not in names]
-    if unknown:
-        raise ValueError(f"task {task!r} has no config field(s) {unknown}; known fields: {names}")
-    return cls(**config)
+    return from_dict(cls, config, where=f"task {task!r}", unknown_text="no config field(s)")
 
 
 class Task:
@@ -342,25 +340,26 @@ def from_pairs(name: str, pairs) -> CustomTask:
 
 # ----------------------------------------------------------------------------- registry
 
-_REGISTRY: dict[str, Callable[..., Task]] = {}
+TASKS: Registry[Callable[..., Task]] = Registry("task", owner="headscope.tasks.TASKS")
 
 
-def register_task(name: str, factory: Callable[..., Task]) -> None:
-    """Make get_task(name, **config) call factory(**config). Re-registering a name replaces it."""
+def register_task(name: str, factory: Callable[..., Task], *, overwrite: bool = False) -> None:
+    """Make get_task(name, **config) call factory(**config). A taken name (a built-in task included) needs
+    ``overwrite=True``."""
     if not isinstance(name, str) or not name:
         raise ValueError(f"task name {name!r}: give a non-empty string")
     if not callable(factory):
         raise ValueError(f"factory for task {name!r} is {factory!r}; give a callable returning a Task")
-    _REGISTRY[name] = factory
+    TASKS.register(name, factory, overwrite=overwrite)
 
 
 def list_tasks() -> list[str]:
-    return sorted(_REGISTRY)
+    return sorted(TASKS)
 
 
 def get_task(name: str, **config) -> Task:
     """The registered task `name`, configured by keyword arguments (its config dataclass fields)."""
-    if name not in _REGISTRY:
+    if name not in TASKS:
         raise UnknownTaskError(f"unknown task {name!r}; known tasks: {', '.join(list_tasks())}. "
                                "Register your own with register_task(name, factory) or from_pairs(name, pairs).")
-    return _REGISTRY[name](**config)
+    return TASKS[name](**config)

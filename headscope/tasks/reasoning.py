@@ -16,6 +16,7 @@ import dataclasses
 import random
 from dataclasses import dataclass
 
+from headscope.registry import Registry
 from headscope.tasks.base import PairError, PromptPair, Task
 
 NAMES = ("Alice", "Bob", "Carol", "David", "Emma", "Frank", "Grace", "Henry", "Irene", "Jack", "Kate", "Liam",
@@ -250,8 +251,11 @@ class TwoHopTask(_FewShot, Task):
 
 # ----------------------------------------------------------------------------- mixture
 
-FAMILIES = {"arithmetic": ArithmeticTask, "binding": BindingTask, "comparison": ComparisonTask,
-            "two_hop": TwoHopTask}
+FAMILIES: Registry[type[Task]] = Registry("reasoning family", owner="headscope.tasks.reasoning.FAMILIES")
+FAMILIES.register("arithmetic", ArithmeticTask)
+FAMILIES.register("binding", BindingTask)
+FAMILIES.register("comparison", ComparisonTask)
+FAMILIES.register("two_hop", TwoHopTask)
 
 
 @dataclass(frozen=True)

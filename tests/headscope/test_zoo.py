@@ -33,14 +33,15 @@ def _tokenizer():
 
 
 @pytest.fixture
-def fake(tmp_path, monkeypatch):
+def fake(tmp_path, monkeypatch, request):
     """A registry entry whose source is a small local file and whose conversion writes a tiny model."""
     src = tmp_path / "fake.gguf"
     src.write_bytes(b"not really a gguf file")
     entry = zoo.ZooEntry(name=FAKE, distribution="headscope-no-such-package", filename="x/fake.gguf",
                          sha256=hashlib.sha256(src.read_bytes()).hexdigest(),
                          task_defaults={"binding": {"n_shots": 3}})
-    monkeypatch.setitem(zoo.MODELS, FAKE, entry)
+    zoo.MODELS.register(FAKE, entry)
+    request.addfinalizer(lambda: zoo.MODELS.unregister(FAKE))
     monkeypatch.setenv(entry.env_var, str(src))
     monkeypatch.setenv("HEADSCOPE_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(zoo, "_require_gguf_package", lambda: None)
