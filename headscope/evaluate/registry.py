@@ -31,6 +31,7 @@ class Evaluation:
     fn: Callable[..., list[dict]]  # fn(model, tokenizer, config, ctx) -> rows
     Config: type  # a frozen dataclass
     description: str = ""
+    needs_teacher: bool = False  # True: also called with teacher=<the teacher model> (evaluate(teacher=...))
 
 
 EVALUATIONS: Registry[Evaluation] = Registry("evaluation", owner="headscope.evaluate.registry.EVALUATIONS")
@@ -39,15 +40,17 @@ SUITES: Registry[tuple[tuple[str, dict[str, Any]], ...]] = Registry("suite",
 
 
 def register_evaluation(name: str, fn: Callable[..., list[dict]], Config: type, description: str = "", *,
-                        overwrite: bool = False) -> None:
-    """Register ``fn`` under ``name``; a taken name (a built-in included) needs ``overwrite=True``."""
+                        overwrite: bool = False, needs_teacher: bool = False) -> None:
+    """Register ``fn`` under ``name``; a taken name (a built-in included) needs ``overwrite=True``.
+    ``needs_teacher``: ``fn`` compares the model with a teacher and is called as
+    ``fn(model, tokenizer, config, ctx, teacher=teacher)``; running it without a teacher is an error."""
     if not isinstance(name, str) or not name:
         raise ValueError(f"evaluation name {name!r}: give a non-empty string")
     if not callable(fn):
         raise ValueError(f"evaluation {name!r}: fn={fn!r} is not callable")
     if not (dataclasses.is_dataclass(Config) and Config.__dataclass_params__.frozen):
         raise ValueError(f"evaluation {name!r}: Config must be a frozen dataclass, got {Config!r}")
-    EVALUATIONS.register(name, Evaluation(name, fn, Config, description), overwrite=overwrite)
+    EVALUATIONS.register(name, Evaluation(name, fn, Config, description, bool(needs_teacher)), overwrite=overwrite)
 
 
 def list_evaluations() -> list[str]:
