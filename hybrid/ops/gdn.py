@@ -40,10 +40,10 @@ HOPPER_BWD_ENV = "HYBRID_ALLOW_UNVERIFIED_HOPPER_BWD"
 # (Dk, Dv) head dims at which research/fla_parity_gpu.py measured fla's guarded Hopper backward to match the
 # reference (relative error <= 1e-2 for every gradient); there the guard is bypassed by default. Measured on one
 # H200 (torch 2.11, Triton 3.6, fla-core 0.6.0, 2026-11-29): at T = 512 and 1024, D = 64 and 128, the bypassed
-# backward's worst relative error was 5.0e-3 (docs/results/hybrid_gpu_h200/gpu_hybrid_h200.log,
-# docs/results/gpu_tests_h200/gpu_tests_h200.log).
+# backward's worst relative error was 5.0e-3 (docs/results/2026-11-29_gdn_kernel_parity_layer_timing/gpu_hybrid_h200.log,
+# docs/results/2026-11-29_gpu_op_tests/gpu_tests_h200.log).
 # D = 32 (the reference model's head dim) on 2026-12-01, T = 1024, gate normalizer 1 only: worst 4.5e-3
-# (docs/results/session5_h200/fla_parity_d32.json).
+# (docs/results/2026-12-01_fla_parity_d32/fla_parity_d32.json).
 HOPPER_BWD_VERIFIED_DIMS: frozenset[tuple[int, int]] = frozenset({(32, 32), (64, 64), (128, 128)})
 
 

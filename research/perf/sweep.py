@@ -112,7 +112,7 @@ def _side_text(label: str, r: dict | None) -> str:
 
 # torch._dynamo's recompile limit while a sweep compiles: the side runs compile the same layer code for several
 # models (float32 and bf16 students, the teacher) and lengths; at the default 8 the bf16 side run's frames fell
-# back to eager on the H200 ("hit config.recompile_limit (8)", docs/results/train_session14_h200/)
+# back to eager on the H200 ("hit config.recompile_limit (8)", docs/results/2026-12-02_dynamo_recompile_limit/smol_throughput_bf16.log)
 RECOMPILE_LIMIT = 64
 
 

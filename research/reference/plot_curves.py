@@ -14,10 +14,10 @@ import json
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-STAGES = [("stage 1", "reference_stage1_h200/reference_train_log.jsonl"),
-          ("stage 2", "reference_stage2_h200/reference_train2_log.jsonl"),
-          ("stage 3", "reference_stage3_h200/reference_train3_log.jsonl"),
-          ("stage 4", "reference_stage4_sweep_h200/reference_train4_log.jsonl")]
+STAGES = [("stage 1", "2026-11-29_reference_pretrain_stage1/reference_train_log.jsonl"),
+          ("stage 2", "2026-11-29_reference_pretrain_stage2/reference_train2_log.jsonl"),
+          ("stage 3", "2026-11-29_reference_pretrain_stage3/reference_train3_log.jsonl"),
+          ("stage 4", "2026-11-29_reference_pretrain_stage4_sweep/reference_train4_log.jsonl")]
 LOSSES = ["loss_multikey_answer", "loss_niah_answer", "loss_reasoning_answer", "loss_text"]
 PROBES = ["acc_niah@2048", "acc_multikey", "acc_reasoning", "acc_binding", "acc_two_hop"]
 

@@ -5,7 +5,7 @@
 # about one call. SWEEP_MIN (training minutes, default 6.5) and WORKERS (data workers per run, default 3) override.
 # The variants (name|flags) are below; every one starts from headscope/weights/default. SHIPPED_EVAL is the
 # eval JSON of that starting model, the bar to beat (default: the shipped stage 4's; the stage-4 sweep itself
-# started from stage 3: SHIPPED_EVAL=docs/results/reference_stage3_h200/reference_eval3_h200.json).
+# started from stage 3: SHIPPED_EVAL=docs/results/2026-11-29_reference_pretrain_stage3/reference_eval3_h200.json).
 # Files in $OUT (<= 5):
 #   sweep.json              each variant's flags, eval summary and the checks it passes; "best" names the winner
 #   sweep_logs.tar          run.log, each variant's train_log.jsonl and eval.json
@@ -17,7 +17,7 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 TOKENIZER
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT" /tmp/sweep
 log=/tmp/sweep/run.log
 SWEEP_MIN="${SWEEP_MIN:-6.5}"; WORKERS="${WORKERS:-3}"
-SHIPPED_EVAL="${SHIPPED_EVAL:-docs/results/reference_stage4_sweep_h200/reference_eval4_h200.json}"
+SHIPPED_EVAL="${SHIPPED_EVAL:-docs/results/2026-11-29_reference_pretrain_stage4_sweep/reference_eval4_h200.json}"
 # lookup-focused continuation: multi-key and binding get 80% of the rows between them, NIAH keeps 10%
 BASE="--init-from headscope/weights/default --head-drop 0.03 --haystack-weight 0.1 --multikey-min-len 128 \
 --w-text 0.05 --w-niah 0.1 --w-multikey 0.4 --w-reasoning 0.4 --w-copy 0.05 --warmup 0.05 --ramp 0 --fast-niah \

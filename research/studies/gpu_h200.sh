@@ -64,7 +64,7 @@ if [ "$TEACHER" != default ] && [ ! -d "$TEACHER" ]; then  # a registry model (h
     python3 -c "import gguf" 2>/dev/null || echo "warning: no gguf package (carry .whl/gguf): the first load of $TEACHER cannot convert its GGUF"
     staged_teacher "$TEACHER" || exit 4
 fi
-# fla's Hopper backward at head dim 32 (the reference teacher; docs/results/session5_h200/fla_parity_d32.log) and
+# fla's Hopper backward at head dim 32 (the reference teacher; docs/results/2026-12-01_fla_parity_d32/fla_parity_d32.log) and
 # 64 (SmolLM2; measured 2026-11-29): verified against the float32 reference on the H200 and listed in
 # hybrid.ops.gdn.HOPPER_BWD_VERIFIED_DIMS; the variable only keeps an older checkout from falling back to the slow
 # torch-chunk backward

@@ -18,7 +18,7 @@ The logit differences are taken on 2 rows of random token ids (any model, no tex
 activations can be extreme: the row and position of the largest difference, the largest reference logit there
 and the mean difference say whether it is one odd position or the whole model; the held-out loss is on text.
 
-Answered in the ninth session (docs/results/train_session9_h200/*_backend_parity.json): every backend gives the
+Answered in the ninth session (docs/results/2026-12-01_trained_hybrid_backend_parity/*_backend_parity.json): every backend gives the
 same held-out loss to 1e-3 on both trained hybrids; the "gap" was the stage-3 check's length (8192, not 2048).
 """
 from __future__ import annotations

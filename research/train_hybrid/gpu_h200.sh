@@ -54,14 +54,14 @@
 #   6. the same carry, timeout_s 560, ~350-400 s: the rest of stage 2, stage 3 (2 min), the evaluation (~1-1.5 min)
 #      command "RESUME=1 CONFIG=research/train_hybrid/smollm2.toml bash research/train_hybrid/gpu_h200.sh train"
 #      (again with RESUME=1 if it stopped at a checkpoint once more; a finished run is evaluated straight away)
-#   Measured 2026-12-01 (docs/results/train_session8_h200): `stage` calls 2 s each once warm, throughput 158 s (the
+#   Measured 2026-12-01: `stage` calls 2 s each once warm, throughput 158 s (the
 #   autotune results restored), call 5 454 s (stopped at distill step 600), call 6 341 s (the rest; stages 9.5 min in
 #   all), an evaluation-only resume 204 s. Part 4 (16.6 MB) also fits beside the reference call's carry (64.3 MB),
 #   which saves one call; the throughput call (4) may be skipped once measured: carry part 4 with a `stage` call.
-#   Measured again 2026-12-01 (docs/results/train_session9_h200): reference call with part 4 389 s (training 4.42
+#   Measured again 2026-12-01 (docs/results/2026-12-01_smollm2_hybrid_training): reference call with part 4 389 s (training 4.42
 #   min, evaluation, backend parity), `stage` 2 s each, throughput with --compare-naive at 16,32,64 113 s, call 5
 #   468 s (stopped at distill step 600), call 6 512 s (the rest, evaluation 165 s, backend parity).
-#   Measured 2026-12-02 (docs/results/train_session12_h200): reference call with part 4 369 s (stages 4.52 min,
+#   Measured 2026-12-02 (docs/results/2026-12-02_reference_hybrid_training): reference call with part 4 369 s (stages 4.52 min,
 #   evaluation 66 s, no backend parity), `stage` 1-3 s each once warm, throughput at batch 32 with "--compile
 #   --profile" 300 s; a fresh machine's first call costs ~90 s of device time before the command starts.
 #   In all ~1200-1350 device seconds (20-23 min) of a session's 30. If the machine went cold in between, everything

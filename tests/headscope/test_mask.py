@@ -92,7 +92,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 def test_version_1_files_still_load():
     # written as version 1
-    shipped = HeadMask.from_json(REPO / "docs" / "results" / "reference_heads_cpu" / "reference_mask_7to1.json")
+    shipped = HeadMask.from_json(REPO / "docs" / "results" / "2026-11-29_reference_head_report" / "reference_mask_7to1.json")
     assert len(shipped) == 8 and shipped.n_kv_heads == 4 and shipped.kv_cache_share == pytest.approx(8 / 32)
     v1 = _mask().to_dict()
     v1["schema_version"] = 1
