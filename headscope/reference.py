@@ -48,12 +48,6 @@ def has_default_weights() -> bool:
     return _has_weights(default_path())
 
 
-def _is_hybrid_folder(name_or_path: str | Path) -> bool:
-    """A local folder whose config.json names the hybrid's model_type (read as text: a truncated file counts)."""
-    cfg = Path(name_or_path).expanduser() / "config.json"
-    return str(name_or_path) != DEFAULT_NAME and cfg.is_file() and '"headscope_hybrid"' in cfg.read_text(errors="replace")
-
-
 def _looks_like_path(text: str) -> bool:
     """A string meant as a local folder, not a hub name ('org/name' has at most one slash and no leading . / ~)."""
     return (os.path.isabs(text) or text.startswith((".", "~")) or text.count("/") > 1 or "\\" in text
@@ -147,10 +141,13 @@ def load_model(name_or_path: str | Path = DEFAULT_NAME, *, dtype: torch.dtype = 
     from transformers import AutoModelForCausalLM
 
     dev = check_device(device)
-    if _is_hybrid_folder(name_or_path):  # a saved hybrid: register its classes, name a broken file up front
-        from hybrid.saving import check_folder
+    from headscope import zoo
+    from headscope.loaders import prepare_folder
 
-        check_folder(name_or_path, need_tokenizer=True)
+    if str(name_or_path) != DEFAULT_NAME and str(name_or_path) not in zoo.MODELS:
+        # a folder of a model type transformers does not know (a saved hybrid): its package's loader registers the
+        # classes and names a broken file up front (headscope.loaders)
+        prepare_folder(name_or_path, need_tokenizer=True)
     src = _resolve(name_or_path)
     tokenizer = load_tokenizer(name_or_path)
     try:
@@ -158,7 +155,6 @@ def load_model(name_or_path: str | Path = DEFAULT_NAME, *, dtype: torch.dtype = 
                                                      local_files_only=True)
     except OSError as err:
         raise ReferenceModelMissing(_not_loadable(name_or_path, err)) from err
-    from headscope import zoo
     from headscope.tokenizers import remember_tokenizer
 
     model = model.to(dev).eval()

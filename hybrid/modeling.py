@@ -12,7 +12,7 @@ Padding is not supported: ``attention_mask`` must be all ones (a GDN state would
 batch whose rows start or end with different numbers of pad tokens is refused when no mask says otherwise.
 
 Saving: ``save_pretrained(path, tokenizer=tok)`` also writes the tokenizer; ``from_pretrained`` checks the
-folder first (``hybrid.saving.check_folder``: names a missing or truncated file and the fix).
+folder first (``hybrid.folders.check_folder``: names a missing or truncated file and the fix).
 """
 from __future__ import annotations
 
@@ -28,8 +28,8 @@ from transformers import GenerationMixin, PreTrainedModel
 from transformers.utils import ModelOutput
 
 from hybrid.cache import HybridCache
-from hybrid.saving import check_folder
 from hybrid.config import HybridConfig
+from hybrid.folders import check_folder
 from hybrid.layers.token_attention import TokenHybridAttention
 from hybrid.layers.common import MLP, RMSNorm, RotaryEmbedding, autocast_input, is_new
 from hybrid.layers.hybrid_attention import HybridAttention

@@ -13,10 +13,12 @@ from typing import Any, Callable, Sequence
 import pandas as pd
 import torch
 
+from headscope.evaluate.output import read_results
 from headscope.evaluate.registry import (UnknownSuiteError, get_evaluation, get_suite, list_evaluations, list_suites,
                                          make_config)
 from headscope.evaluate.rows import COLUMNS
 from headscope.evaluate.runtime import EvalContext, check_tokenizer, model_info
+from headscope.evaluate.tables import SUMMARY_KEYS, summary
 
 __all__ = ["evaluate", "summary", "compare", "load", "resolve_suite", "plan", "SCHEMA", "RUN_COLUMNS"]
 
@@ -29,16 +31,11 @@ _HAYSTACK_FIELD = {"niah": "haystack", "niah_multikey": "haystack", "template_tr
 def load(spec: str, tokenizer: Any = None, device: str | None = None, dtype: torch.dtype = torch.float32):
     """(model, tokenizer) from "default" or a local folder (a hybrid saved with save_pretrained included);
     ``tokenizer``: a tokenizer object, a folder to load one from, or None for the model folder's own."""
-    import json
-
+    from headscope.loaders import prepare_folder
     from headscope.reference import _resolve, load_model
 
     src = _resolve(spec)
-    cfg = Path(src) / "config.json"
-    if cfg.exists() and json.loads(cfg.read_text()).get("model_type") == "headscope_hybrid":
-        import hybrid
-
-        hybrid.register()
+    prepare_folder(src)  # a model type transformers does not know (a saved hybrid): its package's loader, a check
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     if tokenizer is None:
         if Path(src).is_dir() and not any(Path(src).glob("tokenizer*")):
@@ -176,24 +173,9 @@ def run_meta(info: dict, label: str, seed: int, ctx: EvalContext, cfgs, seconds:
             "python": platform.python_version(), "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
 
 
-_KEYS = ["evaluation", "metric", "context_length", "n_keys", "family", "size", "phrasing"]
-
-
-def summary(df: pd.DataFrame) -> pd.DataFrame:
-    """Headline numbers: mean value of every metric over depths and positions (per-position loss left out),
-    by evaluation, length, keys, family, size and phrasing; ``n`` sums the prompts behind each."""
-    d = df[(df.status == "ok") & (df.metric != "loss")].copy()
-    keys = [k for k in _KEYS if k in d.columns]
-    d[keys] = d[keys].astype(object).where(d[keys].notna(), "")
-    out = d.groupby(keys, sort=False).agg(value=("value", "mean"), n=("n", "sum")).reset_index()
-    return out
-
-
 def _as_frame(result: Any) -> pd.DataFrame:
     if isinstance(result, pd.DataFrame):
         return result
-    from headscope.evaluate.output import read_results
-
     return read_results(result)
 
 
@@ -219,7 +201,7 @@ def compare(*results: Any, labels: Sequence[str] | None = None, metrics: Sequenc
         s["model"] = lab
         parts.append(s)
     long = pd.concat(parts, ignore_index=True)
-    keys = [k for k in _KEYS if k in long.columns]
+    keys = [k for k in SUMMARY_KEYS if k in long.columns]
     table = long.pivot_table(index=keys, columns="model", values="value", aggfunc="mean", sort=False)
     table = table[list(labels)]
     from headscope.evaluate.figures import compare_plot

@@ -13,6 +13,7 @@ from typing import Any
 
 import pandas as pd
 
+from headscope.evaluate.tables import summary
 from headscope.io import OutputExistsError, artifact_kind, write_text
 
 __all__ = ["check_output_dir", "save_results", "read_results"]
@@ -46,8 +47,6 @@ def _clean(v: Any) -> Any:
 
 def save_results(df: pd.DataFrame, out: str | os.PathLike, *, overwrite: bool = False, figures: bool = True) -> Path:
     """Write ``df`` (from ``evaluate``) and its figures into the folder ``out``; returns it."""
-    from headscope.evaluate.api import summary
-
     out = check_output_dir(out, overwrite)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))

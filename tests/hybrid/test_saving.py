@@ -1,6 +1,7 @@
 """Saving and loading a hybrid the usual ways (hybrid.load, headscope.load_model, AutoModelForCausalLM after
 `import hybrid`), the tokenizer saved alongside, and clear errors for broken folders (the file and the fix)."""
 import json
+import os
 import subprocess
 import sys
 
@@ -80,6 +81,26 @@ def test_plain_import_hybrid_registers_the_auto_classes(saved):
             f"m = AutoModelForCausalLM.from_pretrained({str(saved)!r})\nprint(type(m).__name__)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip().splitlines()[-1] == "HybridForCausalLM"
+
+
+def test_headscope_loads_a_saved_hybrid_without_being_told_to_import_hybrid(saved, tmp_path):
+    """A fresh process that never imports hybrid: headscope.load_model(folder) and `headscope eval --model folder`
+    find the hybrid's loader through the headscope.loaders entry point (pyproject.toml), which imports hybrid."""
+    code = ("import sys, headscope\n"
+            "from headscope.loaders import MODEL_LOADERS\n"
+            "assert 'hybrid' not in sys.modules and 'headscope_hybrid' not in MODEL_LOADERS\n"
+            f"model, tok = headscope.load_model({str(saved)!r})\n"
+            "assert MODEL_LOADERS['headscope_hybrid'].package == 'hybrid'\n"
+            "print(type(model).__name__, len(tok))\n"
+            "from headscope.cli import main\n"
+            f"sys.exit(main(['eval', '--model', {str(saved)!r}, '--suite', 'niah', '--out', "
+            f"{str(tmp_path / 'r')!r}, '--quiet', '--set', 'niah.lengths=[200]', '--set', 'niah.depths=[0.5]', "
+            "'--set', 'niah.n=1']))\n")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert res.stdout.splitlines()[0].startswith("HybridForCausalLM ")
+    assert json.loads((tmp_path / "r" / "results.json").read_text())["model_type"] == "headscope_hybrid"
 
 
 def test_import_hybrid_changes_nothing_but_the_registration():
