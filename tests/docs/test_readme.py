@@ -1,0 +1,147 @@
+"""README.md: its install and test commands are the ones CI runs (.ci/run), its quick-start commands and its Python
+snippet run as written (e2e), and no user doc narrates how the project was built or cites a file that is not in the
+repository."""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+README = ROOT / "README.md"
+CI = ROOT / ".ci" / "run"
+
+
+def blocks(text: str, lang: str) -> list[str]:
+    return re.findall(rf"^```{lang}\n(.*?)^```", text, flags=re.S | re.M)
+
+
+def command_lines(block: str) -> list[str]:
+    return [s for s in (line.strip() for line in block.splitlines()) if s and not s.startswith("#")]
+
+
+def ci_lines() -> tuple[list[str], dict[str, list[str]]]:
+    """.ci/run's command lines before its first '# --- NAME (README) ---' marker, and the lines of each section."""
+    before: list[str] = []
+    sections: dict[str, list[str]] = {}
+    current = None
+    for line in CI.read_text().splitlines():
+        s = line.strip()
+        m = re.fullmatch(r"# --- (\w+) \(README\) ---", s)
+        if m:
+            current = sections.setdefault(m.group(1), [])
+        elif s and not s.startswith("#"):
+            (before if current is None else current).append(s)
+    return before, sections
+
+
+def readme_block(word: str) -> list[str]:
+    found = [b for b in blocks(README.read_text(), "bash") if word in b]
+    assert len(found) == 1, f"README.md should have exactly one ```bash block with {word!r}, found {len(found)}"
+    return command_lines(found[0])
+
+
+def quick_start_blocks() -> list[str]:
+    """Every ```bash block of the README except the install and the test blocks."""
+    return [b for b in blocks(README.read_text(), "bash") if "pip install" not in b and "pytest" not in b]
+
+
+def test_readme_install_block_is_what_ci_runs():
+    before, sections = ci_lines()
+    venv = [s for s in before if ".venv" in s]
+    assert venv, ".ci/run no longer creates a virtual environment before its install section"
+    assert readme_block("pip install") == [" && ".join(venv)] + sections["install"]
+
+
+def test_readme_test_commands_are_what_ci_runs():
+    _, sections = ci_lines()
+    assert sections.get("test"), ".ci/run has no '# --- test (README) ---' section"
+    assert readme_block("pytest") == sections["test"]
+
+
+def test_readme_has_quick_starts():
+    commands = [c for b in quick_start_blocks() for c in command_lines(b)]
+    for expected in ("headscope run --model default --out mask.json",
+                     "hybrid-train --config research/train_hybrid/tiny.toml",
+                     "headscope eval --model default --suite smoke --out results/smoke"):
+        assert expected in commands, expected
+
+
+def _user_docs() -> list[Path]:
+    """Tracked files under docs/ (docs/results/** aside), README.md and CHANGELOG.md."""
+    try:
+        out = subprocess.run(["git", "ls-files", "docs", "README.md", "CHANGELOG.md"], cwd=ROOT, check=True,
+                             capture_output=True, text=True).stdout.split()
+        paths = [ROOT / p for p in out]
+    except (OSError, subprocess.CalledProcessError):  # not a git checkout
+        paths = [p for p in (ROOT / "docs").rglob("*") if p.is_file()] + [README, ROOT / "CHANGELOG.md"]
+    return [p for p in paths if p.is_file() and not p.relative_to(ROOT).as_posix().startswith("docs/results/")]
+
+
+def test_user_docs_do_not_narrate_or_cite_missing_files():
+    docs = _user_docs()
+    assert README in docs
+    bad = []
+    for path in docs:
+        text = path.read_bytes().decode("utf-8", errors="ignore")
+        for pattern in (r"(?i)session", r"METHOD\.md"):
+            m = re.search(pattern, text)
+            if m:
+                line = text.count("\n", 0, m.start()) + 1
+                bad.append(f"{path.relative_to(ROOT)}:{line}: {m.group(0)!r}")
+    assert not bad, "user docs say 'session' or cite METHOD.md (the method is docs/method.md): " + "; ".join(bad)
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])  # headscope, hybrid-train
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])  # python -m research.<...>
+    env.setdefault("OMP_NUM_THREADS", "2")
+    return env
+
+
+def _needs_weights():
+    from headscope.reference import has_default_weights
+
+    if not has_default_weights():
+        pytest.skip("the reference model's weights are not on disk")
+
+
+@pytest.mark.e2e
+def test_readme_quick_start_commands_run(tmp_path):
+    """Every quick-start ```bash block, in order, as written, in a scratch folder that holds the repository files
+    the commands name (research/...), so nothing lands in the checkout."""
+    _needs_weights()
+    quick = quick_start_blocks()
+    assert len(quick) >= 3
+    for block in quick:
+        for rel in re.findall(r"\bresearch/[\w./-]+", block):
+            src = ROOT / rel
+            if src.is_file():
+                (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy(src, tmp_path / rel)
+    top_before = sorted(p.name for p in ROOT.iterdir())
+    for i, block in enumerate(quick):
+        r = subprocess.run(["bash", "-euo", "pipefail", "-c", block], cwd=tmp_path, env=_env(), capture_output=True,
+                           text=True, timeout=1200)
+        assert r.returncode == 0, f"README quick-start block {i} failed:\n{block}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+    assert (tmp_path / "mask.json").is_file()
+    assert (tmp_path / "runs" / "train_hybrid_tiny" / "hybrid" / "config.json").is_file()
+    assert (tmp_path / "results" / "smoke" / "results.json").is_file()
+    assert sorted(p.name for p in ROOT.iterdir()) == top_before, "the README's commands wrote into the checkout"
+
+
+@pytest.mark.e2e
+def test_readme_python_snippet_runs(tmp_path, monkeypatch):
+    _needs_weights()
+    monkeypatch.chdir(tmp_path)
+    (snippet,) = blocks(README.read_text(), "python")
+    ns: dict = {"__name__": "readme_python_block"}
+    exec(compile(snippet, "README.md python block", "exec"), ns)
+    assert (tmp_path / "mask.json").is_file() and (tmp_path / "student" / "config.json").is_file()
+    assert len(ns["mask"].fa_heads) == 8
