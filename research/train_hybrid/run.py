@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -186,6 +187,8 @@ def main(argv: list[str] | None = None) -> dict:
             sys.exit(3)
         train_minutes = (time.time() - t0) / 60
         print(f"[run.py] training done in {train_minutes:.2f} min", flush=True)
+        if int(os.environ.get("RANK", "0")) != 0:  # under torchrun the ranks trained together; rank 0 evaluates
+            return {}
     # each stage's last minutes, from the whole log (--eval-only's history is that log already): a resumed call's
     # own history holds only the steps it trained
     history = result.history if a.eval_only else read_history(base.out)

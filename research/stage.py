@@ -1,0 +1,454 @@
+"""Staging for a remote GPU machine that receives a copy of the working tree with each command (at most 64 MiB,
+git-ignored paths only when carried) and gives back only the files a command writes under $OUT (at most 8, 16 MiB
+each, two folders deep). Everything else about a job is the launcher's (python -m research.launch).
+
+Here (the checkout):
+    python -m research.stage split [--model smollm2-135m] [--part-mb 26]   # the GGUF -> .stage/<model>.gguf.partKofN
+    python -m research.stage carry JOB                                     # the paths JOB needs carried, sizes
+    python -m research.stage unpack RESULTS.tgz.part* --into runs/         # a results folder brought back by `pack`
+There (in each command; /tmp/stage and /tmp/site live as long as the machine stays warm):
+    python3 -m research.stage setup       # carried wheels -> /tmp/site, carried GGUF parts -> /tmp/stage (joined
+                                          # and checked once all are there), Triton autotune results restored,
+                                          # data/gz unpacked; writes /tmp/stage/env.sh
+    . /tmp/stage/env.sh                   # PYTHONPATH (the wheels), $HEADSCOPE_GGUF_<MODEL> and $HEADSCOPE_CACHE
+    python3 -m research.launch JOB --out /tmp/runs/JOB --resume --stop-after 480
+    python3 -m research.stage pack /tmp/runs/JOB "$OUT"          # the results folder in <= 15 MiB parts
+The single steps of `setup`:
+    python3 -m research.stage put .stage/<model>.gguf.partKofN   # one part; once all N are in: join, check the
+                                                                  # sha256 of headscope/zoo.py, write env.sh
+    python3 -m research.stage wheels .whl/*.whl [--target /tmp/site]
+    python3 -m research.stage triton-cache restore | save FILE.tgz  # fla's Triton autotuning (research/gpu_cache)
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import io
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+STAGE_OUT = REPO / ".stage"  # where `split` writes (git-ignored)
+STAGE_DIR = Path(os.environ.get("HEADSCOPE_STAGE_DIR", "/tmp/stage"))  # where `put` joins, on the remote machine
+SITE = Path("/tmp/site")  # where `wheels` installs
+ENV_FILE = "env.sh"
+PART_RE = re.compile(r"^(?P<model>.+)\.gguf\.part(?P<k>\d+)of(?P<n>\d+)$")
+CARRY_LIMIT = 64 * 2**20  # bytes per command: the working tree and the carried paths together
+PART_MB = 26  # MiB: one part (27.3 MB) beside the ~35 MB tree
+PACK_PART = 15 * 2**20  # bytes: below the 16 MiB a returned file may have
+GPU_CACHE = REPO / "research" / "gpu_cache"
+WHEELS = {"fla": "fla_core", "gguf": "gguf", "plotly": "plotly"}  # need -> the wheel's distribution name
+
+
+class StageError(RuntimeError):
+    """A staging step that cannot go on; the message names the fix."""
+
+
+def _say(msg: str) -> None:
+    print(f"[stage] {msg}", flush=True)
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 22):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _entry(model: str):
+    from headscope import zoo
+
+    if model not in zoo.MODELS:
+        raise StageError(f"model {model!r} is not a registry model with a GGUF; known: {', '.join(zoo.MODELS)}")
+    return zoo.MODELS[model]
+
+
+# ----------------------------------------------------------------------------- the env file
+
+def read_env(stage_dir: Path) -> dict[str, str]:
+    """The exports of ``stage_dir/env.sh`` ({VAR: value as written})."""
+    path = stage_dir / ENV_FILE
+    out = {}
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            if line.startswith("export ") and "=" in line:
+                var, value = line[len("export "):].split("=", 1)
+                out[var] = value
+    return out
+
+
+def update_env(stage_dir: Path, **exports: str) -> Path:
+    """Set ``exports`` in ``stage_dir/env.sh`` (other variables kept)."""
+    from headscope.io import write_text
+
+    env = read_env(stage_dir) | exports
+    stage_dir.mkdir(parents=True, exist_ok=True)
+    return write_text(stage_dir / ENV_FILE, "".join(f"export {k}={v}\n" for k, v in sorted(env.items())))
+
+
+# ----------------------------------------------------------------------------- the GGUF in parts
+
+def split(model: str = "smollm2-135m", part_mb: float = PART_MB, out: Path = STAGE_OUT) -> list[Path]:
+    """The registry model's GGUF (its sha256 checked) in parts of ``part_mb`` MiB: ``out/<model>.gguf.partKofN``."""
+    from headscope import zoo
+
+    e = _entry(model)
+    src = zoo.gguf_path(model)
+    _say(f"source {src}")
+    got = _sha256(src)
+    if got != e.sha256:
+        raise StageError(f"sha256 of {src} is {got}, expected {e.sha256} (headscope/zoo.py): reinstall the `real` "
+                         "extra or fix $" + e.env_var)
+    size = src.stat().st_size
+    step = max(1, int(part_mb * 2**20))
+    n = -(-size // step)
+    out.mkdir(parents=True, exist_ok=True)
+    for old in out.glob(f"{model}.gguf.part*"):
+        old.unlink()
+    parts = []
+    with open(src, "rb") as f:
+        for k in range(1, n + 1):
+            path = out / f"{model}.gguf.part{k}of{n}"
+            path.write_bytes(f.read(step))
+            parts.append(path)
+            _say(f"{path} ({path.stat().st_size / 1e6:.1f} MB)")
+    if out.resolve() == STAGE_OUT.resolve():
+        ignored = subprocess.run(["git", "check-ignore", "-q", ".stage/"], cwd=REPO).returncode == 0
+        if not ignored:
+            _say("warning: .stage/ is not git-ignored: add it to .gitignore (it would travel with every command)")
+    return parts
+
+
+def put(part: Path, stage_dir: Path = STAGE_DIR) -> Path | None:
+    """One part into ``stage_dir``; once all N are there: join them, check the sha256 recorded in headscope/zoo.py
+    and write env.sh (``$HEADSCOPE_GGUF_<MODEL>`` = the joined file, ``$HEADSCOPE_CACHE`` = stage_dir/cache, where
+    the one-time conversion lands). Returns the joined file, or None while parts are missing."""
+    from headscope.io import atomic_write
+
+    part = Path(part)
+    m = PART_RE.match(part.name)
+    if not m:
+        raise StageError(f"{part.name}: not a part name (<model>.gguf.partKofN, from `python -m research.stage split`)")
+    if not part.is_file():
+        raise StageError(f"{part} is not here: carry it with this command")
+    model, n = m["model"], int(m["n"])
+    e = _entry(model)
+    stage_dir.mkdir(parents=True, exist_ok=True)
+    with open(part, "rb") as src, atomic_write(stage_dir / part.name, "wb") as f:
+        f.write(src.read())
+    names = [f"{model}.gguf.part{k}of{n}" for k in range(1, n + 1)]
+    missing = [name for name in names if not (stage_dir / name).is_file()]
+    if missing:
+        _say(f"staged {part.name}; still missing: {', '.join(missing)}")
+        return None
+    target = stage_dir / Path(e.filename).name
+    with atomic_write(target, "wb") as f:
+        h = hashlib.sha256()
+        for name in names:
+            data = (stage_dir / name).read_bytes()
+            h.update(data)
+            f.write(data)
+        if h.hexdigest() != e.sha256:
+            for name in names:
+                (stage_dir / name).unlink()
+            raise StageError(f"the joined {target.name} has sha256 {h.hexdigest()}, expected {e.sha256} "
+                             "(headscope/zoo.py): a part is damaged; its parts were removed: stage again from part 1")
+    for name in names:
+        (stage_dir / name).unlink()
+    (stage_dir / "cache").mkdir(exist_ok=True)
+    env = update_env(stage_dir, **{e.env_var: str(target), "HEADSCOPE_CACHE": str(stage_dir / "cache")})
+    _say(f"joined {target} (sha256 ok); `. {env}` points headscope at it")
+    return target
+
+
+# ----------------------------------------------------------------------------- wheels, the Triton cache
+
+def _wheel_files(paths: list[str]) -> list[Path]:
+    out = []
+    for p in map(Path, paths):
+        out += sorted(p.rglob("*.whl")) if p.is_dir() else [p]
+    return out
+
+
+def wheels(paths: list[str], target: Path = SITE, stage_dir: Path = STAGE_DIR) -> list[Path]:
+    """Install the wheel files (or every wheel under a folder) into ``target`` (no index, no dependencies; a wheel
+    already installed there is skipped) and put ``target`` on PYTHONPATH in env.sh. Returns the wheels installed."""
+    files = _wheel_files(paths)
+    missing = [str(f) for f in files if not f.is_file()]
+    if missing:
+        raise StageError(f"wheel(s) not here: {', '.join(missing)}: carry them with this command")
+    todo = []
+    for f in files:
+        name, version = f.name.split("-")[:2]
+        if (target / f"{name}-{version}.dist-info").is_dir():
+            _say(f"{f.name}: already in {target}")
+        else:
+            todo.append(f)
+    if todo:
+        cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
+               "--no-cache-dir", "--upgrade", "--target", str(target), *map(str, todo)]
+        if subprocess.run(cmd).returncode != 0:
+            raise StageError(f"pip could not install {', '.join(f.name for f in todo)} into {target}")
+        _say(f"installed {', '.join(f.name for f in todo)} into {target}")
+    update_env(stage_dir, PYTHONPATH=f'"{target}${{PYTHONPATH:+:$PYTHONPATH}}"')
+    return todo
+
+
+def _triton_dir() -> Path:
+    return Path(os.environ.get("TRITON_CACHE_DIR", Path.home() / ".triton" / "cache"))
+
+
+def triton_save(archive: Path, cache: Path | None = None) -> int:
+    """Triton's autotuning results (``*.autotune.json``: small, no binaries) into ``archive``; how many. fla's
+    kernels autotune on first use (~170 s per head shape on a bare H200); a machine of the same image that restores
+    them compiles only the winning configs (Triton ignores a stale one: its hash differs)."""
+    cache = cache or _triton_dir()
+    files = sorted(cache.rglob("*.autotune.json")) if cache.is_dir() else []
+    if not files:
+        _say(f"triton-cache: no autotune results in {cache}")
+        return 0
+    archive.parent.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(archive, "w:gz") as tar:
+        for f in files:
+            tar.add(f, arcname=str(f.relative_to(cache)))
+    _say(f"triton-cache: saved {len(files)} results to {archive}")
+    return len(files)
+
+
+def triton_restore(archives: list[Path] | None = None, cache: Path | None = None) -> int:
+    """Unpack the archives (default research/gpu_cache/*.tgz) into Triton's cache; how many."""
+    cache = cache or _triton_dir()
+    archives = sorted(GPU_CACHE.glob("*.tgz")) if archives is None else archives
+    cache.mkdir(parents=True, exist_ok=True)
+    for a in archives:
+        with tarfile.open(a, "r:gz") as tar:
+            tar.extractall(cache, filter="data")
+    _say(f"triton-cache: restored {len(archives)} archive(s) into {cache}")
+    return len(archives)
+
+
+def setup(stage_dir: Path = STAGE_DIR, target: Path = SITE) -> Path:
+    """What a command on the remote machine does first (module docstring); returns env.sh."""
+    whl = REPO / ".whl"
+    if whl.is_dir() and any(whl.rglob("*.whl")):
+        wheels([str(whl)], target, stage_dir)
+    for part in sorted((REPO / ".stage").glob("*.gguf.part*")):
+        put(part, stage_dir)
+    triton_restore()
+    if (REPO / "data" / "gz").is_dir():
+        from research.prepare_corpus import ensure_corpus
+
+        made = ensure_corpus()
+        _say(f"corpus: {'unpacked ' + ', '.join(p.name for p in made) if made else 'already there'}")
+    env = update_env(stage_dir)
+    staged = sorted(p.name for p in stage_dir.iterdir() if p.name != ENV_FILE)
+    _say(f"staged in {stage_dir}: {', '.join(staged) or 'nothing'}; now `. {env}`")
+    return env
+
+
+# ----------------------------------------------------------------------------- what a job needs carried
+
+def _size(path: Path) -> int:
+    if path.is_dir():
+        return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+    return path.stat().st_size if path.exists() else 0
+
+
+def tree_bytes() -> int:
+    """What travels without carry: tracked and untracked-but-not-ignored files."""
+    p = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO,
+                       capture_output=True)
+    if p.returncode != 0:
+        return 0
+    return sum(_size(REPO / f) for f in p.stdout.decode().split("\0") if f and (REPO / f).is_file())
+
+
+def _wheel(dist: str) -> str:
+    found = sorted((REPO / ".whl").rglob(f"{dist}-*.whl")) if (REPO / ".whl").is_dir() else []
+    return str(found[-1].relative_to(REPO)) if found else f".whl/{dist}-*.whl"
+
+
+def carry(job_name: str, jobs_file: str | None = None) -> dict:
+    """The ignored paths ``job_name`` needs on the remote machine: ``every_call`` (paste into the command's carry),
+    ``stage_once`` (GGUF parts, one or more per call until `setup` has joined them), the sizes and what is missing
+    here, with the command that makes it."""
+    from research.launch import KINDS, get_job
+
+    job = get_job(job_name, jobs_file)
+    needs = KINDS[job.kind].needs(job)
+    every, once, missing = [], [], {}
+    for need in sorted(needs):
+        if need in ("fla", "plotly"):
+            every.append(_wheel(WHEELS[need]))
+        elif need == "corpus":
+            every.append("data/gz")
+            if not (REPO / "data" / "gz").is_dir():
+                missing["data/gz"] = "python -m research.prepare_corpus"
+        elif need.startswith("gguf:"):
+            model = need.split(":", 1)[1]
+            every.append(_wheel(WHEELS["gguf"]))
+            parts = sorted((REPO / ".stage").glob(f"{model}.gguf.part*"),
+                           key=lambda p: int(PART_RE.match(p.name)["k"]))
+            once += [str(p.relative_to(REPO)) for p in parts]
+            if not parts:
+                missing[f".stage/{model}.gguf.part*"] = f"python -m research.stage split --model {model}"
+    for path in every:
+        if "*" in path:
+            dist = Path(path).name.split("-")[0]
+            missing[path] = (f"python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 -d .whl "
+                             f"{dist.replace('_', '-')}")
+    every = sorted(set(every))
+    tree = tree_bytes()
+    sizes = {p: _size(REPO / p) for p in every + once}
+    per_call = tree + sum(sizes[p] for p in every)
+    return {"job": job.name, "every_call": every, "stage_once": once, "bytes": sizes, "tree_bytes": tree,
+            "per_call_bytes": per_call, "limit_bytes": CARRY_LIMIT, "missing": missing,
+            "part_room_bytes": CARRY_LIMIT - per_call}
+
+
+def _print_carry(c: dict) -> None:
+    mb = lambda b: f"{b / 1e6:.1f} MB"  # noqa: E731
+    print(f"job {c['job']}: carry in every command")
+    print(json.dumps(c["every_call"]))
+    for p in c["every_call"]:
+        print(f"  {p:50} {mb(c['bytes'][p])}")
+    print(f"  tree {mb(c['tree_bytes'])} + carry = {mb(c['per_call_bytes'])} of {mb(c['limit_bytes'])} per command")
+    if c["stage_once"]:
+        print("stage once per machine, each part carried by a command that runs `python3 -m research.stage setup`:")
+        for p in c["stage_once"]:
+            fits = "fits beside the carry above" if c["bytes"][p] <= c["part_room_bytes"] else "in a command of its own"
+            print(f"  {p:50} {mb(c['bytes'][p])}  ({fits})")
+    for path, fix in c["missing"].items():
+        print(f"missing here: {path}: {fix}")
+
+
+# ----------------------------------------------------------------------------- results folders back and forth
+
+def pack(folder: Path, dest: Path, max_mb: float = 60.0, part_bytes: int = PACK_PART) -> list[Path]:
+    """``folder`` as ``dest/<name>.tgz.partNN`` (each < 16 MiB; at most ``max_mb`` MB compressed in all).
+    Checkpoints are left out, and then the largest files until the archive fits (PACKED.json in it lists them:
+    e.g. a 135M hybrid's 0.57 GB of weights). Returns the parts."""
+    folder, dest = Path(folder), Path(dest)
+    if not folder.is_dir():
+        raise StageError(f"{folder} is not a folder (a results folder of python -m research.launch)")
+    budget = int(max_mb * 1e6)
+    files = sorted(p for p in folder.rglob("*") if p.is_file() and "checkpoints" not in p.relative_to(folder).parts)
+    left_out = [p for p in files if p.stat().st_size > budget]  # cannot fit, however well it compresses
+    files = [p for p in files if p not in left_out]
+    while True:
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+            for p in files:
+                tar.add(p, arcname=f"{folder.name}/{p.relative_to(folder)}")
+            note = json.dumps({"left_out": [str(p.relative_to(folder)) for p in left_out],
+                               "checkpoints": "left out"}, indent=1).encode()
+            info = tarfile.TarInfo(f"{folder.name}/PACKED.json")
+            info.size = len(note)
+            tar.addfile(info, io.BytesIO(note))
+        data = buf.getvalue()
+        if len(data) <= budget or not files:
+            break
+        big = max(files, key=lambda p: p.stat().st_size)
+        files.remove(big)
+        left_out.append(big)
+    dest.mkdir(parents=True, exist_ok=True)
+    parts = []
+    for i in range(0, max(1, len(data)), part_bytes):
+        path = dest / f"{folder.name}.tgz.part{i // part_bytes:02d}"
+        path.write_bytes(data[i:i + part_bytes])
+        parts.append(path)
+    _say(f"packed {len(files)} files of {folder} into {len(parts)} part(s), {len(data) / 1e6:.1f} MB"
+         + (f"; left out: {', '.join(str(p.relative_to(folder)) for p in left_out)}" if left_out else ""))
+    return parts
+
+
+def unpack(parts: list[Path], into: Path) -> Path:
+    """Join ``pack``'s parts (in name order) and extract them into ``into``; returns the results folder."""
+    parts = sorted(map(Path, parts))
+    data = b"".join(p.read_bytes() for p in parts)
+    into.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+        top = {m.name.split("/")[0] for m in tar.getmembers()}
+        tar.extractall(into, filter="data")
+    folder = into / sorted(top)[0]
+    _say(f"unpacked into {folder}")
+    return folder
+
+
+# ----------------------------------------------------------------------------- command line
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m research.stage", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("split", help="a registry model's GGUF in parts under .stage/")
+    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--part-mb", type=float, default=PART_MB, help=f"MiB per part (default {PART_MB})")
+    p.add_argument("--out", type=Path, default=STAGE_OUT)
+    p = sub.add_parser("put", help="one carried part into the stage folder (joined once all are there)")
+    p.add_argument("part", type=Path)
+    p.add_argument("--stage-dir", type=Path, default=STAGE_DIR)
+    p = sub.add_parser("wheels", help="install carried wheel files (or folders of them) into a target folder")
+    p.add_argument("paths", nargs="+")
+    p.add_argument("--target", type=Path, default=SITE)
+    p.add_argument("--stage-dir", type=Path, default=STAGE_DIR)
+    p = sub.add_parser("triton-cache", help="save or restore Triton's autotuning results")
+    p.add_argument("action", choices=["save", "restore"])
+    p.add_argument("archive", nargs="?", type=Path, help="save: the .tgz to write; restore: default research/gpu_cache")
+    p = sub.add_parser("setup", help="wheels, GGUF parts, Triton cache and corpus of this command, then env.sh")
+    p.add_argument("--stage-dir", type=Path, default=STAGE_DIR)
+    p.add_argument("--target", type=Path, default=SITE)
+    p = sub.add_parser("carry", help="the ignored paths a job needs on the remote machine")
+    p.add_argument("job")
+    p.add_argument("--jobs", default=None, help="another job table")
+    p.add_argument("--json", action="store_true")
+    p = sub.add_parser("pack", help="a results folder into parts of <= 15 MiB (for $OUT)")
+    p.add_argument("folder", type=Path)
+    p.add_argument("dest", type=Path)
+    p.add_argument("--max-mb", type=float, default=60.0, help="compressed size of all parts together (default 60)")
+    p = sub.add_parser("unpack", help="join pack's parts and extract the results folder")
+    p.add_argument("parts", nargs="+", type=Path)
+    p.add_argument("--into", type=Path, default=REPO / "runs")
+    a = ap.parse_args(argv)
+    try:
+        if a.cmd == "split":
+            split(a.model, a.part_mb, a.out)
+        elif a.cmd == "put":
+            put(a.part, a.stage_dir)
+        elif a.cmd == "wheels":
+            wheels(a.paths, a.target, a.stage_dir)
+            print(f"export PYTHONPATH={shlex.quote(str(a.target))}:$PYTHONPATH   # or . {a.stage_dir / ENV_FILE}")
+        elif a.cmd == "triton-cache":
+            if a.action == "save":
+                if a.archive is None:
+                    ap.error("triton-cache save needs the archive to write (e.g. $OUT/triton_autotune.tgz)")
+                triton_save(a.archive)
+            else:
+                triton_restore(None if a.archive is None else [a.archive])
+        elif a.cmd == "setup":
+            setup(a.stage_dir, a.target)
+        elif a.cmd == "carry":
+            c = carry(a.job, a.jobs)
+            print(json.dumps(c, indent=1)) if a.json else _print_carry(c)
+        elif a.cmd == "pack":
+            pack(a.folder, a.dest, a.max_mb)
+        elif a.cmd == "unpack":
+            unpack(a.parts, a.into)
+    except StageError as err:
+        print(f"research.stage: error: {err}", file=sys.stderr)
+        return 1
+    except (FileNotFoundError, ImportError) as err:
+        print(f"research.stage: error: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
