@@ -96,7 +96,7 @@ def score(model: Any, task: Any = "niah", *, tokenizer: Any = None, n_samples: i
           device: "str | torch.device | None" = None, progress: bool = True, on_clean_failure: str = "warn",
           min_clean_accuracy: float = 0.5, task_config: dict | None = None, shard: str | None = None,
           **task_kwargs) -> HeadScores:
-    """Receiver score of every head (METHOD.md section 1) on ``n_samples`` pairs of ``task``.
+    """Receiver score of every head (docs/method.md section 1) on ``n_samples`` pairs of ``task``.
 
     task: a registered name ("niah", ...), a Task object, or a list of TokenizedPair.
     tokenizer: found from the model when not given (headscope.tokenizers.find_tokenizer).

@@ -19,6 +19,7 @@ from typing import Generic, Iterator, Mapping, TypeVar
 __all__ = ["Registry"]
 
 T = TypeVar("T")
+_DECORATOR = object()  # register(name) without an entry: used as a decorator
 
 
 class Registry(Mapping[str, T], Generic[T]):
@@ -31,8 +32,9 @@ class Registry(Mapping[str, T], Generic[T]):
         self.owner = owner or f"the {kind} registry"
         self._items: dict[str, T] = {}
 
-    def register(self, name: str, entry: T | None = None, *, overwrite: bool = False):
-        """``reg.register("x", fn)`` or ``@reg.register("x")``. A taken name needs ``overwrite=True``."""
+    def register(self, name: str, entry: T = _DECORATOR, *, overwrite: bool = False):  # type: ignore[assignment]
+        """``reg.register("x", fn)`` or ``@reg.register("x")`` (an entry may be any value, None included). A taken
+        name needs ``overwrite=True``."""
         if not isinstance(name, str) or not name or not name.replace("_", "").replace("-", "").isalnum():
             raise ValueError(f"{self.kind} name {name!r} must be a non-empty word (letters, digits, _ or -)")
 
@@ -43,7 +45,7 @@ class Registry(Mapping[str, T], Generic[T]):
             self._items[name] = obj
             return obj
 
-        return add if entry is None else add(entry)
+        return add if entry is _DECORATOR else add(entry)
 
     def unregister(self, name: str) -> None:
         self.entry(name)

@@ -1,4 +1,4 @@
-"""Sender scores by path patching, and iterated path patching (METHOD.md section 1).
+"""Sender scores by path patching, and iterated path patching (docs/method.md section 1).
 
     from headscope.senders import sender_scores, iterated_path_patching
     recv = headscope.api.score(model, "niah", tokenizer=tok, n_samples=8)
@@ -92,7 +92,7 @@ def sender_scores(model: Any, task: Any, receivers: Any, *, tokenizer: Any = Non
                   batch_size: int | None = None, device: "str | torch.device | None" = None, progress: bool = True,
                   on_clean_failure: str = "warn", min_clean_accuracy: float = 0.5, task_config: dict | None = None,
                   shard: str | None = None, **task_kwargs) -> HeadScores:
-    """Sender score of every head through ``receivers`` (METHOD.md section 1) on ``n_samples`` pairs.
+    """Sender score of every head through ``receivers`` (docs/method.md section 1) on ``n_samples`` pairs.
 
     task: a registered name ("niah", ...), a Task object, or a list of TokenizedPair (as in ``score``).
     receivers: heads (Head or (layer, head)), e.g. ``receiver_scores.top(5)``.

@@ -33,7 +33,7 @@ _EXPORTS = {
     "from_layers": "hybrid.builders",
     "from_token_level": "hybrid.builders",
     "from_teacher": "hybrid.builders",
-    "calibrate_fusion": "hybrid.layers.fusion",
+    "calibrate_merge": "hybrid.layers.merge",
 }
 
 __all__ = sorted(_EXPORTS)

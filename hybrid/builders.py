@@ -5,7 +5,7 @@ token-level hybrid (sliding-window attention + Gated DeltaNet on every head of e
   the last of each period: "3:1" on 28 layers keeps 3, 7, ..., 27).
 - ``from_layers(teacher, fa_layers=[...])``: the layer-wise hybrid for an explicit list of FA layers.
 - ``from_token_level(teacher, window=512)``: ``granularity="token"``, every layer a ``TokenHybridAttention``.
-- ``from_teacher(teacher)``: every head FA with RoPE, no log scale, no gate, no fusion norm: the teacher's
+- ``from_teacher(teacher)``: every head FA with RoPE, no log scale, no gate, no merge norm: the teacher's
   function in this code base (its logits equal the teacher's), so all experiments share one model class; its mask
   and options are ``teacher_mask`` and ``TEACHER_OPTIONS`` (also the studies' "tuned_teacher" variant kind).
 """
@@ -51,7 +51,7 @@ def from_token_level(teacher: Any, window: int = 512, **options: Any) -> HybridF
 
 
 # the HybridOptions under which an every-head-FA mask computes the teacher's own function (and adds no parameter)
-TEACHER_OPTIONS = {"fa_rope": True, "fa_log_scale": False, "fa_gate": "none", "fusion": "none",
+TEACHER_OPTIONS = {"fa_rope": True, "fa_log_scale": False, "fa_gate": "none", "merge": "none",
                    "allow_degenerate": True}
 
 
@@ -63,5 +63,5 @@ def teacher_mask(teacher: Any, settings: dict[str, Any] | None = None) -> HeadMa
 
 
 def from_teacher(teacher: Any, **options: Any) -> HybridForCausalLM:
-    """The teacher as a HybridForCausalLM: every head FA, RoPE kept, no log scale, no gate, no fusion norm."""
+    """The teacher as a HybridForCausalLM: every head FA, RoPE kept, no log scale, no gate, no merge norm."""
     return from_mask(teacher, teacher_mask(teacher), **{**TEACHER_OPTIONS, **options})

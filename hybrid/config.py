@@ -2,7 +2,7 @@
 
 Two objects:
 - ``HybridOptions``: a frozen dataclass of the hybrid's design switches (FA branch, GDN branch,
-  fusion, granularity, validation policy), validated in ``__post_init__``.
+  branch merge, granularity, validation policy), validated in ``__post_init__``.
 - ``HybridConfig``: the ``transformers`` config (model_type ``"headscope_hybrid"``) that stores the
   teacher's architecture fields, the per-layer FA head lists and the options (as a plain dict), so
   ``save_pretrained`` / ``from_pretrained`` round-trip through ``config.json``.
@@ -12,14 +12,15 @@ Nothing is registered with ``AutoConfig`` on import; call ``hybrid.register()`` 
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from typing import Any, Sequence
 
 from transformers import PretrainedConfig
 
-from hybrid.layers.fusion import FUSIONS
+from headscope.configs import from_dict
+from hybrid.layers.merge import FORMER_NAME, MERGES
 
-__all__ = ["HybridOptions", "HybridConfig", "HybridConfigError", "GRANULARITIES", "FUSIONS"]
+__all__ = ["HybridOptions", "HybridConfig", "HybridConfigError", "GRANULARITIES", "MERGES"]
 
 GRANULARITIES = ("head", "layer", "token")
 FA_GATES = ("sigmoid2", "none")
@@ -31,9 +32,22 @@ class HybridConfigError(ValueError):
     """A hybrid configuration or head mask that cannot build a model."""
 
 
+def upgrade_options(data: dict[str, Any] | None) -> dict[str, Any]:
+    """A copy of the options ``data`` with the key ``fusion`` (the older name, which saved config.json files and
+    training configs may use) renamed ``merge``; both keys with different values are refused."""
+    out = dict(data or {})
+    if FORMER_NAME in out:
+        old = out.pop(FORMER_NAME)
+        if "merge" in out and out["merge"] != old:
+            raise HybridConfigError(f"hybrid options give both merge={out['merge']!r} and its older name "
+                                    f"{FORMER_NAME}={old!r}; keep merge only")
+        out["merge"] = old
+    return out
+
+
 @dataclass(frozen=True)
 class HybridOptions:
-    """Design switches of the hybrid (defaults follow METHOD.md section 2; docs/hybrid.md explains each)."""
+    """Design switches of the hybrid (defaults follow docs/method.md section 2; docs/hybrid.md explains each)."""
 
     granularity: str = "head"  # "head" (mask), "layer" (whole layers), "token" (sliding window + GDN, all heads)
     # FA branch
@@ -51,9 +65,9 @@ class HybridOptions:
     prologue_backend: str = "auto"  # GDN q/k norm + RoPE + l2norm: hybrid.ops.prologue ("auto", "torch", "triton")
     # token-level baseline
     window: int = 512  # sliding window of the token-level baseline (keys per query, incl. itself)
-    # fusion of head outputs before o_proj
-    fusion: str = "norm"  # a name in hybrid.layers.fusion.FUSIONS: "norm", "none", "gated_head", "gated_branch"
-    gamma_init: float = 1.0  # before calibrate_fusion(); see docs/hybrid.md
+    # merge of the branches' head outputs before o_proj (config.json of older saves: "fusion", read as "merge")
+    merge: str = "norm"  # a name in hybrid.layers.merge.MERGES: "norm", "none", "gated_head", "gated_branch"
+    gamma_init: float = 1.0  # before calibrate_merge(); see docs/hybrid.md
     norm_eps: float = 1e-6
     # validation policy
     require_fa_per_layer: bool = False  # error if some layer has no FA head
@@ -66,15 +80,15 @@ class HybridOptions:
 
         if self.granularity not in GRANULARITIES:
             bad("granularity", f"must be one of {GRANULARITIES}")
-        if self.fusion == "gated":
-            bad("fusion", "'gated' was split in two: 'gated_head' (the paper's per-head competition between the "
-                          "branches' heads) or 'gated_branch' (the former 'gated': one gate per branch)")
-        if self.fusion not in FUSIONS:
-            bad("fusion", f"must be one of {sorted(FUSIONS)} (hybrid.layers.fusion.FUSIONS)")
-        if self.granularity == "token" and not FUSIONS[self.fusion].token_level:
-            bad("fusion", f"the token-level baseline supports "
-                          f"{sorted(n for n, m in FUSIONS.items() if m.token_level)} (its heads have no branch "
-                          "competition); use one of those with granularity='token'")
+        if self.merge == "gated":
+            bad("merge", "'gated' was split in two: 'gated_head' (the paper's per-head competition between the "
+                         "branches' heads) or 'gated_branch' (the former 'gated': one gate per branch)")
+        if self.merge not in MERGES:
+            bad("merge", f"must be one of {sorted(MERGES)} (hybrid.layers.merge.MERGES)")
+        if self.granularity == "token" and not MERGES[self.merge].token_level:
+            bad("merge", f"the token-level baseline supports "
+                         f"{sorted(n for n, m in MERGES.items() if m.token_level)} (its heads have no branch "
+                         "competition); use one of those with granularity='token'")
         if self.fa_gate not in FA_GATES:
             bad("fa_gate", f"must be one of {FA_GATES}")
         if self.decay not in DECAYS:
@@ -97,12 +111,10 @@ class HybridOptions:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any] | None) -> "HybridOptions":
-        data = dict(data or {})
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise HybridConfigError(f"unknown hybrid option(s) {unknown}; known: {sorted(known)}")
-        return cls(**data)
+        """The options of ``data`` (a config.json's ``hybrid`` table, a TOML ``[hybrid]`` table, keyword arguments);
+        the older name ``fusion`` of ``merge`` is read as ``merge``."""
+        return from_dict(cls, upgrade_options(data), where="hybrid options", error=HybridConfigError,
+                         unknown_text="unknown hybrid option(s)")
 
 
 class HybridConfig(PretrainedConfig):

@@ -1,11 +1,11 @@
 """Build a hybrid from a full-attention teacher and a head mask: ``from_mask(teacher, mask, **options)``.
 
-Parameter reuse (METHOD.md section 2), per layer with D = head_dim and rep = H / K (GQA group):
+Parameter reuse (docs/method.md section 2), per layer with D = head_dim and rep = H / K (GQA group):
 - FA branch: q rows of the FA heads; k/v rows of the KV heads those FA heads read (only those);
 - GDN branch: q rows of the GDN heads; for each GDN head h, the k/v rows of its KV head h // rep
   (GQA -> MHA: the KV head is repeated once per query head);
 - q_norm / k_norm (Qwen3) copied into both branches; o_proj copied unchanged (its input columns are
-  ordered by head, and the fusion concatenates heads in the original order);
+  ordered by head, and the merge concatenates heads in the original order);
 - embeddings, RMSNorms, MLPs, lm_head copied.
 New parameters get the init documented in docs/hybrid.md (``reset_new_parameters``).
 """
@@ -89,7 +89,9 @@ def from_mask(teacher: nn.Module, mask: Any, *, check_fingerprint: bool = True, 
     """A HybridForCausalLM whose FA heads are ``mask``'s (a HeadMask or the path to its JSON).
 
     ``options`` are HybridOptions fields (granularity, fa_rope, fa_log_scale, log_scale_base, fa_gate,
-    gdn_conv, decay, fusion, gamma_init, window, require_fa_per_layer, allow_degenerate, seed, backends)."""
+    gdn_conv, decay, merge, gamma_init, window, require_fa_per_layer, allow_degenerate, seed, backends).
+    The mask is recorded in the hybrid's config (``config.head_mask``, ``HeadMask.to_dict()``: heads, fingerprint),
+    so a saved hybrid carries it: ``HeadMask.from_dict(hybrid.load(path).config.head_mask)``."""
     from headscope.mask import HeadMask
 
     register()
@@ -105,6 +107,7 @@ def from_mask(teacher: nn.Module, mask: Any, *, check_fingerprint: bool = True, 
     config = hybrid_config(teacher, fa_heads, opts)
     D, rep = config.head_dim, config.n_rep
     model = HybridForCausalLM(config)
+    model.config.head_mask = mask.to_dict()  # saved in config.json with the model
     p = next(teacher.parameters())
     model.to(device=p.device, dtype=p.dtype)
 

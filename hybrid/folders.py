@@ -12,7 +12,7 @@ import json
 import struct
 from pathlib import Path
 
-__all__ = ["HybridFolderError", "check_folder", "TOKENIZER_FILES", "MODEL_TYPE"]
+__all__ = ["HybridFolderError", "check_folder", "weight_files", "TOKENIZER_FILES", "MODEL_TYPE"]
 
 MODEL_TYPE = "headscope_hybrid"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
@@ -99,3 +99,17 @@ def check_folder(path: str | Path, *, need_tokenizer: bool = False, need_hybrid:
             "model.save_pretrained(path, tokenizer=tok) or hybrid.save(model, path, tokenizer=tok), or load the "
             "model alone (hybrid.load(path)) and the teacher's tokenizer yourself")
     return path
+
+
+def weight_files(path: str | Path) -> dict[str, Path]:
+    """Tensor name -> the safetensors file that holds it, for a folder ``check_folder`` accepted (its index, else
+    the header of model.safetensors)."""
+    path = Path(path).expanduser()
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        return {name: path / shard for name, shard in _read_json(index, "weights index")["weight_map"].items()}
+    single = path / "model.safetensors"
+    with single.open("rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(n))
+    return {name: single for name in header if name != "__metadata__"}

@@ -29,10 +29,11 @@ from transformers.utils import ModelOutput
 
 from hybrid.cache import HybridCache
 from hybrid.config import HybridConfig
-from hybrid.folders import check_folder
+from hybrid.folders import HybridFolderError, check_folder, weight_files
 from hybrid.layers.token_attention import TokenHybridAttention
 from hybrid.layers.common import MLP, RMSNorm, RotaryEmbedding, autocast_input, is_new
 from hybrid.layers.hybrid_attention import HybridAttention
+from hybrid.layers.merge import FORMER_NAME
 
 __all__ = ["HybridDecoderLayer", "HybridModel", "HybridForCausalLM", "HybridOutput", "register", "refuse_padded_rows"]
 
@@ -81,6 +82,40 @@ def refuse_padded_rows(input_ids: torch.Tensor, pad_token_id: int | None, eos_to
                 "lengths), or pass attention_mask=torch.ones_like(input_ids) if these pad-id tokens are real text")
 
 
+def _former_merge_tensors(folder: Path) -> dict[str, torch.Tensor]:
+    """The merge's tensors of a folder whose weights use the merge's older name (``...self_attn.fusion.gamma``),
+    under the current names (``...self_attn.merge.gamma``); empty for any other folder."""
+    old, new = f".self_attn.{FORMER_NAME}.", ".self_attn.merge."
+    by_file: dict[Path, list[str]] = {}
+    for name, file in weight_files(folder).items():
+        if old in name:
+            by_file.setdefault(file, []).append(name)
+    if not by_file:
+        return {}
+    from safetensors import safe_open
+
+    out = {}
+    for file, names in by_file.items():
+        with safe_open(str(file), framework="pt") as f:
+            for name in names:
+                out[name.replace(old, new)] = f.get_tensor(name)
+    return out
+
+
+@torch.no_grad()
+def _load_former_merge(model: nn.Module, tensors: dict[str, torch.Tensor], where: Any) -> None:
+    """Copy ``tensors`` (``_former_merge_tensors``) into ``model``'s parameters (a HybridModel reads the
+    HybridForCausalLM names without their ``model.`` prefix)."""
+    params = dict(model.named_parameters())
+    prefix = f"{model.base_model_prefix}."
+    for name, value in tensors.items():
+        key = name if name in params else name[len(prefix):] if name.startswith(prefix) else name
+        if key not in params:
+            raise HybridFolderError(f"{where}: its weights hold {name} (the merge's older name {FORMER_NAME!r}), "
+                                    f"which this {type(model).__name__} has no parameter for; save the model again")
+        params[key].copy_(value)
+
+
 class HybridPreTrainedModel(PreTrainedModel):
     config_class = HybridConfig
     base_model_prefix = "model"
@@ -104,10 +139,25 @@ class HybridPreTrainedModel(PreTrainedModel):
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path: Any, *args: Any, **kwargs: Any):
+        """``PreTrainedModel.from_pretrained`` after ``check_folder``; a folder whose weights name the merge by its
+        older name (``...self_attn.fusion.gamma``) loads them into the merge (``_former_merge_tensors``)."""
         register()
+        former = {}
         if isinstance(pretrained_model_name_or_path, (str, PathLike)) and Path(pretrained_model_name_or_path).is_dir():
             check_folder(pretrained_model_name_or_path)
-        return super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
+            former = _former_merge_tensors(Path(pretrained_model_name_or_path))
+        if not former:
+            return super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
+        from transformers.utils import logging as hf_logging
+
+        verbosity = hf_logging.get_verbosity()
+        hf_logging.set_verbosity_error()  # its load report would list the renamed tensors as missing / unexpected
+        try:
+            loaded = super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
+        finally:
+            hf_logging.set_verbosity(verbosity)
+        _load_former_merge(loaded[0] if isinstance(loaded, tuple) else loaded, former, pretrained_model_name_or_path)
+        return loaded
 
     def save_pretrained(self, save_directory: Any, *args: Any, tokenizer: Any = None, **kwargs: Any) -> None:
         """``PreTrainedModel.save_pretrained``; with ``tokenizer`` the tokenizer is saved in the same folder, so
@@ -117,7 +167,7 @@ class HybridPreTrainedModel(PreTrainedModel):
             tokenizer.save_pretrained(save_directory)
 
     def new_parameters(self) -> dict[str, nn.Parameter]:
-        """Parameters that were not copied from the teacher (FA gate, beta/decay, convs, fusion), as marked where
+        """Parameters that were not copied from the teacher (FA gate, beta/decay, convs, merge), as marked where
         the layers create them (``hybrid.layers.common.mark_new``), by qualified name."""
         out = {}
         for mname, module in self.named_modules():

@@ -2,7 +2,7 @@
 
 A decode step on the GPU is bound by the number of kernels it launches (each ~2-4 us even replayed from a CUDA
 graph, 28 layers), not by bytes, so this counts them on a tiny model of the same structure as
-research/bench_whole_model_gpu.py's: GQA, the hybrid's FA heads whole KV groups, GDN heads, fusion "norm",
+research/bench_whole_model_gpu.py's: GQA, the hybrid's FA heads whole KV groups, GDN heads, merge "norm",
 fa_gate "sigmoid2", log-length scale, the GDN prologue; hybrid.decoding.Decoder on a StaticHybridCache.
 
 Counting is research.perf.op_count's (a TorchDispatchMode; calls that are fused kernels on CUDA count as their kernels,

@@ -13,7 +13,7 @@ an untimed first call, before it is timed):
      own backward with the Hopper guard bypassed ("unguarded"), vs the float32 PyTorch chunk reference on the same
      bf16 inputs: o, final state, dq, dk, dv, dg, dbeta, dh0; PASS <= 1e-2; HOPPER_BWD_VERIFIED_DIMS advice
   2. layer timings at 128K then 4K (B=1, bf16, hidden 2048, 16 x 128 heads, 8 KV heads, 2 FA + 14 GDN heads):
-     hybrid layer, each branch alone, the fusion alone, o_proj alone, fusion + o_proj as the layer runs
+     hybrid layer, each branch alone, the branch merge alone, o_proj alone, merge + o_proj as the layer runs
      them, the 16-head full-attention layer; at 128K also the attention cores alone (16-head vs 2-head
      softmax attention + 14-head GDN kernel)
   3. fla fused_recurrent (decode) vs the float32 recurrent twin, a few steps
@@ -129,14 +129,15 @@ def timing_row(run: Run, T: int, layers, shape: dict, dtype: torch.dtype, fallba
         put("fa_branch_ms", lambda: hybrid.fa(x, pos, cos, sin, None))
         put("gdn_branch_ms", lambda: hybrid.la(x, pos, cos, sin, None))
         o_fa, o_la = hybrid.fa(x, pos, cos, sin, None), hybrid.la(x, pos, cos, sin, None)  # [B, T, H_F|H_L, D]
-        z = hybrid.fusion(x, o_fa, o_la)  # [B, T, H*D]
-        put("fusion_ms", lambda: hybrid.fusion(x, o_fa, o_la))
+        z = hybrid.merge(x, o_fa, o_la)  # [B, T, H*D]
+        # row keys fusion_ms / fusion_oproj_ms (the merge), as in the recorded results
+        put("fusion_ms", lambda: hybrid.merge(x, o_fa, o_la))
         put("o_proj_ms", lambda: hybrid.o_proj(z))
-        # what the layer runs after its branches: fusion + o_proj in one (HeadFusion.project, no z buffer)
-        put("fusion_oproj_ms", lambda: hybrid.fusion.project(x, o_fa, o_la, hybrid.o_proj))
+        # what the layer runs after its branches: merge + o_proj in one (HeadMerge.project, no z buffer)
+        put("fusion_oproj_ms", lambda: hybrid.merge.project(x, o_fa, o_la, hybrid.o_proj))
         del o_fa, o_la, z
         put("full16_fwd_ms", lambda: full(x, pos, cos, sin))
-    # the layer = FA branch + GDN branch + fusion + o_proj; o_proj is the teacher's and not part of the fusion
+    # the layer = FA branch + GDN branch + merge + o_proj; o_proj is the teacher's and not part of the merge
     row["hybrid_over_branches"] = round(row["hybrid_fwd_ms"] / (row["fa_branch_ms"] + row["gdn_branch_ms"]), 3)
     row["hybrid_over_parts"] = round(row["hybrid_fwd_ms"] / (row["fa_branch_ms"] + row["gdn_branch_ms"]
                                                              + row["o_proj_ms"]), 3)
@@ -171,7 +172,7 @@ def timing_row(run: Run, T: int, layers, shape: dict, dtype: torch.dtype, fallba
     line = (f"timing T={T}: hybrid fwd {row['hybrid_fwd_ms']} ms = {row['hybrid_over_parts']}x (FA branch "
             f"{row['fa_branch_ms']} + GDN branch {row['gdn_branch_ms']} + o_proj {row['o_proj_ms']}) "
             f"[target <= {TARGETS['hybrid_over_branches']}], {row['hybrid_over_branches']}x the branches alone; "
-            f"fusion alone {row['fusion_ms']} ms, fusion + o_proj as the layer runs them {row['fusion_oproj_ms']} ms"
+            f"merge alone {row['fusion_ms']} ms, merge + o_proj as the layer runs them {row['fusion_oproj_ms']} ms"
             f"; full16 fwd {row['full16_fwd_ms']} -> speedup {row['fwd_speedup']}x; fwd+bwd hybrid "
             f"{row['hybrid_fwdbwd_ms[fla_bwd_unguarded]']} (fla bwd, guard bypassed) vs full16 "
             f"{row['full16_fwdbwd_ms']} -> speedup {row['fwdbwd_speedup']}x")
@@ -190,7 +191,7 @@ def timing_row(run: Run, T: int, layers, shape: dict, dtype: torch.dtype, fallba
 
 
 def core_row(run: Run, T: int, shape: dict, dtype: torch.dtype, gdn_backend: str, attn_backend: str) -> None:
-    """Attention cores alone, as the issue's reference figures (no projections, norms, RoPE or fusion):
+    """Attention cores alone, as the issue's reference figures (no projections, norms, RoPE or branch merge):
     16-head softmax attention (8 KV heads, GQA as the teacher) vs 2-head softmax attention (2 KV heads)
     plus the 14-head gated delta rule (fla chunk kernel, q/k L2-normalised in the kernel)."""
     from hybrid.ops import attention, gated_delta_rule

@@ -18,14 +18,14 @@ HEADSCOPE_ALL = [
 ]
 HYBRID_ALL = [
     "HybridCache", "HybridConfig", "HybridConfigError", "HybridForCausalLM", "HybridModel", "HybridOptions",
-    "cache_nbytes", "calibrate_fusion", "from_layers", "from_mask", "from_teacher", "from_token_level",
+    "cache_nbytes", "calibrate_merge", "from_layers", "from_mask", "from_teacher", "from_token_level",
     "layerwise_mask", "load", "register", "save", "teacher_cache_nbytes", "StaticHybridCache", "greedy_decode",
 ]
 
 HYBRID_TRAIN_ALL = [
-    "CheckpointError", "DataConfig", "EVALUATIONS", "EvalContext", "MixtureConfig", "MixtureStream", "ModelConfig",
+    "CHECKS", "CheckpointError", "DataConfig", "EvalContext", "MixtureConfig", "MixtureStream", "ModelConfig",
     "RunResult", "STAGES", "Stage", "StageConfig", "TrainConfig", "TrainConfigError", "Trainer", "latest_checkpoint",
-    "plot_log", "read_log", "register_evaluation", "register_stage", "run",
+    "plot_log", "read_log", "register_check", "register_stage", "run",
 ]
 
 

@@ -1,4 +1,4 @@
-"""The receiver-score engine (METHOD.md section 1) and the naive reference backend.
+"""The receiver-score engine (docs/method.md section 1) and the naive reference backend.
 
 For every pair: run clean and corrupted, then for every head h re-run the clean prompt with only h's
 slice of the output projection's input (``z  # [B, T, H*D]``) replaced by the corrupted run's value:

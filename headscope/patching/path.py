@@ -1,4 +1,4 @@
-"""Path patching: the sender score of every head through a receiver set R (METHOD.md section 1).
+"""Path patching: the sender score of every head through a receiver set R (docs/method.md section 1).
 
 For a clean/corrupted pair, receivers R and a sender s = (l_s, h_s):
 

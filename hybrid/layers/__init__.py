@@ -1,1 +1,1 @@
-"""Layers of the hybrid: the head-level mixer, the branch fusion, and the baselines' mixers."""
+"""Layers of the hybrid: the head-level mixer, the branch merge, and the baselines' mixers."""

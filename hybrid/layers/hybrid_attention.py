@@ -2,12 +2,12 @@
 
     x [B, T, C] --+--> FullAttentionBranch (H_F heads, NoPE, log-length query scale, output gate) --+
                   +--> GatedDeltaNetBranch (H_L heads, RoPE, L2-normed q/k, gated delta rule) ------+
-                                           HeadFusion (per-head RMSNorm * gamma, original order) <--+
+                                           HeadMerge (per-head RMSNorm * gamma, original order) <---+
                                            o_proj (the teacher's, unchanged) -> [B, T, C]
 
 Reused (copied from the teacher by ``hybrid.convert``): FA q/k/v rows, GDN q rows and k/v rows (one copy
 of its KV head per GDN head), q_norm/k_norm, o_proj. New: FA ``gate_proj``, GDN ``b_proj`` (beta),
-``a_proj``/``A_log``/``dt_bias`` (decay), the short convs, and the fusion's gamma / branch gate.
+``a_proj``/``A_log``/``dt_bias`` (decay), the short convs, and the merge's gamma / branch gate.
 Each new parameter is marked where it is created (``hybrid.layers.common.mark_new``);
 ``HybridForCausalLM.new_parameters()`` lists the marked ones. ``reset_new_parameters`` is their one
 initialisation (``_init_weights`` calls it for a bare model; ``from_mask`` after copying the teacher).
@@ -24,7 +24,7 @@ from hybrid.cache import LayerCache
 from hybrid.config import HybridConfig
 from hybrid.layers.common import (NewLinear, RMSNorm, ShortConv, acc, apply_rope, fused_linear, grouped_attention,
                                   index_on, inference_constant, log_length_scale, mark_new, window_attention)
-from hybrid.layers.fusion import HeadFusion
+from hybrid.layers.merge import FORMER_NAME, HeadMerge
 
 __all__ = ["FullAttentionBranch", "GatedDeltaNetBranch", "HybridAttention"]
 
@@ -245,8 +245,18 @@ class GatedDeltaNetBranch(nn.Module):
         return o  # [B, T, H, D]
 
 
+def _upgrade_state_dict(state_dict: dict, prefix: str, *args) -> None:
+    """Load-state-dict pre-hook: keys under ``<prefix>fusion.`` (the merge's older name) move to ``<prefix>merge.``."""
+    old = f"{prefix}{FORMER_NAME}."
+    for key in [k for k in state_dict if k.startswith(old)]:
+        state_dict[f"{prefix}merge.{key[len(old):]}"] = state_dict.pop(key)
+
+
 class HybridAttention(nn.Module):
-    """One layer's mixer: FA heads + GDN heads -> HeadFusion -> o_proj (teacher's, unchanged)."""
+    """One layer's mixer: FA heads + GDN heads -> HeadMerge -> o_proj (teacher's, unchanged).
+
+    A state dict that names the merge by its older name (``fusion.gamma``, ``fusion.head_gate.weight``, ...: an
+    older checkpoint) loads as well (``_upgrade_state_dict``)."""
 
     def __init__(self, config: HybridConfig, layer_idx: int) -> None:
         super().__init__()
@@ -257,17 +267,18 @@ class HybridAttention(nn.Module):
         self.fa = (FullAttentionBranch(config, self.fa_heads, rope=opts.fa_rope, log_scale=opts.fa_log_scale,
                                        gate=opts.fa_gate) if self.fa_heads else None)
         self.la = GatedDeltaNetBranch(config, self.la_heads) if self.la_heads else None
-        self.fusion = HeadFusion(C, H, D, self.fa_heads, opts.fusion, opts.gamma_init, opts.norm_eps)
+        self.merge = HeadMerge(C, H, D, self.fa_heads, opts.merge, opts.gamma_init, opts.norm_eps)
         self.o_proj = nn.Linear(H * D, C, bias=config.o_bias)
+        self._register_load_state_dict_pre_hook(_upgrade_state_dict)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 cache: LayerCache | None = None) -> torch.Tensor:
         """x [B, T, C] -> [B, T, C]."""
         o_fa = self.fa(x, positions, cos, sin, cache) if self.fa is not None else None  # [B, T, H_F, D]
         o_la = self.la(x, positions, cos, sin, cache) if self.la is not None else None  # [B, T, H_L, D]
-        return self.fusion.project(x, o_fa, o_la, self.o_proj)  # [B, T, C] = o_proj(fusion(...)), no [B, T, H*D] copy
+        return self.merge.project(x, o_fa, o_la, self.o_proj)  # [B, T, C] = o_proj(merge(...)), no [B, T, H*D] copy
 
     def reset_new_parameters(self) -> None:
-        for m in (self.fa, self.la, self.fusion):
+        for m in (self.fa, self.la, self.merge):
             if m is not None:
                 (m.reset_new_parameters if hasattr(m, "reset_new_parameters") else m.reset_parameters)()

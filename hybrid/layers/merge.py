@@ -1,7 +1,10 @@
-"""Fusion of the two branches' head outputs before the (reused) output projection.
+"""The merge of the two branches' head outputs before the (reused) output projection.
 
-Modes (``HybridOptions.fusion``), registered by name in ``FUSIONS`` (a new mode is one ``FusionMode`` entry,
-``register_fusion(...)``, plus a test):
+(Called "merge" so it is never confused with headscope's score fusion, ``headscope.fuse``, which combines the head
+scores of several tasks.)
+
+Modes (``HybridOptions.merge``), registered by name in ``MERGES`` (a new mode is one ``MergeMode`` entry,
+``register_merge(...)``, plus a test):
 - ``"norm"`` (default, the method's): each head's output is RMS-normalised over its D channels on its
   own, then multiplied by a learnable per-head scale gamma_h (``gamma`` [H], original head order).
 - ``"none"``: plain concatenation (the ablation where GDN outputs dwarf FA outputs).
@@ -14,15 +17,18 @@ Modes (``HybridOptions.fusion``), registered by name in ``FUSIONS`` (a new mode 
   a message naming both.)
 
 Heads are put back in their original order, so ``o_proj``'s input columns (ordered by head) are reused
-unchanged. ``calibrate_fusion`` sets gamma from the teacher's per-head output RMS.
+unchanged. ``calibrate_merge`` sets gamma from the teacher's per-head output RMS.
 
 ``forward`` is the reference (it builds z [B, T, H*D]); the layer calls ``project``, the same function
 followed by ``o_proj`` without building z: each branch is normalised on its own and multiplied by its own
 columns of o_proj's weight, with gamma folded into those columns (a [C, H*D] weight instead of a pass over
-the [B, T, H, D] activations), so the fusion costs one normalisation pass and no copies. It launches more small
+the [B, T, H, D] activations), so the merge costs one normalisation pass and no copies. It launches more small
 kernels than the buffer path, which costs more than the copies below ``PROJECT_MIN_TOKENS`` tokens per call (H200,
-docs/hybrid.md: fusion + o_proj 0.35 vs 0.21 ms at 4K tokens, 0.58 vs 0.62 ms at 16K, 3.3 vs 4.5 ms at 128K),
+docs/hybrid.md: merge + o_proj 0.35 vs 0.21 ms at 4K tokens, 0.58 vs 0.62 ms at 16K, 3.3 vs 4.5 ms at 128K),
 so shorter calls (and decoding) keep the buffer path.
+
+A saved hybrid may call it ``fusion`` (the option in its config.json, the module in its weights' names), the older
+name: ``HybridOptions.from_dict`` and ``HybridAttention`` read both (``FORMER_NAME``).
 """
 from __future__ import annotations
 
@@ -33,74 +39,76 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from headscope.registry import Registry
 from hybrid.layers.common import NewLinear, acc, index_on, mark_new
 
-__all__ = ["HeadFusion", "FusionMode", "FUSIONS", "register_fusion", "head_rms", "output_rms", "calibrate_fusion",
-           "PROJECT_MIN_TOKENS"]
+__all__ = ["HeadMerge", "MergeMode", "MERGES", "register_merge", "head_rms", "output_rms", "calibrate_merge",
+           "PROJECT_MIN_TOKENS", "FORMER_NAME"]
 
-PROJECT_MIN_TOKENS = 8192  # B*T from which HeadFusion.project skips the z buffer (measured crossover 4K..16K)
+PROJECT_MIN_TOKENS = 8192  # B*T from which HeadMerge.project skips the z buffer (measured crossover 4K..16K)
+FORMER_NAME = "fusion"  # the older name of the option (HybridOptions) and module (HybridAttention)
 
 
 @dataclass(frozen=True)
-class FusionMode:
-    """One fusion mode: whether heads are RMS-normalised and scaled by gamma, and an optional gate.
+class MergeMode:
+    """One merge mode: whether heads are RMS-normalised and scaled by gamma, and an optional gate.
 
-    ``gate(fusion, hidden)`` builds the gate's new module (a zero-initialised Linear, so the gate starts at
-    identity), stored on the HeadFusion as ``gate_name``; ``scales(fusion, x)`` maps x [B, T, C] to per-head
+    ``gate(merge, hidden)`` builds the gate's new module (a zero-initialised Linear, so the gate starts at
+    identity), stored on the HeadMerge as ``gate_name``; ``scales(merge, x)`` maps x [B, T, C] to per-head
     scales [B, T, H] in original head order (1 everywhere at init)."""
 
     name: str
     description: str
     norm: bool = True
     gate_name: str | None = None
-    gate: Callable[["HeadFusion", int], nn.Module] | None = None
-    scales: Callable[["HeadFusion", torch.Tensor], torch.Tensor] | None = None
+    gate: Callable[["HeadMerge", int], nn.Module] | None = None
+    scales: Callable[["HeadMerge", torch.Tensor], torch.Tensor] | None = None
     token_level: bool = False  # usable by the token-level baseline (which has no gate)
 
     def __post_init__(self) -> None:
         if not self.name or not isinstance(self.name, str):
-            raise ValueError(f"FusionMode.name={self.name!r}: give a non-empty string")
+            raise ValueError(f"MergeMode.name={self.name!r}: give a non-empty string")
         if (self.gate is None) != (self.scales is None) or (self.gate is None) != (self.gate_name is None):
-            raise ValueError(f"FusionMode {self.name!r}: gate, gate_name and scales go together (all or none)")
+            raise ValueError(f"MergeMode {self.name!r}: gate, gate_name and scales go together (all or none)")
 
 
-def _branch_gate(fusion: "HeadFusion", hidden: int) -> nn.Module:
+def _branch_gate(merge: "HeadMerge", hidden: int) -> nn.Module:
     return NewLinear(hidden, 2)  # [FA, GDN] logits
 
 
-def _branch_scales(fusion: "HeadFusion", x: torch.Tensor) -> torch.Tensor:
+def _branch_scales(merge: "HeadMerge", x: torch.Tensor) -> torch.Tensor:
     """x [B, T, C] -> [B, T, H]: 2 a_FA on FA heads, 2 a_GDN on GDN heads, a = softmax over the 2 branches."""
-    a = 2 * torch.softmax(acc(fusion.branch_gate(x)), dim=-1).to(x.dtype)  # [B, T, 2]
-    return a.index_select(-1, index_on(fusion.branch_of_head, x.device))  # [B, T, H]
+    a = 2 * torch.softmax(acc(merge.branch_gate(x)), dim=-1).to(x.dtype)  # [B, T, 2]
+    return a.index_select(-1, index_on(merge.branch_of_head, x.device))  # [B, T, H]
 
 
-def _head_gate(fusion: "HeadFusion", hidden: int) -> nn.Module:
-    return NewLinear(hidden, fusion.n_heads)  # one logit per head, original head order
+def _head_gate(merge: "HeadMerge", hidden: int) -> nn.Module:
+    return NewLinear(hidden, merge.n_heads)  # one logit per head, original head order
 
 
-def _head_scales(fusion: "HeadFusion", x: torch.Tensor) -> torch.Tensor:
+def _head_scales(merge: "HeadMerge", x: torch.Tensor) -> torch.Tensor:
     """x [B, T, C] -> [B, T, H]: H softmax over all heads of both branches (1 each at init)."""
-    return (fusion.n_heads * torch.softmax(acc(fusion.head_gate(x)), dim=-1)).to(x.dtype)  # [B, T, H]
+    return (merge.n_heads * torch.softmax(acc(merge.head_gate(x)), dim=-1)).to(x.dtype)  # [B, T, H]
 
 
-FUSIONS: dict[str, FusionMode] = {}
+MERGES: Registry[MergeMode] = Registry("merge mode", owner="hybrid.layers.merge.MERGES")
 
 
-def register_fusion(mode: FusionMode) -> FusionMode:
-    """Add ``mode`` to ``FUSIONS`` (its name becomes a valid ``HybridOptions.fusion``)."""
-    if mode.name in FUSIONS:
-        raise ValueError(f"fusion mode {mode.name!r} is already registered")
-    FUSIONS[mode.name] = mode
-    return mode
+def register_merge(mode: MergeMode, *, overwrite: bool = False) -> MergeMode:
+    """Add ``mode`` to ``MERGES`` (its name becomes a valid ``HybridOptions.merge``); a taken name needs
+    ``overwrite=True``."""
+    if not isinstance(mode, MergeMode):
+        raise TypeError(f"register_merge: give a MergeMode, got {type(mode).__name__}")
+    return MERGES.register(mode.name, mode, overwrite=overwrite)
 
 
-register_fusion(FusionMode("norm", "per-head RMSNorm times a learnable per-head gamma (the method's)",
-                           token_level=True))
-register_fusion(FusionMode("none", "plain concatenation (ablation)", norm=False, token_level=True))
-register_fusion(FusionMode("gated_head", "norm + per-head gated competition: H softmax over all heads (the paper's "
-                           "gated ablation)", gate_name="head_gate", gate=_head_gate, scales=_head_scales))
-register_fusion(FusionMode("gated_branch", "norm + per-branch gate: 2 softmax over {FA, GDN}, shared by a branch's "
-                           "heads", gate_name="branch_gate", gate=_branch_gate, scales=_branch_scales))
+register_merge(MergeMode("norm", "per-head RMSNorm times a learnable per-head gamma (the method's)",
+                         token_level=True))
+register_merge(MergeMode("none", "plain concatenation (ablation)", norm=False, token_level=True))
+register_merge(MergeMode("gated_head", "norm + per-head gated competition: H softmax over all heads (the paper's "
+                         "gated ablation)", gate_name="head_gate", gate=_head_gate, scales=_head_scales))
+register_merge(MergeMode("gated_branch", "norm + per-branch gate: 2 softmax over {FA, GDN}, shared by a branch's "
+                         "heads", gate_name="branch_gate", gate=_branch_gate, scales=_branch_scales))
 
 
 def head_rms(o: torch.Tensor, eps: float) -> torch.Tensor:
@@ -113,19 +121,19 @@ def head_rms(o: torch.Tensor, eps: float) -> torch.Tensor:
 
 def output_rms(z: torch.Tensor) -> torch.Tensor:
     """z [B, T, H, D] (a teacher's per-head attention output) -> each head's RMS over everything  # [H] float64:
-    the scale gamma starts at (``calibrate_fusion``'s rule)."""
+    the scale gamma starts at (``calibrate_merge``'s rule)."""
     return z.double().pow(2).mean(dim=(0, 1, 3)).sqrt()
 
 
-class HeadFusion(nn.Module):
+class HeadMerge(nn.Module):
     """Normalise / scale / gate the FA and GDN head outputs and concatenate them in original head order."""
 
     def __init__(self, hidden: int, n_heads: int, head_dim: int, fa_heads: Sequence[int], mode: str,
                  gamma_init: float = 1.0, eps: float = 1e-6) -> None:
         super().__init__()
-        if mode not in FUSIONS:
-            raise ValueError(f"HeadFusion: unknown fusion mode {mode!r}; registered: {sorted(FUSIONS)}")
-        self.spec = FUSIONS[mode]
+        if mode not in MERGES:
+            raise ValueError(f"HeadMerge: unknown merge mode {mode!r}; registered: {sorted(MERGES)}")
+        self.spec = MERGES[mode]
         self.n_heads, self.head_dim, self.mode, self.eps = n_heads, head_dim, mode, eps
         fa = sorted(fa_heads)
         la = [h for h in range(n_heads) if h not in set(fa)]
@@ -199,7 +207,7 @@ class HeadFusion(nn.Module):
                 o_proj: nn.Linear) -> torch.Tensor:
         """``o_proj(self(x, o_fa, o_la))`` [B, T, C] without building z (module docstring).
 
-        Falls back to that expression when a branch is absent (nothing to fuse), when o_proj carries hooks
+        Falls back to that expression when a branch is absent (nothing to merge), when o_proj carries hooks
         (interventions on o_proj's input, e.g. headscope's ablations, must see z), or below
         ``project_min_tokens`` tokens (B*T) per call, where the buffer path is faster."""
         if (o_fa is None or o_la is None or o_proj._forward_pre_hooks or o_proj._forward_hooks
@@ -226,7 +234,7 @@ class HeadFusion(nn.Module):
 
 
 @torch.no_grad()
-def calibrate_fusion(model: nn.Module, teacher: nn.Module, input_ids: torch.Tensor) -> torch.Tensor:
+def calibrate_merge(model: nn.Module, teacher: nn.Module, input_ids: torch.Tensor) -> torch.Tensor:
     """Set every layer's gamma_h to the teacher's RMS of head h's output (o_proj input) on ``input_ids``.
 
     After this, a normalised head starts with the teacher head's scale. The token-level baseline normalises both
@@ -245,16 +253,16 @@ def calibrate_fusion(model: nn.Module, teacher: nn.Module, input_ids: torch.Tens
         attn = model.model.layers[l].self_attn
         if hasattr(attn, "swa_gamma"):  # the token-level baseline (hybrid.layers.token_attention)
             if attn.mode == "none":
-                raise ValueError("calibrate_fusion: fusion='none' has no gamma (the token-level baseline's branches "
+                raise ValueError("calibrate_merge: merge='none' has no gamma (the token-level baseline's branches "
                                  "are summed unscaled)")
             attn.swa_gamma.copy_(rms.to(attn.swa_gamma))
             attn.gdn_gamma.copy_(rms.to(attn.gdn_gamma))
             gammas.append(rms)
             continue
-        fusion = attn.fusion
-        if fusion.gamma is None:
-            raise ValueError(f"calibrate_fusion needs a fusion mode with gamma (one of "
-                             f"{sorted(n for n, m in FUSIONS.items() if m.norm)}); fusion='none' has none")
-        fusion.gamma.copy_(rms.to(fusion.gamma))
+        merge = attn.merge
+        if merge.gamma is None:
+            raise ValueError(f"calibrate_merge needs a merge mode with gamma (one of "
+                             f"{sorted(n for n, m in MERGES.items() if m.norm)}); merge='none' has none")
+        merge.gamma.copy_(rms.to(merge.gamma))
         gammas.append(rms)
     return torch.stack(gammas)  # [L, H]

@@ -10,7 +10,7 @@ import torch.nn as nn
 from hybrid.cache import LayerCache
 from hybrid.config import HybridConfig
 from hybrid.layers.common import mark_new
-from hybrid.layers.fusion import head_rms
+from hybrid.layers.merge import head_rms
 from hybrid.layers.hybrid_attention import FullAttentionBranch, GatedDeltaNetBranch
 
 __all__ = ["TokenHybridAttention"]
@@ -24,7 +24,7 @@ class TokenHybridAttention(nn.Module):
         super().__init__()
         opts = config.options
         H, D, C = config.num_attention_heads, config.head_dim, config.hidden_size
-        self.layer_idx, self.mode, self.eps = layer_idx, opts.fusion, opts.norm_eps
+        self.layer_idx, self.mode, self.eps = layer_idx, opts.merge, opts.norm_eps
         self.swa = FullAttentionBranch(config, list(range(H)), rope=True, log_scale=False, gate="none",
                                        window=opts.window)
         self.la = GatedDeltaNetBranch(config, list(range(H)))

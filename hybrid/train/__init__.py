@@ -5,7 +5,8 @@ pretraining, in one training loop.
     result = run(TrainConfig.from_file("research/train_hybrid/reference.toml"))
     # or: hybrid-train --config research/train_hybrid/reference.toml [--stage 1|2|3|all] [--resume]
 
-Stages (``STAGES``): "align" (1), "distill" (2), "long" (3), "pretrain". Names load lazily.
+Stages (``STAGES``): "align" (1), "distill" (2), "long" (3), "pretrain". In-run checks (``CHECKS``, the
+config's ``eval``; a new one: ``register_check``): "default", "none". Names load lazily.
 """
 from __future__ import annotations
 
@@ -24,9 +25,9 @@ _EXPORTS = {
     "STAGES": "hybrid.train.stages",
     "Stage": "hybrid.train.stages",
     "register_stage": "hybrid.train.stages",
-    "EVALUATIONS": "hybrid.train.evals",
+    "CHECKS": "hybrid.train.evals",
     "EvalContext": "hybrid.train.evals",
-    "register_evaluation": "hybrid.train.evals",
+    "register_check": "hybrid.train.evals",
     "CheckpointError": "hybrid.train.checkpoint",
     "latest_checkpoint": "hybrid.train.checkpoint",
     "MixtureConfig": "hybrid.train.data",

@@ -40,14 +40,13 @@ def load_teacher(name_or_path: str, device: torch.device, tokenizer: str | None 
 
 
 def build_hybrid(teacher: nn.Module, mask_path: str, options: dict[str, Any]):
-    """(hybrid, mask): ``hybrid.from_mask`` (refuses a mask whose fingerprint is another model's); the mask is
-    recorded in the hybrid's config (``config.head_mask``), so the saved hybrid carries it."""
+    """(hybrid, mask): ``hybrid.from_mask`` (refuses a mask whose fingerprint is another model's; records the mask
+    in the hybrid's config, ``config.head_mask``, so the saved hybrid carries it)."""
     from headscope.mask import HeadMask
     from hybrid.convert import from_mask
 
     mask = HeadMask.from_json(mask_path)
     model = from_mask(teacher, mask, **options)
-    model.config.head_mask = mask.to_dict()
     return model.train(), mask
 
 

@@ -212,6 +212,15 @@ def _diff(a: dict, b: dict, prefix: str = "") -> list[str]:
     return out
 
 
+def _upgrade_identity(identity: Any) -> Any:
+    """A run.json identity with its hybrid options under their current names (``fusion`` -> ``merge``)."""
+    if not isinstance(identity, dict) or not isinstance(identity.get("hybrid"), dict):
+        return identity
+    from hybrid.config import upgrade_options
+
+    return {**identity, "hybrid": upgrade_options(identity["hybrid"])}
+
+
 def check_run_folder(out: Path, record: RunRecord, resume: bool, allow_config_change: bool) -> Checkpoint | None:
     """Refuse an output folder of a different run, a fresh start over existing checkpoints and (unless
     ``allow_config_change``) a resume with a changed config. Returns the checkpoint to resume from (or None)."""
@@ -225,8 +234,8 @@ def check_run_folder(out: Path, record: RunRecord, resume: bool, allow_config_ch
             raise CheckpointError(f"{run_file} is not valid JSON; delete it or choose another output folder") from None
         if old.get("schema") != RUN_SCHEMA:
             raise CheckpointError(f"{out} holds a run.json that is not a hybrid.train run; choose another folder")
-        if old.get("identity") != record.identity:
-            changed = _diff(old.get("identity", {}), record.identity)
+        if _upgrade_identity(old.get("identity")) != record.identity:
+            changed = _diff(_upgrade_identity(old.get("identity")) or {}, record.identity)
             raise CheckpointError(f"{out} belongs to a different run ({'; '.join(changed)}): its checkpoints do not "
                                   "fit this teacher/mask/model; choose another output folder")
     ckpt = latest_checkpoint(out)

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from headscope.configs import from_dict
+
 __all__ = ["TrainConfigError", "DataConfig", "StageConfig", "ModelConfig", "TrainConfig", "LONG_FACTOR"]
 
 LONG_FACTOR = 4  # stage "long" trains at >= 4x the longest "align"/"distill" length
@@ -30,21 +32,10 @@ def _bad(owner: str, name: str, value: Any, why: str) -> None:
 
 
 def _build(cls, data: Any, where: str):
-    """``cls(**data)`` refusing unknown fields (named), for nested tables."""
-    if isinstance(data, cls):
-        return data
-    if not isinstance(data, dict):
-        raise TrainConfigError(f"{where}: expected a table of {cls.__name__} fields, got {type(data).__name__}")
-    known = {f.name for f in fields(cls)}
-    unknown = sorted(set(data) - known)
-    if unknown:
-        raise TrainConfigError(f"{where}: unknown field(s) {unknown}; known fields: {sorted(known)}")
-    kw = dict(data)
-    for f in fields(cls):  # TOML/JSON lists -> the tuples the frozen dataclasses hold
-        if f.name in kw and isinstance(kw[f.name], list):
-            kw[f.name] = tuple(kw[f.name])
+    """``cls(**data)`` refusing unknown fields (named), for nested tables (``headscope.configs.from_dict``; TOML/JSON
+    lists become the tuples the frozen dataclasses hold)."""
     try:
-        return cls(**kw)
+        return from_dict(cls, data, where=where, error=TrainConfigError, tuples=True)
     except TypeError as err:
         raise TrainConfigError(f"{where}: {err}") from None
 
@@ -214,6 +205,9 @@ DISTRIBUTED = ("auto", "ddp", "fsdp")
 
 # TrainConfig fields added after runs were made: left out of the fingerprint at these values (resume stays valid)
 _LATER_DEFAULTS = {"working_dtype": "float32", "teacher_dtype": "float32"}
+# fields under their older names (a file may still use them; the fingerprint hashes the older names, so runs made
+# under them keep their fingerprint): current name -> older name
+_FORMER_NAMES = {"calibrate_merge": "calibrate_fusion"}
 
 
 @dataclass(frozen=True)
@@ -230,10 +224,10 @@ class TrainConfig:
     distributed: str = "auto"  # "auto" = "ddp" when torchrun started several processes; "fsdp": shard the models
     data: DataConfig = field(default_factory=DataConfig)
     hybrid: dict = field(default_factory=dict)  # hybrid.HybridOptions fields
-    # a fresh hybrid's fusion gammas set to the teacher's per-head output RMS (hybrid.calibrate_fusion) on the first
+    # a fresh hybrid's merge gammas set to the teacher's per-head output RMS (hybrid.calibrate_merge) on the first
     # stage's corpus before training; False: gamma_init (1), which on SmolLM2 leaves the hybrid's logits far from the
     # teacher's at step 0 (KL 11 vs 0.8 with every head FA: docs/training.md)
-    calibrate_fusion: bool = True
+    calibrate_merge: bool = True  # older name: calibrate_fusion (read as this)
     # torch.compile each decoder layer of the student (hybrid.train.build.compile_decoder_layers) before training:
     # the first step of each new shape compiles; not with distributed = "fsdp"; not part of the fingerprint
     compile: bool = False
@@ -242,7 +236,7 @@ class TrainConfig:
     # a stage run the bf16 copies, and under DDP the gradients are all-reduced in bf16); not with FSDP
     working_dtype: str = "float32"
     # the frozen teacher's parameters ("bfloat16": the weight casts autocast makes anyway, made once; buffers such as
-    # RoPE's inv_freq stay float32; also for its text sampling and the fusion calibration, which run the teacher)
+    # RoPE's inv_freq stay float32; also for its text sampling and the merge calibration, which run the teacher)
     teacher_dtype: str = "float32"
     # torch.compile the decoder layers of a copy of the teacher that the stage losses run (its text sampling keeps
     # the eager teacher: a new shape at every decode step); not with FSDP; not part of the fingerprint
@@ -252,7 +246,7 @@ class TrainConfig:
     keep_checkpoints: int = 2
     log_every: int = 10
     eval_every: int = 0  # steps; 0: only at each stage end
-    eval: str = "default"  # a name in hybrid.train.EVALUATIONS ("none" to skip)
+    eval: str = "default"  # the in-run check, a name in hybrid.train.CHECKS ("none" to skip)
     eval_samples: int = 16
     threads: int = 0  # torch threads on CPU (0: leave torch's default)
     progress: bool = True  # tqdm bars
@@ -270,9 +264,10 @@ class TrainConfig:
         object.__setattr__(self, "model", _build(ModelConfig, self.model, "model"))
         if not isinstance(self.hybrid, dict):
             _bad("run", "hybrid", self.hybrid, "give a table of hybrid.HybridOptions fields")
-        from hybrid.config import HybridConfigError, HybridOptions
+        from hybrid.config import HybridConfigError, HybridOptions, upgrade_options
 
         try:
+            object.__setattr__(self, "hybrid", upgrade_options(self.hybrid))  # the older key "fusion" -> "merge"
             HybridOptions.from_dict(self.hybrid)
         except HybridConfigError as err:
             raise TrainConfigError(f"hybrid: {err}") from None
@@ -290,10 +285,11 @@ class TrainConfig:
             _bad("run", "keep_checkpoints", self.keep_checkpoints, "must be >= 1")
         if self.eval_samples < 1:
             _bad("run", "eval_samples", self.eval_samples, "must be >= 1")
-        from hybrid.train.evals import EVALUATIONS
+        from hybrid.train.evals import CHECKS
 
-        if self.eval not in EVALUATIONS:
-            _bad("run", "eval", self.eval, f"not a registered evaluation; known: {sorted(EVALUATIONS)}")
+        if self.eval not in CHECKS:
+            _bad("run", "eval", self.eval, f"not a registered evaluation check (hybrid.train.CHECKS); known: "
+                 f"{sorted(CHECKS)}")
         from hybrid.train.stages import STAGES
 
         names = [s.name for s in stages]
@@ -361,9 +357,13 @@ class TrainConfig:
         ``ignore_stage`` of each stage, e.g. how the loss is computed), 16 hex digits. The fields added later
         (``_LATER_DEFAULTS``) count only when set away from their default, so runs made before they existed keep
         their fingerprint."""
-        d = {k: v for k, v in self.to_dict().items()
+        d = {_FORMER_NAMES.get(k, k): v for k, v in self.to_dict().items()
              if k not in ignore and not (k in _LATER_DEFAULTS and v == _LATER_DEFAULTS[k])}
         d["stages"] = [{k: v for k, v in s.items() if k not in ignore_stage} for s in d["stages"]]
+        if "hybrid" in d:  # the merge option under its older name (_FORMER_NAMES' reason)
+            from hybrid.layers.merge import FORMER_NAME
+
+            d["hybrid"] = {(FORMER_NAME if k == "merge" else k): v for k, v in d["hybrid"].items()}
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
 
     def replace(self, **changes: Any) -> "TrainConfig":
@@ -374,6 +374,12 @@ class TrainConfig:
         data = dict(data)
         if "stages" not in data:
             raise TrainConfigError("config: no [[stages]] tables; give at least one stage")
+        for new, old in _FORMER_NAMES.items():  # a field under its older name
+            if old in data:
+                if new in data and data[new] != data[old]:
+                    raise TrainConfigError(f"config: both {new}={data[new]!r} and its older name "
+                                           f"{old}={data[old]!r}; keep {new} only")
+                data[new] = data.pop(old)
         return _build(cls, data, "config")
 
     @classmethod

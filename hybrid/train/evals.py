@@ -1,11 +1,13 @@
-"""Periodic evaluations during training: a named registry of callables ``fn(ctx: EvalContext) -> dict``.
+"""Checks during training: a named registry (``CHECKS``) of callables ``fn(ctx: EvalContext) -> dict``, the one
+``TrainConfig.eval`` names run every ``eval_every`` steps and at each stage end (a new one: ``register_check``).
+(These in-run checks are not ``headscope.evaluate``'s evaluation suites, which score any finished model.)
 
 "default": held-out next-token loss on fixed windows of the shipped held-out haystack text, and single-key
 NIAH teacher-forced accuracy (``headscope.ablation.answer_accuracy``) on fixed prompts at the stage's length; in a
 stage at another length than the run's first stage, also the held-out loss at that first length
 (``eval_heldout_loss_base``), so that every stage is compared on the same windows (a loss at 8192 tokens is not
 one at 2048: one measured stage 3 lowered the 8192 loss and raised the 2048 one by 0.35 nats).
-"none": no evaluation. Pass any other callable to ``hybrid.train.run(config, evaluate=fn)``.
+"none": no check. Pass any other callable to ``hybrid.train.run(config, evaluate=fn)``.
 """
 from __future__ import annotations
 
@@ -16,7 +18,9 @@ from typing import Any, Callable
 import torch
 import torch.nn as nn
 
-__all__ = ["EvalContext", "EVALUATIONS", "register_evaluation", "default_eval", "eval_lengths", "MAX_EVAL_LENGTH"]
+from headscope.registry import Registry
+
+__all__ = ["EvalContext", "CHECKS", "register_check", "default_eval", "eval_lengths", "MAX_EVAL_LENGTH"]
 
 
 @dataclass
@@ -88,15 +92,20 @@ def default_eval(ctx: EvalContext) -> dict[str, float]:
     return out
 
 
-EVALUATIONS: dict[str, Callable[[EvalContext], dict[str, Any]] | None] = {}
+CHECKS: Registry[Callable[[EvalContext], dict[str, Any]] | None] = Registry("training check",
+                                                                           owner="hybrid.train.CHECKS")
 
 
-def register_evaluation(name: str, fn: Callable[[EvalContext], dict[str, Any]] | None) -> None:
-    EVALUATIONS[name] = fn
+def register_check(name: str, fn: Callable[[EvalContext], dict[str, Any]] | None, *, overwrite: bool = False) -> None:
+    """Make ``TrainConfig.eval = name`` run ``fn(ctx) -> {metric: value}`` during training (None: nothing); a taken
+    name needs ``overwrite=True``."""
+    if fn is not None and not callable(fn):
+        raise TypeError(f"register_check({name!r}, ...): fn={fn!r} is not callable; give fn(ctx) -> dict or None")
+    CHECKS.register(name, fn, overwrite=overwrite)
 
 
-register_evaluation("default", default_eval)
-register_evaluation("none", None)
+register_check("default", default_eval)
+register_check("none", None)
 
 
 MAX_EVAL_LENGTH = 16_384  # NIAH after training, one sequence at a time: longer prompts cost minutes per model

@@ -18,6 +18,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from headscope.registry import Registry
 from hybrid.train.losses import hidden_mse, kl_div, weighted_ce
 
 __all__ = ["Stage", "STAGES", "register_stage", "Term", "new_parameter_names", "decoder_layers", "FUSED_LOSS",
@@ -186,13 +187,14 @@ def lm_loss(cfg, student, teacher, ids, w, autocast) -> list[Term]:
     return [("ce", 1.0, *weighted_ce(logits, ids, w))]
 
 
-STAGES: dict[str, Stage] = {}
+STAGES: Registry[Stage] = Registry("training stage", owner="hybrid.train.STAGES")
 
 
-def register_stage(stage: Stage) -> None:
+def register_stage(stage: Stage, *, overwrite: bool = False) -> None:
+    """Make ``stage.name`` usable in a run's ``[[stages]]``; a taken name needs ``overwrite=True``."""
     if stage.trains not in ("new", "all"):
         raise ValueError(f"Stage {stage.name!r}: trains={stage.trains!r} must be 'new' or 'all'")
-    STAGES[stage.name] = stage
+    STAGES.register(stage.name, stage, overwrite=overwrite)
 
 
 register_stage(Stage("align", 1, True, True, "new", align_loss, "hidden-state MSE per layer, new parameters only"))

@@ -23,7 +23,7 @@ from hybrid.train.checkpoint import (CheckpointError, RunRecord, check_run_folde
                                      save_checkpoint, set_rng_state, write_run_record)
 from hybrid.train.config import StageConfig, TrainConfig, TrainConfigError
 from hybrid.train.distributed import DistEnv, all_reduce_sum, setup, shard, wrap
-from hybrid.train.evals import EVALUATIONS, EvalContext
+from hybrid.train.evals import CHECKS, EvalContext
 from hybrid.train.logs import JsonlLog, plot_log
 from hybrid.train.stages import STAGES, new_parameter_names
 
@@ -84,7 +84,7 @@ def run(config: TrainConfig | str | Path, *, stage: str | int = "all", resume: b
 class Trainer:
     def __init__(self, config: TrainConfig, evaluate=None, on_step=None) -> None:
         self.config = config
-        self.evaluate = evaluate if evaluate is not None else EVALUATIONS[config.eval]
+        self.evaluate = evaluate if evaluate is not None else CHECKS[config.eval]
         self.on_step = on_step
         self.history: list[dict[str, Any]] = []
         self._corpus: dict[str, torch.Tensor] = {}
@@ -147,8 +147,8 @@ class Trainer:
                             "step": start_step})
         else:
             rng = None
-            if cfg.is_hybrid and cfg.calibrate_fusion:
-                self._calibrate_fusion()
+            if cfg.is_hybrid and cfg.calibrate_merge:
+                self._calibrate_merge()
         if only is not None:
             if start_index > only:
                 raise CheckpointError(f"--stage {only + 1}: {out} already finished that stage (latest checkpoint "
@@ -250,14 +250,14 @@ class Trainer:
                           "batches": None}
         return batches, setup_s, progress
 
-    def _calibrate_fusion(self, rows: int = 4, length: int = 512) -> None:
-        """A fresh hybrid's fusion gammas = the teacher's per-head output RMS (``hybrid.calibrate_fusion``) on
-        ``rows`` consecutive windows at the start of the first stage's corpus; nothing for a fusion without gamma."""
+    def _calibrate_merge(self, rows: int = 4, length: int = 512) -> None:
+        """A fresh hybrid's merge gammas = the teacher's per-head output RMS (``hybrid.calibrate_merge``) on
+        ``rows`` consecutive windows at the start of the first stage's corpus; nothing for a merge without gamma."""
         from hybrid.config import HybridOptions
-        from hybrid.layers.fusion import FUSIONS, calibrate_fusion
+        from hybrid.layers.merge import MERGES, calibrate_merge
         from hybrid.train.data import load_corpus
 
-        if not FUSIONS[HybridOptions.from_dict(self.config.hybrid).fusion].norm:
+        if not MERGES[HybridOptions.from_dict(self.config.hybrid).merge].norm:
             return
         t0 = time.time()
         s = self.config.stages[0]
@@ -268,8 +268,8 @@ class Trainer:
         ids = self._corpus[d.corpus]  # [N]
         n = min(rows, max(1, (ids.numel() - 1) // T))
         x = ids[: n * T].reshape(n, T).to(self.env.device)  # [n, T]
-        gamma = calibrate_fusion(self.student, self.teacher, x)  # [L, H]
-        self.log.write({"event": "calibrate_fusion", "tokens": n * T, "gamma_min": round(gamma.min().item(), 4),
+        gamma = calibrate_merge(self.student, self.teacher, x)  # [L, H]
+        self.log.write({"event": "calibrate_merge", "tokens": n * T, "gamma_min": round(gamma.min().item(), 4),
                         "gamma_max": round(gamma.max().item(), 4), "seconds": round(time.time() - t0, 2)})
 
     def start_next_workers(self) -> None:

@@ -95,7 +95,7 @@ def build_layers(shape: dict, device: str, dtype: torch.dtype, gdn_backend: str,
 
     hyb_cfg = layer_config(shape["fa_heads"], shape, gdn_backend=gdn_backend, attn_backend=attn_backend, **options)
     full_cfg = layer_config(list(range(shape["H"])), shape, allow_degenerate=True, fa_rope=True, fa_log_scale=False,
-                            fa_gate="none", fusion="none", attn_backend=attn_backend)
+                            fa_gate="none", merge="none", attn_backend=attn_backend)
     torch.manual_seed(0)
     hybrid = HybridAttention(hyb_cfg, 0).to(device, dtype)
     full = HybridAttention(full_cfg, 0).to(device, dtype)  # the teacher's attention: RoPE, GQA, q/k norm, o_proj

@@ -67,7 +67,7 @@ class SweepConfig:
 
 
 # compile modes whose CUDA graphs failed in the hybrid's stage-2 step on the H200 (2026-12-02): SmolLM2 at batch 64
-# ("accessing tensor output of CUDAGraphs that has been overwritten", fusion.project's cached head index; that
+# ("accessing tensor output of CUDAGraphs that has been overwritten", merge.project's cached head index; that
 # cache is fixed: hybrid.layers.common.index_on), then a tiny hybrid with the torch GDN backend, reason unseen
 # (the call ran out of time before pytest printed it). Refused on CUDA until a GPU test passes with them.
 CUDA_GRAPH_MODES = ("reduce-overhead",)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from headscope.configs import check_fields
 from research.studies.variants import VariantSpec
 
 __all__ = ["StudyConfig", "StudyError", "variant_dir", "eval_items", "EVALUATIONS_USED"]
@@ -163,10 +164,7 @@ class StudyConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "StudyConfig":
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise StudyError(f"study: unknown field(s) {unknown}; known: {sorted(known)}")
+        check_fields(cls, data, where="study", error=StudyError)
         if "train" not in data or "stages" not in data.get("train", {}):
             raise StudyError("study: no [[train.stages]]; give the shared stage budget")
         return cls(**data)

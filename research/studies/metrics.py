@@ -16,7 +16,7 @@ BEGIN, END = "<!-- studies:begin -->", "<!-- studies:end -->"
 STUDY_TITLES = {
     2: "Study 2: selection strategies at an equal FA budget (1/8 of the query heads, or 1/8 of the KV cache)",
     3: "Study 3: granularity (head-level 7:1, layer-wise 3:1 and 7:1, token-level sliding window + GDN)",
-    4: "Study 4: fusion (per-head norm with scale, no norm, per-head gated competition)",
+    4: "Study 4: branch merge (per-head norm with scale, no norm, per-head gated competition)",
     5: "Study 5: FA branch (no RoPE + log-length scaling, against keeping RoPE), past the training length",
     7: "Study 7: a learned selector (a gate per head, FA or GDN) against causal and random selection",
 }
@@ -61,7 +61,7 @@ def _fmt(vals: list[float | None], digits: int = 2) -> str:
 
 def _describe(v: dict) -> str:
     """The row label of a variant's saved spec: its kind's ``describe`` (research.studies.variants.VARIANT_KINDS), then the
-    variant's own hybrid options (``hybrid = {...}``, e.g. "; fusion=none"), which tell apart rows of one kind that
+    variant's own hybrid options (``hybrid = {...}``, e.g. "; merge=none"), which tell apart rows of one kind that
     share a mask (studies 4 and 5)."""
     from research.studies.variants import VARIANT_KINDS
 

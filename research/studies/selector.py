@@ -11,8 +11,8 @@ The model. Every query head h of every layer l gets both branches:
 - GDN: a ``hybrid.layers.hybrid_attention.GatedDeltaNetBranch`` over all H heads of the layer, built and copied
   from the teacher exactly as ``hybrid.from_mask`` builds a layer's GDN heads (``hybrid.convert``: q rows, the
   k/v rows of the head's KV group, q/k norms; new beta / decay / conv parameters at their init), normalised per
-  head and scaled by gamma as the hybrid's fusion does (``HybridOptions.fusion`` with a norm; gamma calibrated to
-  the teacher head's output RMS on the first batch, as ``calibrate_fusion`` does before stage 1).
+  head and scaled by gamma as the hybrid's branch merge does (``HybridOptions.merge`` with a norm; gamma calibrated
+  to the teacher head's output RMS on the first batch, as ``calibrate_merge`` does before stage 1).
 The two are mixed per head before the teacher's output projection:
 
     z_h = g_h * z_fa_h + (1 - g_h) * z_gdn_h,    g_h = sigmoid(a_h / temperature)
@@ -52,12 +52,14 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Iterable, Iterator
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+from headscope.configs import from_dict
 
 __all__ = ["SelectorConfig", "SelectorResult", "HeadSelector", "train_selector", "selector_mask",
            "mixture_batches", "GATE_UNITS", "GDN_PARAMS"]
@@ -123,12 +125,7 @@ class SelectorConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any] | None) -> "SelectorConfig":
-        data = dict(data or {})
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"SelectorConfig: unknown field(s) {unknown}; known: {sorted(known)}")
-        return cls(**data)
+        return from_dict(cls, dict(data or {}), where="SelectorConfig")
 
 
 @dataclass
@@ -167,7 +164,7 @@ class HeadSelector(nn.Module):
         from hybrid.config import HybridOptions
         from hybrid.convert import _copy_branch, hybrid_config
         from hybrid.layers.common import RotaryEmbedding
-        from hybrid.layers.fusion import FUSIONS
+        from hybrid.layers.merge import MERGES
         from hybrid.layers.hybrid_attention import GatedDeltaNetBranch
 
         layers = _teacher_layers(teacher)
@@ -178,7 +175,7 @@ class HeadSelector(nn.Module):
         H, K, D, rep = config.num_attention_heads, config.num_key_value_heads, config.head_dim, config.n_rep
         self.cfg, self.options = cfg, opts
         self.n_layers, self.n_heads, self.n_kv_heads, self.head_dim = L, H, K, D
-        self.norm = FUSIONS[opts.fusion].norm  # the hybrid's fusion normalises GDN heads (norm, gated_*) or not
+        self.norm = MERGES[opts.merge].norm  # the hybrid's merge normalises GDN heads (norm, gated_*) or not
         self.eps = opts.norm_eps
         heads = list(range(H))
         self.gdn = nn.ModuleList(GatedDeltaNetBranch(config, heads) for _ in range(L))
@@ -217,8 +214,8 @@ class HeadSelector(nn.Module):
 
     @torch.no_grad()
     def calibrate(self, z_fa: list[torch.Tensor]) -> None:
-        """gamma[l, h] = the teacher head's output RMS (``hybrid.calibrate_fusion``'s rule)."""
-        from hybrid.layers.fusion import output_rms
+        """gamma[l, h] = the teacher head's output RMS (``hybrid.calibrate_merge``'s rule)."""
+        from hybrid.layers.merge import output_rms
 
         for l, z in enumerate(z_fa):  # z  # [B, T, H, D]
             self.gamma[l].copy_(output_rms(z).to(self.gamma))
@@ -226,8 +223,8 @@ class HeadSelector(nn.Module):
 
     def gdn_heads(self, l: int, x: torch.Tensor) -> torch.Tensor:
         """Layer ``l``'s GDN output of every head on the teacher's attention input x [B, T, C]: [B, T, H, D]
-        (normalised and scaled by gamma when the fusion normalises)."""
-        from hybrid.layers.fusion import head_rms
+        (normalised and scaled by gamma when the merge normalises)."""
+        from hybrid.layers.merge import head_rms
 
         T = x.shape[1]
         positions = torch.arange(T, device=x.device)  # [T]
@@ -290,7 +287,7 @@ def train_selector(teacher: nn.Module, batches: Iterable[torch.Tensor], cfg: Sel
                    options: dict[str, Any] | None = None) -> SelectorResult:
     """Train the gates (and the GDN branches) on ``cfg.steps`` batches of token ids ``[B, T]`` from ``batches``
     (moved to the teacher's device); the teacher is used frozen and left unchanged. ``options``:
-    ``hybrid.HybridOptions`` fields of the hybrid the mask is for (decay, convs, fusion, backends, seed).
+    ``hybrid.HybridOptions`` fields of the hybrid the mask is for (decay, convs, merge, backends, seed).
     Deterministic on the CPU for a given ``cfg.seed`` and batches."""
     import time
 

@@ -16,7 +16,7 @@ Kinds:
 - "token": every head sliding-window attention (``window`` keys) + Gated DeltaNet (``granularity="token"``).
 - "teacher": no hybrid; the teacher itself (evaluated, not trained).
 - "tuned_teacher": the teacher trained like the hybrids: a "hybrid" with every head FA, the teacher's RoPE kept,
-  no log scale, no output gate and no fusion (``hybrid.from_mask`` then computes the teacher's function and adds no
+  no log scale, no output gate and no merge norm (``hybrid.from_mask`` then computes the teacher's function and adds no
   parameter), trained by the study's stages that train the whole model (stage 1 trains new parameters only, so
   it is skipped: ``VariantKind.new_parameters`` False). The fair baseline of a hybrid's retention: the same
   data, objective and steps, without the conversion.
@@ -31,12 +31,13 @@ Kinds:
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
 
+from headscope.configs import from_dict
 from headscope.registry import Registry
 
 __all__ = ["VariantSpec", "VariantKind", "BuiltVariant", "BuildContext", "InfeasibleVariant", "VARIANT_KINDS",
@@ -136,11 +137,7 @@ class VariantSpec:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "VariantSpec":
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"variant {data.get('name')!r}: unknown field(s) {unknown}; known: {sorted(known)}")
-        return cls(**data)
+        return from_dict(cls, data, where=f"variant {data.get('name')!r}")
 
 
 @dataclass
@@ -308,7 +305,7 @@ VARIANT_KINDS.register("token", VariantKind(_token, doc="sliding-window attentio
                                             describe=lambda v: f"token-level, window {v['window']}"))
 VARIANT_KINDS.register("teacher", VariantKind(_teacher, doc="the teacher itself, evaluated only"))
 VARIANT_KINDS.register("tuned_teacher", VariantKind(
-    _tuned_teacher, doc="the teacher trained like the hybrids (every head FA with its RoPE, no fusion: the "
+    _tuned_teacher, doc="the teacher trained like the hybrids (every head FA with its RoPE, no merge norm: the "
                         "teacher's function; the stages that train the whole model)", new_parameters=False,
     describe=lambda v: "teacher, trained like the hybrids"))
 VARIANT_KINDS.register("learned", VariantKind(

@@ -21,8 +21,8 @@ def incremental(model, ids, prefill):
     return torch.cat(logits, 1), cache  # [B, T, V]
 
 
-@pytest.mark.parametrize("kw", [{}, {"gdn_conv": True, "fusion": "gated_branch"}, {"fusion": "gated_head"}, {"decay": "simple", "fa_rope": True},
-                                {"fa_gate": "none", "fusion": "none"}])
+@pytest.mark.parametrize("kw", [{}, {"gdn_conv": True, "merge": "gated_branch"}, {"merge": "gated_head"}, {"decay": "simple", "fa_rope": True},
+                                {"fa_gate": "none", "merge": "none"}])
 def test_incremental_decoding_equals_full_forward(kw):
     teacher = tiny_model("qwen3", dtype=torch.float64)
     model = from_mask(teacher, HeadMask.for_model(teacher, FA + [(0, 2)]), **kw)  # layer 0: irregular GQA

@@ -11,7 +11,7 @@ def shape(**kw):
     return base
 
 
-@pytest.mark.parametrize("field,value", [("fusion", "sum"), ("granularity", "block"), ("fa_gate", "tanh"),
+@pytest.mark.parametrize("field,value", [("merge", "sum"), ("granularity", "block"), ("fa_gate", "tanh"),
                                          ("decay", "exp"), ("log_scale_base", 1.0), ("conv_size", 0),
                                          ("window", 0), ("gamma_init", 0.0)])
 def test_bad_option_names_the_field(field, value):
@@ -63,3 +63,13 @@ def test_odd_head_dim():  # checked before transformers. own rope validation
 def test_degenerate_allowed_on_request():
     cfg = HybridConfig(**shape(fa_heads=[[], []], hybrid={"allow_degenerate": True}))
     assert cfg.la_heads(0) == [0, 1, 2, 3]
+
+
+def test_the_older_name_fusion_is_read_as_merge():
+    """A saved config.json or a training config may say "fusion" (the merge's older name)."""
+    assert HybridOptions.from_dict({"fusion": "none"}) == HybridOptions(merge="none")
+    assert HybridOptions.from_dict({"fusion": "none", "merge": "none"}).merge == "none"
+    with pytest.raises(HybridConfigError, match="both merge='norm' and its older name fusion='none'"):
+        HybridOptions.from_dict({"fusion": "none", "merge": "norm"})
+    cfg = HybridConfig(**shape(hybrid={"fusion": "gated_head"}))
+    assert cfg.options.merge == "gated_head" and cfg.hybrid["merge"] == "gated_head" and "fusion" not in cfg.hybrid

@@ -45,7 +45,7 @@ def test_parameter_reuse(family):
 
 
 def test_new_parameters_are_named_and_initialised():
-    model = from_mask(tiny_model("qwen3"), HeadMask.for_model(tiny_model("qwen3"), FA), fusion="gated_branch", gdn_conv=True)
+    model = from_mask(tiny_model("qwen3"), HeadMask.for_model(tiny_model("qwen3"), FA), merge="gated_branch", gdn_conv=True)
     new = model.new_parameters()
     kinds = {n.split(".")[-2] if n.endswith((".weight", ".bias")) else n.split(".")[-1] for n in new}
     assert kinds == {"gate_proj", "b_proj", "a_proj", "A_log", "dt_bias", "gamma", "branch_gate",
@@ -57,9 +57,9 @@ def test_new_parameters_are_named_and_initialised():
     assert torch.equal(fa.gate_proj.weight, torch.zeros_like(fa.gate_proj.weight))
     la = model.model.layers[1].self_attn.la
     assert (la.A_log.exp() >= 1).all() and (la.A_log.exp() <= 16).all()
-    per_head = from_mask(tiny_model("qwen3"), HeadMask.for_model(tiny_model("qwen3"), FA), fusion="gated_head")
+    per_head = from_mask(tiny_model("qwen3"), HeadMask.for_model(tiny_model("qwen3"), FA), merge="gated_head")
     assert {n for n in per_head.new_parameters() if "head_gate" in n} == {
-        f"model.layers.{l}.self_attn.fusion.head_gate.{w}" for l in range(3) for w in ("weight", "bias")}
+        f"model.layers.{l}.self_attn.merge.head_gate.{w}" for l in range(3) for w in ("weight", "bias")}
 
 
 def test_mask_from_json_path(tmp_path):
@@ -88,7 +88,7 @@ def test_fingerprint_mismatch_can_be_overridden():
     ([], {}, "no full-attention head"),
     ([(l, h) for l in range(3) for h in range(4)], {}, "every head"),
     ([(0, 1)], {"require_fa_per_layer": True}, "no full-attention head"),
-    (FA, {"fusion": "mean"}, "fusion"),
+    (FA, {"merge": "mean"}, "merge"),
     (FA, {"windw": 3}, "windw"),
 ])
 def test_bad_masks_and_options(heads, kw, match):
@@ -115,7 +115,7 @@ def test_irregular_fa_subset_uses_per_head_kv():
     assert logits.shape == (1, 7, 128) and torch.isfinite(logits).all()
 
 
-@pytest.mark.parametrize("options", [dict(fusion="gated_branch", gdn_conv=True), dict(fusion="gated_head"),
+@pytest.mark.parametrize("options", [dict(merge="gated_branch", gdn_conv=True), dict(merge="gated_head"),
                                      dict(decay="simple"),
                                      dict(granularity="token")])
 def test_new_parameters_have_one_initialisation(options, tmp_path):

@@ -26,8 +26,8 @@ def perturbed(model):
 
 BUILDERS = {
     "head": lambda t: from_mask(t, HeadMask.for_model(t, FA)),
-    "head_conv_gated": lambda t: from_mask(t, HeadMask.for_model(t, FA), gdn_conv=True, fusion="gated_head"),
-    "head_gated_branch": lambda t: from_mask(t, HeadMask.for_model(t, FA), fusion="gated_branch", decay="simple"),
+    "head_conv_gated": lambda t: from_mask(t, HeadMask.for_model(t, FA), gdn_conv=True, merge="gated_head"),
+    "head_gated_branch": lambda t: from_mask(t, HeadMask.for_model(t, FA), merge="gated_branch", decay="simple"),
     "teacher": lambda t: from_teacher(t),
     "token": lambda t: from_token_level(t, window=4),
 }

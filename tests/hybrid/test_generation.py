@@ -60,7 +60,7 @@ def test_the_beam_test_detects_an_unaligned_cache(pair, monkeypatch):
     assert not torch.equal(_generate(model, inputs=ids, **MODES["beam3"]), expected)
 
 
-@pytest.mark.parametrize("kw", [{}, {"gdn_conv": True, "fusion": "gated_head"}])
+@pytest.mark.parametrize("kw", [{}, {"gdn_conv": True, "merge": "gated_head"}])
 def test_beam_search_on_a_real_hybrid_equals_beam_search_without_cache(kw):
     """FA keys/values, GDN states and conv states are reordered together: with the cache the beams are those
     of recomputing every sequence from scratch (use_cache=False)."""

@@ -1,4 +1,4 @@
-"""One hybrid layer: FA branch vs the teacher's heads without RoPE, GDN branch vs the op, fusion variants."""
+"""One hybrid layer: FA branch vs the teacher's heads without RoPE, GDN branch vs the op, merge variants."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -6,7 +6,7 @@ import torch.nn.functional as F
 from headscope.mask import HeadMask
 from hybrid.convert import from_mask
 from hybrid.layers.common import apply_rope, log_length_scale
-from hybrid.layers.fusion import FUSIONS, calibrate_fusion
+from hybrid.layers.merge import MERGES, calibrate_merge
 from hybrid.ops import recurrent_gated_delta_rule
 
 from model_factories import tiny_model
@@ -76,26 +76,26 @@ def test_short_conv_starts_as_identity():
     assert_close("conv at init", b(ids).logits, a(ids).logits, "fp64_exact")
 
 
-def test_fusion_variants():
+def test_merge_variants():
     _, norm = build()
-    _, none = build(fusion="none")
+    _, none = build(merge="none")
     x = torch.randn(2, 5, 64, dtype=torch.float64)
     o_fa, o_la = torch.randn(2, 5, 2, D, dtype=torch.float64) * 3, torch.randn(2, 5, 2, D, dtype=torch.float64) * 20
-    fn = norm.model.layers[1].self_attn.fusion  # FA heads 0, 3; GDN heads 1, 2
+    fn = norm.model.layers[1].self_attn.merge  # FA heads 0, 3; GDN heads 1, 2
     with torch.no_grad():
         fn.gamma.copy_(torch.tensor([1.0, 2.0, 3.0, 4.0]))
     z = fn(x, o_fa, o_la).view(2, 5, 4, D)
     assert torch.allclose(z.pow(2).mean(-1).sqrt(), torch.tensor([1.0, 2.0, 3.0, 4.0], dtype=z.dtype).expand(2, 5, 4), atol=1e-5)
-    z = none.model.layers[1].self_attn.fusion(x, o_fa, o_la).view(2, 5, 4, D)
+    z = none.model.layers[1].self_attn.merge(x, o_fa, o_la).view(2, 5, 4, D)
     assert torch.equal(z[:, :, [0, 3]], o_fa) and torch.equal(z[:, :, [1, 2]], o_la)  # original head order
     zn = fn(x, o_fa, o_la).view(2, 5, 4, D)
     for mode in ("gated_head", "gated_branch"):
-        fg = build(fusion=mode)[1].model.layers[1].self_attn.fusion
+        fg = build(merge=mode)[1].model.layers[1].self_attn.merge
         with torch.no_grad():
             fg.gamma.copy_(fn.gamma)
         assert_close(f"{mode} at init == norm", fg(x, o_fa, o_la), fn(x, o_fa, o_la), "fp64_exact")
     # gated_branch: one scale per branch, shared by its heads: FA heads up, GDN heads down together
-    fb = build(fusion="gated_branch")[1].model.layers[1].self_attn.fusion
+    fb = build(merge="gated_branch")[1].model.layers[1].self_attn.merge
     with torch.no_grad():
         fb.gamma.copy_(fn.gamma)
         fb.branch_gate.bias.copy_(torch.tensor([2.0, -2.0]))
@@ -105,11 +105,11 @@ def test_fusion_variants():
     assert_close("GDN heads", ratio[..., [1, 2]], (2 - a_fa).expand(2, 5, 2), "fp64_exact")
 
 
-def test_gated_head_fusion_is_a_per_head_competition():
+def test_gated_head_merge_is_a_per_head_competition():
     """gated_head: a = H softmax(W x + b) over all heads of both branches, head h scaled by a_h (float64)."""
     _, norm = build()
-    _, gh = build(fusion="gated_head")
-    fn, fg = norm.model.layers[1].self_attn.fusion, gh.model.layers[1].self_attn.fusion
+    _, gh = build(merge="gated_head")
+    fn, fg = norm.model.layers[1].self_attn.merge, gh.model.layers[1].self_attn.merge
     assert fg.head_gate.out_features == 4 and not hasattr(fg, "branch_gate")
     x = torch.randn(2, 5, 64, dtype=torch.float64)
     o_fa, o_la = torch.randn(2, 5, 2, D, dtype=torch.float64) * 3, torch.randn(2, 5, 2, D, dtype=torch.float64) * 20
@@ -123,50 +123,50 @@ def test_gated_head_fusion_is_a_per_head_competition():
     assert not torch.allclose(a[..., 0], a[..., 3])
 
 
-def test_fusion_registry_one_entry_is_a_new_mode():
-    """A new fusion mode is one FusionMode entry: the model builds with it and the fast path equals the reference."""
-    from hybrid.layers.fusion import FusionMode, register_fusion
+def test_merge_registry_one_entry_is_a_new_mode():
+    """A new merge mode is one MergeMode entry: the model builds with it and the fast path equals the reference."""
+    from hybrid.layers.merge import MergeMode, register_merge
 
-    def gate(fusion, hidden):
-        return torch.nn.Linear(hidden, fusion.n_heads)
+    def gate(merge, hidden):
+        return torch.nn.Linear(hidden, merge.n_heads)
 
-    def scales(fusion, x):  # [B, T, H]: an independent sigmoid per head (no competition), 1 at init
-        return 2 * torch.sigmoid(fusion.sigmoid_gate(x))
+    def scales(merge, x):  # [B, T, H]: an independent sigmoid per head (no competition), 1 at init
+        return 2 * torch.sigmoid(merge.sigmoid_gate(x))
 
-    mode = FusionMode("sigmoid_head_test", "per-head sigmoid gate (test entry)", gate_name="sigmoid_gate", gate=gate,
+    mode = MergeMode("sigmoid_head_test", "per-head sigmoid gate (test entry)", gate_name="sigmoid_gate", gate=gate,
                       scales=scales)
-    register_fusion(mode)
+    register_merge(mode)
     try:
-        _, model = build(fusion="sigmoid_head_test")
-        fu, o_proj = model.model.layers[1].self_attn.fusion, model.model.layers[1].self_attn.o_proj
+        _, model = build(merge="sigmoid_head_test")
+        fu, o_proj = model.model.layers[1].self_attn.merge, model.model.layers[1].self_attn.o_proj
         with torch.no_grad():
             fu.sigmoid_gate.weight.normal_()
-        assert "model.layers.1.self_attn.fusion.sigmoid_gate.weight" in dict(model.named_parameters())
+        assert "model.layers.1.self_attn.merge.sigmoid_gate.weight" in dict(model.named_parameters())
         x, o_fa, o_la = (torch.randn(1, 4, *s, dtype=torch.float64) for s in ((64,), (2, D), (2, D)))
         fu.project_min_tokens = 0
         assert_close("new mode: project", fu.project(x, o_fa, o_la, o_proj), o_proj(fu(x, o_fa, o_la)), "fp64_exact")
         with pytest.raises(ValueError, match="already registered"):
-            register_fusion(mode)
+            register_merge(mode)
     finally:
-        FUSIONS.pop("sigmoid_head_test")
+        MERGES.unregister("sigmoid_head_test")
 
 
 @pytest.mark.parametrize("bad, match", [("gated", "gated_head.*gated_branch"), ("softmax", "must be one of")])
-def test_unknown_or_renamed_fusion_is_refused(bad, match):
+def test_unknown_or_renamed_merge_is_refused(bad, match):
     from hybrid.config import HybridConfigError, HybridOptions
 
     with pytest.raises(HybridConfigError, match=match):
-        HybridOptions(fusion=bad)
+        HybridOptions(merge=bad)
 
 
-def test_token_level_refuses_a_gated_fusion():
+def test_token_level_refuses_a_gated_merge():
     from hybrid.config import HybridConfigError, HybridOptions
 
     with pytest.raises(HybridConfigError, match="token-level baseline supports"):
-        HybridOptions(granularity="token", fusion="gated_head")
+        HybridOptions(granularity="token", merge="gated_head")
 
 
-def test_calibrate_fusion_sets_gamma_to_teacher_head_rms():
+def test_calibrate_merge_sets_gamma_to_teacher_head_rms():
     teacher, model = build()
     ids = torch.randint(0, 128, (2, 11))
     seen = {}
@@ -176,35 +176,35 @@ def test_calibrate_fusion_sets_gamma_to_teacher_head_rms():
     finally:
         h.remove()
     expected = seen["z"].view(2, 11, 4, D).pow(2).mean(dim=(0, 1, 3)).sqrt()  # [H]
-    gamma = calibrate_fusion(model, teacher, ids)
+    gamma = calibrate_merge(model, teacher, ids)
     assert gamma.shape == (3, 4)
-    assert_close("gamma", model.model.layers[2].self_attn.fusion.gamma, expected, "fp64_exact")
+    assert_close("gamma", model.model.layers[2].self_attn.merge.gamma, expected, "fp64_exact")
 
 
-def test_calibrate_fusion_sets_both_gammas_of_the_token_level_baseline():
+def test_calibrate_merge_sets_both_gammas_of_the_token_level_baseline():
     """The token-level baseline's heads sum two normalised branches: each gets the teacher head's RMS; its
-    fusion='none' has no gamma to set and is refused."""
+    merge='none' has no gamma to set and is refused."""
     from hybrid.builders import from_token_level
 
     teacher, _ = build()
     ids = torch.randint(0, 128, (2, 11))
     model = from_token_level(teacher, window=4)
-    gamma = calibrate_fusion(model, teacher, ids)  # [L, H]
+    gamma = calibrate_merge(model, teacher, ids)  # [L, H]
     for l, layer in enumerate(model.model.layers):
         assert_close("swa_gamma", layer.self_attn.swa_gamma, gamma[l], "fp64_exact")
         assert_close("gdn_gamma", layer.self_attn.gdn_gamma, gamma[l], "fp64_exact")
     assert not torch.allclose(gamma, torch.ones_like(gamma))
     with pytest.raises(ValueError, match="no gamma"):
-        calibrate_fusion(from_token_level(teacher, window=4, fusion="none"), teacher, ids)
+        calibrate_merge(from_token_level(teacher, window=4, merge="none"), teacher, ids)
 
 
-@pytest.mark.parametrize("fusion", sorted(FUSIONS))
-def test_fusion_project_equals_o_proj_of_the_fused_heads(fusion):
+@pytest.mark.parametrize("merge", sorted(MERGES))
+def test_merge_project_equals_o_proj_of_the_merged_heads(merge):
     """The layer's fast path (no [B, T, H*D] buffer, gamma folded into o_proj's columns) computes
-    o_proj(fusion(...)) exactly (float64), values and gradients, for every fusion mode."""
-    _, model = build(fusion=fusion)
+    o_proj(merge(...)) exactly (float64), values and gradients, for every merge mode."""
+    _, model = build(merge=merge)
     attn = model.model.layers[1].self_attn  # FA heads 0, 3; GDN heads 1, 2
-    fu = attn.fusion
+    fu = attn.merge
     fu.project_min_tokens = 0  # the fast path at any size (the default keeps short calls on the buffer path)
     with torch.no_grad():
         if fu.gamma is not None:
@@ -225,11 +225,11 @@ def test_fusion_project_equals_o_proj_of_the_fused_heads(fusion):
         assert_close("project grad", a, b, "fp64_exact")
 
 
-def test_fusion_project_keeps_o_proj_hooks_working():
+def test_merge_project_keeps_o_proj_hooks_working():
     """With a hook on o_proj (an intervention on its input z) the layer falls back to o_proj(z): the hook runs."""
     _, model = build()
     attn = model.model.layers[1].self_attn
-    attn.fusion.project_min_tokens = 0
+    attn.merge.project_min_tokens = 0
     seen = []
     handle = attn.o_proj.register_forward_pre_hook(lambda mod, args: seen.append(args[0].shape))
     try:
@@ -239,30 +239,30 @@ def test_fusion_project_keeps_o_proj_hooks_working():
     assert seen == [torch.Size([1, 6, 4 * D])]
 
 
-def test_whole_model_is_the_same_on_both_fusion_paths():
-    """Logits with every layer on the fast fusion path equal the buffer path (float64)."""
+def test_whole_model_is_the_same_on_both_merge_paths():
+    """Logits with every layer on the fast merge path equal the buffer path (float64)."""
     _, model = build()
     ids = torch.randint(0, 128, (2, 9))
     ref = model(ids).logits  # [B, T, V] short call: buffer path
     for layer in model.model.layers:
-        layer.self_attn.fusion.project_min_tokens = 0
-    assert_close("logits, fast fusion path", model(ids).logits, ref, "fp64_exact")
+        layer.self_attn.merge.project_min_tokens = 0
+    assert_close("logits, fast merge path", model(ids).logits, ref, "fp64_exact")
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("fusion", ["norm", "gated_head", "gated_branch"])
-def test_fusion_project_bf16_on_gpu_matches_float32(fusion):
-    """Both fusion paths in bf16 on the GPU (16 x 128 heads, 16K tokens, 2 FA heads) against float32 on the
+@pytest.mark.parametrize("merge", ["norm", "gated_head", "gated_branch"])
+def test_merge_project_bf16_on_gpu_matches_float32(merge):
+    """Both merge paths in bf16 on the GPU (16 x 128 heads, 16K tokens, 2 FA heads) against float32 on the
     same inputs: output and the gradients of the branch outputs, gamma and o_proj's weight."""
     import copy
 
-    from hybrid.layers.fusion import HeadFusion
+    from hybrid.layers.merge import HeadMerge
 
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     torch.manual_seed(0)
     H, Dh, C, T = 16, 128, 2048, 16384
-    fu32 = HeadFusion(C, H, Dh, [3, 12], fusion).cuda()
+    fu32 = HeadMerge(C, H, Dh, [3, 12], merge).cuda()
     with torch.no_grad():
         fu32.gamma.uniform_(0.5, 2.0)
         if fu32.gate_name is not None:

@@ -39,7 +39,7 @@ def test_forward_shapes_loss_and_hidden_states():
 
 def test_save_load_round_trip(tmp_path):
     teacher = tiny_model("qwen3")
-    model = from_mask(teacher, HeadMask.for_model(teacher, FA), fusion="gated_head", gdn_conv=True)
+    model = from_mask(teacher, HeadMask.for_model(teacher, FA), merge="gated_head", gdn_conv=True)
     with torch.no_grad():  # move new parameters off their init so the round trip is meaningful
         for p in model.new_parameters().values():
             p.add_(torch.randn_like(p) * 0.1)

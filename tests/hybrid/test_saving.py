@@ -117,6 +117,61 @@ def test_import_hybrid_changes_nothing_but_the_registration():
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
+def test_from_mask_records_its_mask_and_the_saved_hybrid_gives_it_back(built, saved):
+    """hybrid.from_mask records the mask in the config (config.head_mask); save -> load brings back the same heads
+    and fingerprint, through every loader."""
+    model, _ = built
+    teacher = tiny_model("qwen3")
+    mask = HeadMask.for_model(teacher, FA)
+    assert HeadMask.from_dict(model.config.head_mask) == mask
+    for loaded in (hybrid.load(saved), headscope.load_model(saved)[0]):
+        back = HeadMask.from_dict(loaded.config.head_mask)
+        assert back == mask and back.fa_heads == mask.fa_heads and back.fingerprint == mask.fingerprint
+        assert back.fingerprint is not None and loaded.config.fa_heads == model.config.fa_heads
+
+
+def _as_older_save(folder):
+    """Rewrite a saved hybrid as older saves have it: the merge called "fusion" in config.json and in the weights."""
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(folder / "model.safetensors")
+    save_file({k.replace(".self_attn.merge.", ".self_attn.fusion."): v for k, v in weights.items()},
+              folder / "model.safetensors", metadata={"format": "pt"})
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["hybrid"]["fusion"] = cfg["hybrid"].pop("merge")
+    (folder / "config.json").write_text(json.dumps(cfg))
+    return weights
+
+
+def test_an_older_save_that_says_fusion_loads(tmp_path):
+    """config.json with hybrid.fusion and weights named ...self_attn.fusion.* (the merge's older name) load into the
+    same model through every loader; saving again writes the current names."""
+    from transformers import AutoModelForCausalLM
+
+    teacher = tiny_model("qwen3")
+    model = from_mask(teacher, HeadMask.for_model(teacher, FA), merge="gated_head").eval()
+    with torch.no_grad():
+        for p in model.new_parameters().values():
+            p.add_(torch.randn_like(p) * 0.1)
+    model.save_pretrained(tmp_path / "old", tokenizer=char_tokenizer())
+    weights = _as_older_save(tmp_path / "old")
+    assert any(".self_attn.merge.head_gate." in k for k in weights)
+    ids = torch.randint(3, 128, (1, 9))
+    ref = _logits(model, ids)
+    for loaded in (hybrid.load(tmp_path / "old"), headscope.load_model(tmp_path / "old")[0],
+                   AutoModelForCausalLM.from_pretrained(tmp_path / "old")):
+        assert loaded.config.options.merge == "gated_head" and "fusion" not in loaded.config.hybrid
+        assert torch.equal(_logits(loaded, ids), ref)
+    loaded.save_pretrained(tmp_path / "new")
+    assert json.loads((tmp_path / "new" / "config.json").read_text())["hybrid"]["merge"] == "gated_head"
+    assert torch.equal(_logits(hybrid.load(tmp_path / "new"), ids), ref)
+    # a state dict under the older names (an older training checkpoint) loads too, strictly
+    fresh = from_mask(teacher, HeadMask.for_model(teacher, FA), merge="gated_head").eval()
+    fresh.load_state_dict({k.replace(".self_attn.merge.", ".self_attn.fusion."): v
+                           for k, v in model.state_dict().items()}, strict=True)
+    assert torch.equal(_logits(fresh, ids), ref)
+
+
 # ---- broken folders: each names the file and the fix --------------------------------------------------------
 
 def _truncate(path, keep=0.5):

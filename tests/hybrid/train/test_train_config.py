@@ -23,7 +23,7 @@ seed = 3
 text = 1.0
 niah = 0.5
 [hybrid]
-fusion = "norm"
+merge = "norm"
 [[stages]]
 name = "align"
 steps = 10
@@ -46,12 +46,34 @@ seq_len = 512
 ''')
     cfg = TrainConfig.from_file(f)
     assert [s.name for s in cfg.stages] == ["align", "distill", "long"]
-    assert cfg.seed == 3 and cfg.data.niah == 0.5 and cfg.hybrid == {"fusion": "norm"}
+    assert cfg.seed == 3 and cfg.data.niah == 0.5 and cfg.hybrid == {"merge": "norm"}
     assert cfg.stages[1].betas == (0.9, 0.99) and cfg.stages[1].data.reasoning == 1.0
     assert cfg.data_for(cfg.stages[0]) is cfg.data and cfg.data_for(cfg.stages[1]) is cfg.stages[1].data
     assert TrainConfig.from_dict(cfg.to_dict()) == cfg
     assert cfg.fingerprint() == cfg.replace(out="elsewhere", device="cpu").fingerprint()  # bookkeeping only
     assert cfg.fingerprint() != cfg.replace(seed=4).fingerprint()
+
+
+def test_older_field_names_are_read_and_keep_the_fingerprint():
+    """calibrate_fusion / [hybrid] fusion, the older names of calibrate_merge / merge, configure the same run with
+    the same fingerprint (a run made under them resumes), which is hashed under the older names."""
+    import hashlib
+    import json
+
+    old = TrainConfig.from_dict(base(calibrate_fusion=False, hybrid={"fusion": "none", "gdn_conv": True}))
+    new = TrainConfig.from_dict(base(calibrate_merge=False, hybrid={"merge": "none", "gdn_conv": True}))
+    assert old == new and not new.calibrate_merge and new.hybrid == {"merge": "none", "gdn_conv": True}
+    assert old.fingerprint() == new.fingerprint() != new.replace(calibrate_merge=True).fingerprint()
+    ignore = ("out", "device", "threads", "progress", "log_every", "distributed", "compile", "compile_teacher")
+    d = {k: v for k, v in new.to_dict().items() if k not in ignore and k not in ("working_dtype", "teacher_dtype")}
+    d["calibrate_fusion"] = d.pop("calibrate_merge")
+    d["hybrid"] = {"fusion": "none", "gdn_conv": True}
+    d["stages"] = [{k: v for k, v in s.items() if k != "fused_loss"} for s in d["stages"]]
+    assert new.fingerprint() == hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
+    with pytest.raises(TrainConfigError, match="both calibrate_merge=True and its older name calibrate_fusion=False"):
+        TrainConfig.from_dict(base(calibrate_merge=True, calibrate_fusion=False))
+    with pytest.raises(TrainConfigError, match="both merge='norm' and its older name fusion='none'"):
+        TrainConfig.from_dict(base(hybrid={"merge": "norm", "fusion": "none"}))
 
 
 @pytest.mark.parametrize("patch,match", [

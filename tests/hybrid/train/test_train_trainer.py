@@ -7,7 +7,7 @@ import time
 import pytest
 import torch
 
-from hybrid.train import CheckpointError, latest_checkpoint, run
+from hybrid.train import CheckpointError, TrainConfig, latest_checkpoint, run
 from train_factories import save_mask, save_tiny_teacher, stage, tiny_config
 
 
@@ -32,11 +32,11 @@ def test_smoke_three_stages_losses_go_down_and_the_saved_hybrid_reloads(tmp_path
     from headscope.mask import HeadMask
 
     t0 = time.time()
-    # calibrate_fusion off: the machinery is under test here, losses falling from a hybrid that starts away from
+    # calibrate_merge off: the machinery is under test here, losses falling from a hybrid that starts away from
     # its teacher; calibrated, the hybrid of this random tiny teacher starts at KL 0.005 and the stage-2 loss is
     # the CE noise of the batches (test_a_fresh_hybrid_starts_with_the_teachers_head_scales covers calibration)
     cfg = tiny_config(tmp_path / "out", tiny_teacher_dir, tiny_mask, eval="default", eval_samples=2,
-                      calibrate_fusion=False,
+                      calibrate_merge=False,
                       stages=[stage("align", steps=6, seq_len=32, lr=1e-2), stage("distill", steps=6, seq_len=32),
                               stage("long", steps=6, seq_len=128, batch_size=1)])
     res = run(cfg)
@@ -83,6 +83,37 @@ def test_killed_and_resumed_run_ends_bit_identical(tmp_path, tiny_teacher_dir, t
     assert any(l.get("event") == "resume" for l in lines)
 
 
+def test_a_run_folder_written_under_the_older_merge_names_resumes_bit_identical(tmp_path, tiny_teacher_dir,
+                                                                               tiny_mask):
+    """A run whose run.json and checkpoints name the merge "fusion" (its identity's hybrid options, the weights
+    ...self_attn.fusion.*) and whose config says calibrate_fusion resumes: same identity, same fingerprint, same
+    result as a run that was never interrupted."""
+    from safetensors.torch import load_file, save_file
+
+    kw = dict(stages=SHORT[:2], checkpoint_every=2, keep_checkpoints=1)
+    full = run(tiny_config(tmp_path / "a", tiny_teacher_dir, tiny_mask, **kw)).model.state_dict()
+    cfg = tiny_config(tmp_path / "b", tiny_teacher_dir, tiny_mask, **kw)
+    with pytest.raises(Killed):
+        run(cfg, on_step=kill_at("distill", 3))
+    record = json.loads((tmp_path / "b" / "run.json").read_text())
+    record["identity"]["hybrid"]["fusion"] = record["identity"]["hybrid"].pop("merge")
+    record["config"]["calibrate_fusion"] = record["config"].pop("calibrate_merge")
+    (tmp_path / "b" / "run.json").write_text(json.dumps(record))
+    ck = latest_checkpoint(tmp_path / "b")
+    weights = load_file(str(ck.path / "model.safetensors"))
+    older = {k.replace(".self_attn.merge.", ".self_attn.fusion."): v for k, v in weights.items()}
+    assert older.keys() != weights.keys()
+    with open(ck.path / "model.safetensors", "rb") as f:  # keep the file's metadata
+        header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
+    save_file(older, str(ck.path / "model.safetensors"), metadata=header.get("__metadata__"))
+    older_cfg = TrainConfig.from_dict({**{k: v for k, v in cfg.to_dict().items() if k != "calibrate_merge"},
+                                       "calibrate_fusion": cfg.calibrate_merge})
+    resumed = run(older_cfg, resume=True).model.state_dict()
+    assert resumed.keys() == full.keys()
+    for k in full:
+        assert torch.equal(resumed[k], full[k]), k
+
+
 def test_align_trains_exactly_the_new_parameters(tmp_path, tiny_teacher_dir, tiny_mask):
     from headscope.reference import load_model
     from hybrid.convert import from_mask
@@ -100,21 +131,21 @@ def test_align_trains_exactly_the_new_parameters(tmp_path, tiny_teacher_dir, tin
 
 @pytest.mark.parametrize("calibrate", [True, False])
 def test_a_fresh_hybrid_starts_with_the_teachers_head_scales(tmp_path, tiny_teacher_dir, tiny_mask, calibrate):
-    """calibrate_fusion (default on): gamma = the teacher's per-head output RMS on the first stage's corpus (4
+    """calibrate_merge (default on): gamma = the teacher's per-head output RMS on the first stage's corpus (4
     windows of min(512, seq_len) tokens), logged; off: gamma_init (1) everywhere."""
     from headscope.reference import load_model
     from hybrid.convert import from_mask
-    from hybrid.layers.fusion import calibrate_fusion
+    from hybrid.layers.merge import calibrate_merge
     from hybrid.train.data import load_corpus
 
     teacher, tok = load_model(str(tiny_teacher_dir))
-    res = run(tiny_config(tmp_path / "o", tiny_teacher_dir, tiny_mask, calibrate_fusion=calibrate,
+    res = run(tiny_config(tmp_path / "o", tiny_teacher_dir, tiny_mask, calibrate_merge=calibrate,
                           stages=[stage("align", steps=1, lr=1e-12)]))
-    gamma = torch.stack([layer.self_attn.fusion.gamma.detach() for layer in res.model.model.layers])  # [L, H]
+    gamma = torch.stack([layer.self_attn.merge.gamma.detach() for layer in res.model.model.layers])  # [L, H]
     log = [json.loads(line) for line in (tmp_path / "o" / "log.jsonl").read_text().splitlines()]
-    events = [r for r in log if r.get("event") == "calibrate_fusion"]
+    events = [r for r in log if r.get("event") == "calibrate_merge"]
     if calibrate:
-        want = calibrate_fusion(from_mask(teacher, tiny_mask), teacher, load_corpus("heldout", tok)[:256].view(4, 64))
+        want = calibrate_merge(from_mask(teacher, tiny_mask), teacher, load_corpus("heldout", tok)[:256].view(4, 64))
         torch.testing.assert_close(gamma, want.to(gamma), rtol=1e-4, atol=1e-6)
         assert len(events) == 1 and events[0]["tokens"] == 256
         assert not torch.allclose(gamma, torch.ones_like(gamma))
@@ -219,7 +250,7 @@ def test_stage_option_runs_one_stage_after_the_earlier_ones(tmp_path, tiny_teach
 
 
 def test_the_warmup_step_is_logged_and_not_counted_in_max_minutes(tmp_path, tiny_teacher_dir, tiny_mask,
-                                                                   monkeypatch):
+                                                                   request):
     """A first step slower than the whole budget (kernel autotuning on a bare GPU) must not end the stage."""
     import dataclasses
 
@@ -234,7 +265,8 @@ def test_the_warmup_step_is_logged_and_not_counted_in_max_minutes(tmp_path, tiny
             time.sleep(1.5)
         return align.loss(*args, **kw)
 
-    monkeypatch.setitem(stages_mod.STAGES, "align", dataclasses.replace(align, loss=slow_first))
+    stages_mod.register_stage(dataclasses.replace(align, loss=slow_first), overwrite=True)
+    request.addfinalizer(lambda: stages_mod.register_stage(align, overwrite=True))
     cfg = tiny_config(tmp_path / "out", tiny_teacher_dir, tiny_mask,
                       stages=[stage("align", steps=10_000, max_minutes=0.02)])  # 1.2 s budget
     run(cfg)

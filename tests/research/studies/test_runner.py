@@ -168,13 +168,13 @@ def test_smollm2_studies_3_to_5_build_hybrids_at_their_kv_share():
     scores = torch.rand(30, 9, generator=torch.Generator().manual_seed(0), dtype=torch.float64)  # [L, H]
     ids = torch.randint(0, model.config.vocab_size, (1, 24), generator=torch.Generator().manual_seed(1))  # [B, T]
     want = {  # name: (KV share at 8192, FA query share, layers with FA, options the kind / spec adds)
-        "teacher-tuned": (1.0, 1.0, 30, {"fusion": "none", "fa_gate": "none", "fa_rope": True}),
+        "teacher-tuned": (1.0, 1.0, 30, {"merge": "none", "fa_gate": "none", "fa_rope": True}),
         "global-kv": (11 / 90, 33 / 270, None, {}),
         "layerwise-3to1": (8 / 30, 8 / 30, 8, {"granularity": "layer"}),  # round(30 / 4) = 8 layers, not 7.5
         "layerwise-7to1": (4 / 30, 4 / 30, 4, {"granularity": "layer"}),  # round(30 / 8) = 4 layers, not 3.75
         "token-swa1025": (1 / 8, 0.0, 0, {"granularity": "token", "window": 1025}),  # 1024 of 8192 positions
-        "fusion-none": (11 / 90, 33 / 270, None, {"fusion": "none"}),
-        "fusion-gated-head": (11 / 90, 33 / 270, None, {"fusion": "gated_head"}),
+        "fusion-none": (11 / 90, 33 / 270, None, {"merge": "none"}),
+        "fusion-gated-head": (11 / 90, 33 / 270, None, {"merge": "gated_head"}),
         "fa-rope": (11 / 90, 33 / 270, None, {"fa_rope": True, "fa_log_scale": False}),
     }
     specs = [v for v in cfg.variants if v.trains and {3, 4, 5} & set(v.studies)]

@@ -104,7 +104,7 @@ def test_the_mask_has_the_budget_and_says_learned(tiny_qwen3, unit, n_units, n_h
 def test_a_gqa_llama_teacher_trains_with_biases_off(tmp_path):
     teacher = tiny_model("llama", num_hidden_layers=2, num_attention_heads=6, num_key_value_heads=3,
                          hidden_size=48, head_dim=8)
-    r = train_selector(teacher, batches(), cfg(steps=3, gate_unit="kv_group"), {"gdn_conv": True, "fusion": "none"})
+    r = train_selector(teacher, batches(), cfg(steps=3, gate_unit="kv_group"), {"gdn_conv": True, "merge": "none"})
     assert r.gates.shape == (2, 6) and r.settings["hybrid"]["gdn_conv"] and len(r.history) == 3
     mask = selector_mask(r, teacher, k=1, unit="kv_group")
     assert len(mask.fa_heads) == 2
@@ -129,7 +129,7 @@ def test_the_gdn_branch_is_the_hybrids_and_gate_one_is_the_teacher(tiny_qwen3):
     projs = describe(tiny_qwen3).out_projs
     with torch.no_grad():
         for l, layer in enumerate(hyb.model.layers):
-            layer.self_attn.fusion.gamma.copy_(sel.gamma[l])
+            layer.self_attn.merge.gamma.copy_(sel.gamma[l])
             want = layer.self_attn(xs[l], pos, cos, sin)  # [B, T, C]
             got = projs[l](sel.gdn_heads(l, xs[l]).reshape(*ids.shape, -1))  # [B, T, C]
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)

@@ -78,7 +78,7 @@ def test_layerwise_token_and_teacher_shares(tiny_qwen3):
 
 
 def test_tuned_teacher_is_the_teacher_as_a_hybrid_with_nothing_new(tiny_qwen3):
-    """Kind "tuned_teacher": every head FA with its RoPE and no fusion, so the built model computes the teacher's
+    """Kind "tuned_teacher": every head FA with its RoPE and no merge norm, so the built model computes the teacher's
     function (equal logits) and has no new parameters: the kind says so, and the study skips stage 1 for it."""
     from hybrid.convert import from_mask
     from research.studies.variants import VARIANT_KINDS
@@ -96,9 +96,9 @@ def test_tuned_teacher_is_the_teacher_as_a_hybrid_with_nothing_new(tiny_qwen3):
 
 
 def test_variant_options_layer_over_the_study_options(tiny_qwen3):
-    b = build_variant(spec(unit="head", strategy="random_global", hybrid={"fusion": "none"}), tiny_qwen3,
-                      base_options={"fusion": "gated_head", "gdn_conv": True}, seed=3)
-    assert b.options == {"seed": 3, "fusion": "none", "gdn_conv": True}
+    b = build_variant(spec(unit="head", strategy="random_global", hybrid={"merge": "none"}), tiny_qwen3,
+                      base_options={"merge": "gated_head", "gdn_conv": True}, seed=3)
+    assert b.options == {"seed": 3, "merge": "none", "gdn_conv": True}
 
 
 def test_selection_scores_are_computed_once(tmp_path, monkeypatch):
