@@ -14,7 +14,7 @@ agreement on the subset in bf16. Only torch + transformers are needed; Transform
 With --model: the model from headscope.load_model (bf16, sdpa) and real NIAH pairs of its tokenizer at each
 context; times our exact scores of ALL heads per pair (HFBackend) and TransformerLens per-head patching on
 the same pair (a subset of heads, extrapolated and labeled so). On the GPU machine the registry reads the
-GGUF staged by research/stage_gguf.sh. --device cpu --contexts 256 is a smoke test.
+GGUF staged by python -m research.stage (docs/research.md). --device cpu --contexts 256 is a smoke test.
 """
 from __future__ import annotations
 

@@ -382,7 +382,7 @@ def launch(job: Job, *, out: str | Path | None = None, resume: bool = False, sto
     logs = folder / "logs" if main else None
     code, stopped = 0, False
     todo: list[Step] = []
-    t = time.time()
+    t, ran = time.time(), False
     try:
         for group in _groups(steps):
             todo, extras = [], []
@@ -403,12 +403,12 @@ def launch(job: Job, *, out: str | Path | None = None, resume: bool = False, sto
                         _say(f"{label}: nothing to do here, skipped")
                     continue
                 left = None if stop_after is None else stop_after - (time.time() - t0)
-                if left is not None and left <= 0 and not s.always:
+                if left is not None and left <= 0 and ran and not s.always:  # each call makes progress
                     stopped = True
                     continue
                 if s.call is not None:
                     _say(f"{label}: {s.describe(ctx)}")
-                    t = time.time()
+                    t, ran = time.time(), True
                     s.call(ctx)
                     state.set(s.name, "done", 0, time.time() - t)
                     continue
@@ -422,6 +422,7 @@ def launch(job: Job, *, out: str | Path | None = None, resume: bool = False, sto
             if not todo:
                 continue
             t = time.time()
+            ran = True
             rcs = _run_group(todo, ctx, extras, logs)
             for s, rc in zip(todo, rcs):
                 secs = time.time() - t

@@ -8,8 +8,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from char_tokenizer import char_tokenizer
 from model_factories import tiny_model
 
@@ -38,18 +36,3 @@ def test_real_model_path_writes_json_per_context(tmp_path):
     if importlib.util.find_spec("transformer_lens") is None:
         assert proc.stdout.count("TransformerLens not installed here: skipped") == 2
     assert proc.stdout.count(f"wrote {out}") == 2  # after each context
-
-
-@pytest.mark.parametrize("mode", ["smollm2"])
-def test_gpu_chain_mode_names_the_files_the_scripts_write(mode):
-    """The smollm2 mode tars the report's own paths (docs/results/<slug>, docs/<slug>_heads.md, figures)."""
-    text = (ROOT / "research" / "gpu_chain.sh").read_text()
-    body = text[text.index(f"{mode})"):]
-    body = body[: body.index(";;")]
-    assert 'run=docs/results; run="$run/smollm2_135m"' in body
-    for path in ("docs/smollm2_135m_heads.md", "docs/figures/smollm2_135m_*",
-                 "task_accuracy.py --model smollm2-135m", "bench_receiver_gpu.py --model smollm2-135m",
-                 "report_heads.py --model smollm2-135m"):
-        assert path in body, path
-    assert body.count("timeout ") == 3
-    subprocess.run(["bash", "-n", str(ROOT / "research" / "gpu_chain.sh")], check=True)

@@ -1,15 +1,15 @@
-"""research/stage_gguf.sh: split the registry GGUF into parts, put them back, check the sha256 (needs `real`)."""
+"""python -m research.stage on the real registry GGUF: split into parts of <= 28 MB, put them back, the sha256
+checked, a damaged part refused (needs the `real` extra; the same on a fake file: test_stage.py)."""
 from __future__ import annotations
 
 import importlib.metadata
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "research" / "stage_gguf.sh"
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _installed() -> bool:
@@ -23,21 +23,21 @@ def _installed() -> bool:
 pytestmark = [pytest.mark.real, pytest.mark.skipif(not _installed(), reason='pip install -e ".[real]"')]
 
 
-def _run(*args, **env):
-    return subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True,
-                          env={**os.environ, "PYTHON": sys.executable, **env})
+def _run(*args):
+    return subprocess.run([sys.executable, "-m", "research.stage", *map(str, args)], capture_output=True, text=True,
+                          cwd=ROOT)
 
 
 def test_split_put_join_and_damage(tmp_path):
     from headscope import zoo
 
     parts_dir, stage = tmp_path / "parts", tmp_path / "stage"
-    r = _run("split", STAGE_OUT=str(parts_dir))
+    r = _run("split", "--out", parts_dir)
     assert r.returncode == 0, r.stderr
     parts = sorted(parts_dir.iterdir())
     assert len(parts) == 4 and all(p.stat().st_size <= 28_000_000 for p in parts)
     for i, p in enumerate(parts):
-        r = _run("put", str(p), STAGE_DIR=str(stage))
+        r = _run("put", p, "--stage-dir", stage)
         assert r.returncode == 0, r.stderr
         assert ("still missing" in r.stdout) == (i < len(parts) - 1)
     entry = zoo.MODELS["smollm2-135m"]
@@ -51,7 +51,7 @@ def test_split_put_join_and_damage(tmp_path):
     parts[0].write_bytes(bytes(data))
     bad = tmp_path / "bad"
     for p in parts:
-        r = _run("put", str(p), STAGE_DIR=str(bad))
+        r = _run("put", p, "--stage-dir", bad)
     assert r.returncode == 1 and "damaged" in r.stderr
-    assert _run("put", str(tmp_path / "nope.part1of4"), STAGE_DIR=str(bad)).returncode == 1
+    assert _run("put", tmp_path / "smollm2-135m.gguf.part1of4", "--stage-dir", bad).returncode == 1
     assert _run("bogus").returncode == 2

@@ -1,0 +1,148 @@
+"""research.stage on small fake files: split / put round trip and the checksum refusal (a fake registry model),
+wheels already installed, the Triton cache, pack / unpack of a results folder, carry lists; and the corpus's
+compressed copy (research.prepare_corpus)."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from headscope import zoo
+from research import stage
+
+
+@pytest.fixture
+def fake_model(tmp_path, monkeypatch):
+    """A registry model "fake-gguf" whose GGUF is a 3 MB file of random bytes (found through its env variable)."""
+    src = tmp_path / "fake.gguf"
+    src.write_bytes(os.urandom(3_000_000))
+    entry = zoo.ZooEntry(name="fake-gguf", distribution="fake-dist", filename="fake_dist/Fake.Q4.gguf",
+                         sha256=hashlib.sha256(src.read_bytes()).hexdigest())
+    zoo.MODELS.register("fake-gguf", entry)
+    monkeypatch.setenv(entry.env_var, str(src))
+    yield entry, src
+    zoo.MODELS.unregister("fake-gguf")
+
+
+def test_split_put_round_trip(fake_model, tmp_path, capsys):
+    entry, src = fake_model
+    assert stage.main(["split", "--model", "fake-gguf", "--part-mb", "1", "--out", str(tmp_path / "parts")]) == 0
+    parts = sorted((tmp_path / "parts").iterdir())
+    assert [p.name for p in parts] == [f"fake-gguf.gguf.part{k}of3" for k in (1, 2, 3)]
+    assert all(p.stat().st_size <= 2**20 for p in parts)
+    st = tmp_path / "stage"
+    for i, p in enumerate(parts):
+        assert stage.main(["put", str(p), "--stage-dir", str(st)]) == 0
+        assert ("still missing" in capsys.readouterr().out) == (i < len(parts) - 1)
+    joined = st / "Fake.Q4.gguf"
+    assert joined.read_bytes() == src.read_bytes() and not list(st.glob("*.part*"))
+    env = stage.read_env(st)
+    assert env == {entry.env_var: str(joined), "HEADSCOPE_CACHE": str(st / "cache")}
+    # env.sh is a shell file: sourcing it sets the variables
+    import subprocess
+
+    out = subprocess.run(["bash", "-c", f". {st / 'env.sh'} && echo ${entry.env_var}"], capture_output=True,
+                         text=True).stdout.strip()
+    assert out == str(joined)
+
+
+def test_a_damaged_part_is_refused_and_the_parts_removed(fake_model, tmp_path, capsys):
+    parts = stage.split("fake-gguf", 1, tmp_path / "parts")
+    data = bytearray(parts[1].read_bytes())
+    data[100] ^= 0xFF
+    parts[1].write_bytes(bytes(data))
+    st = tmp_path / "stage"
+    codes = [stage.main(["put", str(p), "--stage-dir", str(st)]) for p in parts]
+    assert codes == [0, 0, 1]
+    err = capsys.readouterr().err
+    assert "a part is damaged" in err and "stage again from part 1" in err
+    assert not list(st.glob("*.part*")) and not (st / "Fake.Q4.gguf").exists() and not (st / "env.sh").exists()
+    assert stage.main(["put", str(tmp_path / "fake-gguf.gguf.part1of3"), "--stage-dir", str(st)]) == 1
+    assert "carry it with this command" in capsys.readouterr().err
+    assert stage.main(["put", str(tmp_path / "whatever.bin")]) == 1
+    assert "not a part name" in capsys.readouterr().err
+
+
+def test_split_refuses_a_source_with_the_wrong_checksum(fake_model, tmp_path, capsys):
+    entry, src = fake_model
+    src.write_bytes(b"something else")
+    assert stage.main(["split", "--model", "fake-gguf", "--out", str(tmp_path / "p")]) == 1
+    assert f"expected {entry.sha256}" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        stage.main(["bogus"])
+
+
+def test_wheels_already_in_the_target_are_skipped(tmp_path):
+    target = tmp_path / "site"
+    (target / "fake_pkg-1.0.dist-info").mkdir(parents=True)
+    wheel = tmp_path / "whl" / "fake_pkg-1.0-py3-none-any.whl"
+    wheel.parent.mkdir()
+    wheel.write_bytes(b"")
+    assert stage.wheels([str(tmp_path / "whl")], target, tmp_path / "st") == []
+    assert str(target) in stage.read_env(tmp_path / "st")["PYTHONPATH"]
+    with pytest.raises(stage.StageError, match="carry them"):
+        stage.wheels([str(tmp_path / "none.whl")], target, tmp_path / "st")
+
+
+def test_triton_cache_save_and_restore(tmp_path):
+    cache = tmp_path / "cache"
+    (cache / "abc").mkdir(parents=True)
+    (cache / "abc" / "kernel.autotune.json").write_text('{"best": 1}')
+    (cache / "abc" / "kernel.cubin").write_bytes(b"binary")  # not saved: results only
+    assert stage.triton_save(tmp_path / "t.tgz", cache) == 1
+    with tarfile.open(tmp_path / "t.tgz") as tar:
+        assert tar.getnames() == ["abc/kernel.autotune.json"]
+    assert stage.triton_restore([tmp_path / "t.tgz"], tmp_path / "fresh") == 1
+    assert (tmp_path / "fresh" / "abc" / "kernel.autotune.json").read_text() == '{"best": 1}'
+    assert stage.triton_save(tmp_path / "u.tgz", tmp_path / "empty") == 0
+
+
+def test_pack_and_unpack_a_results_folder(tmp_path):
+    run = tmp_path / "2026-12-03_job"
+    (run / "run" / "checkpoints" / "s1").mkdir(parents=True)
+    (run / "run" / "checkpoints" / "s1" / "state.pt").write_bytes(b"x" * 1000)
+    (run / "logs").mkdir()
+    (run / "logs" / "train.log").write_text("line\n" * 1000)
+    (run / "results.json").write_text(json.dumps({"a": 1}))
+    (run / "weights.bin").write_bytes(os.urandom(300_000))  # incompressible, over the budget below
+    parts = stage.pack(run, tmp_path / "out", max_mb=0.1, part_bytes=20_000)
+    assert len(parts) >= 1 and all(p.stat().st_size <= 20_000 for p in parts)
+    back = stage.unpack(parts, tmp_path / "back")
+    assert back == tmp_path / "back" / "2026-12-03_job"
+    assert (back / "results.json").read_text() == '{"a": 1}' and (back / "logs" / "train.log").exists()
+    assert not (back / "run" / "checkpoints").exists() and not (back / "weights.bin").exists()
+    assert json.loads((back / "PACKED.json").read_text())["left_out"] == ["weights.bin"]
+
+
+def test_carry_lists_the_paths_a_job_needs():
+    c = stage.carry("smollm2_hybrid")
+    assert "data/gz" in c["every_call"]
+    assert any("fla_core" in p for p in c["every_call"]) and any("gguf" in p for p in c["every_call"])
+    if c["stage_once"]:
+        assert all(".stage/smollm2-135m.gguf.part" in p for p in c["stage_once"])
+    else:
+        assert "python -m research.stage split --model smollm2-135m" in c["missing"].values()
+    assert c["limit_bytes"] == 64 * 2**20 and c["per_call_bytes"] >= c["tree_bytes"] > 0
+    tiny = stage.carry("tiny_hybrid")
+    assert tiny["stage_once"] == [] and not any("fla" in p or p == "data/gz" for p in tiny["every_call"])
+
+
+def test_the_corpus_travels_compressed(tmp_path):
+    from research.prepare_corpus import ensure_corpus, write_gz
+
+    corpus, gz = tmp_path / "corpus", tmp_path / "gz"
+    corpus.mkdir()
+    for part in ("train", "heldout"):
+        (corpus / f"{part}.txt").write_text(f"{part} text\n" * 100)
+    packed = write_gz(corpus, gz)
+    assert [p.read_bytes() for p in packed] == [p.read_bytes() for p in write_gz(corpus, gz)]  # byte-identical
+    assert ensure_corpus(corpus, gz) == []
+    (corpus / "train.txt").unlink()
+    assert ensure_corpus(corpus, gz) == [corpus / "train.txt"]
+    assert (corpus / "train.txt").read_text() == "train text\n" * 100
+    with pytest.raises(FileNotFoundError, match="python -m research.prepare_corpus"):
+        ensure_corpus(tmp_path / "none", tmp_path / "nogz")
