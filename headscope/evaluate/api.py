@@ -20,7 +20,7 @@ from headscope.evaluate.rows import COLUMNS
 from headscope.evaluate.runtime import EvalContext, check_tokenizer, model_info
 from headscope.evaluate.tables import SUMMARY_KEYS, summary
 
-__all__ = ["evaluate", "summary", "compare", "load", "resolve_suite", "plan", "SCHEMA", "RUN_COLUMNS"]
+__all__ = ["evaluate", "summary", "compare", "load", "load_teacher", "resolve_suite", "plan", "SCHEMA", "RUN_COLUMNS"]
 
 SCHEMA = "headscope.evaluation"
 RUN_COLUMNS = ["model", "fingerprint", "suite", "seed"]
@@ -51,6 +51,24 @@ def load(spec: str, tokenizer: Any = None, device: str | None = None, dtype: tor
         if tokenizer.pad_token_id is None and tokenizer.eos_token_id is not None:
             tokenizer.pad_token = tokenizer.eos_token
     return model, tokenizer
+
+
+def load_teacher(spec: str | Path, tokenizer: Any, device: str | None = None, dtype: torch.dtype | None = None):
+    """A teacher model from a name or folder (loaded as ``load`` does). A tokenizer saved with it must have the
+    vocabulary of ``tokenizer`` (the student's); a folder without one uses ``tokenizer``."""
+    from headscope.evaluate.runtime import TokenizerMismatchError
+
+    dtype = dtype or torch.float32
+    try:
+        teacher, own = load(str(spec), None, device=device, dtype=dtype)
+    except FileNotFoundError as err:
+        if "no tokenizer" not in str(err):
+            raise
+        teacher, own = load(str(spec), tokenizer, device=device, dtype=dtype)
+    if own is not tokenizer and own.get_vocab() != tokenizer.get_vocab():
+        raise TokenizerMismatchError(f"the teacher {str(spec)!r} has another tokenizer than the model: comparing "
+                                     "their distributions needs one vocabulary; give the model's own teacher")
+    return teacher
 
 
 def resolve_suite(suite: str | Sequence[str]) -> tuple[str, list[tuple[str, dict]]]:
@@ -90,7 +108,7 @@ def evaluate(model: Any, suite: str | Sequence[str] = "retrieval", tokenizer: An
              batch_size: int | None = None, token_budget: int | None = None, device: str | None = None,
              dtype: torch.dtype | None = None, progress: bool = True, workers: int | None = None,
              budget_s: float | None = None, time_limit_s: float | None = None,
-             on_evaluation: Callable[[str, pd.DataFrame], None] | None = None) -> pd.DataFrame:
+             on_evaluation: Callable[[str, pd.DataFrame], None] | None = None, teacher: Any = None) -> pd.DataFrame:
     """Run ``suite`` (a suite name, one evaluation name, or a list of evaluation names) on ``model``.
 
     model: a causal LM (a hybrid included) or "default" / a local folder (loaded with its tokenizer).
@@ -103,11 +121,18 @@ def evaluate(model: Any, suite: str | Sequence[str] = "retrieval", tokenizer: An
       started finishes, so an evaluation can overrun its budget by one batch.
     on_evaluation: called after each evaluation with its name and the rows so far (e.g. to save partial results).
     progress: progress bars, and a start and a done line with seconds per evaluation and per length (stderr).
+    teacher: the model's teacher (a model, or a name/folder loaded like ``model``), for the evaluations that
+      compare the model with it (the "fidelity" suite); asking for one of them without a teacher is an error.
+      ``df.attrs["meta"]["teacher"]`` describes it; files an evaluation writes (``df.attrs["artifacts"]``, e.g.
+      the chat answers side by side) go into the result folder with ``save_results``.
     Returns the rows (columns ``RUN_COLUMNS + COLUMNS``); ``df.attrs["meta"]`` describes the run.
     """
     from headscope.evaluate.building import default_workers, prompt_builder
 
+    from headscope.evaluate.fidelity import check_teacher
+
     label, cfgs = plan(suite, configs, haystack)
+    need_teacher = check_teacher(cfgs, teacher)
     for name, v in (("budget_s", budget_s), ("time_limit_s", time_limit_s)):
         if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0):
             raise ValueError(f"{name}={v!r}: give seconds > 0, or None for no limit")
@@ -119,14 +144,26 @@ def evaluate(model: Any, suite: str | Sequence[str] = "retrieval", tokenizer: An
 
     tokenizer = find_tokenizer(model, tokenizer)  # the one given, or the one saved with the model
     check_tokenizer(model, tokenizer)
+    if not need_teacher:
+        teacher = None
+    elif isinstance(teacher, (str, Path)):
+        teacher = load_teacher(teacher, tokenizer, device=device or str(next(model.parameters()).device), dtype=dtype)
+    elif device is not None or dtype is not None:
+        teacher = teacher.to(device=device, dtype=dtype)
+    if teacher is not None:
+        check_tokenizer(teacher, tokenizer)
+    teacher_training = teacher is not None and teacher.training
     was_training = model.training
     model.eval()
+    if teacher is not None:
+        teacher.eval()
     cuda = next(model.parameters()).device.type == "cuda"
     ctx = EvalContext(seed=seed, batch_size=batch_size or (32 if cuda else 8),
                       token_budget=token_budget or (262144 if cuda else 16384), progress=progress,
                       workers=workers if workers is not None else default_workers(cuda),
-                      budget_s=budget_s)
+                      budget_s=budget_s, artifacts={})
     info = model_info(model)
+    teacher_info = None if teacher is None else model_info(teacher)
     frames, seconds = [], {}
     start = time.monotonic()
     run_end = None if time_limit_s is None else start + time_limit_s
@@ -136,6 +173,10 @@ def evaluate(model: Any, suite: str | Sequence[str] = "retrieval", tokenizer: An
         for col, val in zip(RUN_COLUMNS, (info["model"], info["fingerprint"], label, seed)):
             df.insert(RUN_COLUMNS.index(col), col, val)
         df.attrs["meta"] = run_meta(info, label, seed, ctx, cfgs, seconds)
+        if teacher_info is not None:
+            df.attrs["meta"]["teacher"] = teacher_info
+        if ctx.artifacts:
+            df.attrs["artifacts"] = dict(ctx.artifacts)
         return df
 
     try:
@@ -146,7 +187,8 @@ def evaluate(model: Any, suite: str | Sequence[str] = "retrieval", tokenizer: An
                 ectx = dataclasses.replace(ctx, deadline=min(ends) if ends else None)
                 ctx.log(f"{name}: start (evaluation {i + 1} of {len(cfgs)}, {time.monotonic() - start:.1f} s into "
                         "the run)")
-                rows = get_evaluation(name).fn(model, tokenizer, cfg, ectx)
+                ev = get_evaluation(name)
+                rows = ev.fn(model, tokenizer, cfg, ectx, **({"teacher": teacher} if ev.needs_teacher else {}))
                 seconds[name] = round(time.monotonic() - t0, 2)
                 frames.append(pd.DataFrame(rows, columns=COLUMNS))
                 skipped = sum(1 for r in rows if str(r.get("note") or "").startswith("budget:"))
@@ -156,6 +198,8 @@ def evaluate(model: Any, suite: str | Sequence[str] = "retrieval", tokenizer: An
                     on_evaluation(name, rows_so_far())
     finally:
         model.train(was_training)
+        if teacher is not None:
+            teacher.train(teacher_training)
     return rows_so_far()
 
 
@@ -167,7 +211,7 @@ def run_meta(info: dict, label: str, seed: int, ctx: EvalContext, cfgs, seconds:
     import headscope
 
     return {"schema": SCHEMA, "version": headscope.__version__, "suite": label, "seed": seed, **info,
-            "context": {k: v for k, v in dataclasses.asdict(ctx).items() if k != "deadline"},
+            "context": {k: v for k, v in dataclasses.asdict(ctx).items() if k not in ("deadline", "artifacts")},
             "configs": {n: dataclasses.asdict(c) for n, c in cfgs},
             "seconds": seconds, "torch": torch.__version__, "transformers": transformers.__version__,
             "python": platform.python_version(), "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}

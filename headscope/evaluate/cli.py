@@ -4,6 +4,7 @@
     headscope eval --model runs/hybrid --tokenizer default --suite retrieval --out results/hybrid --overwrite
     headscope eval --model default --suite default --out results/full --set niah.n=20 --set cost.repeats=5
     headscope eval --model default --suite default --out results/full --budget 60 --time-limit 300  # bounded
+    headscope eval --model runs/hybrid --tokenizer TEACHER --teacher TEACHER --suite fidelity --out results/fid
 """
 from __future__ import annotations
 
@@ -22,6 +23,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
                                    "names, and write results.json, results.csv, summary.csv and figures into --out.")
     p.add_argument("--model", default="default", help="'default' (the shipped reference model) or a local folder "
                                                        "(a hybrid saved with save_pretrained included)")
+    p.add_argument("--teacher", default=None,
+                   help="the model's teacher ('default' or a local folder), for the suites that compare the model "
+                        "with it (fidelity, fidelity_smoke)")
     p.add_argument("--tokenizer", default=None, help="folder of the tokenizer (default: the model folder's; "
                                                      "'default' for the reference model's)")
     p.add_argument("--suite", default="retrieval", nargs="+",
@@ -73,14 +77,21 @@ def cmd_eval(args: argparse.Namespace) -> None:
     check_output_dir(args.out, args.overwrite)  # before loading anything
     suite = args.suite[0] if len(args.suite) == 1 else args.suite
     configs = parse_overrides(args.set)
-    plan(suite, configs, args.haystack)  # names and configs checked before the model loads
+    from headscope.evaluate.api import load_teacher
+    from headscope.evaluate.fidelity import check_teacher
+
+    need_teacher = check_teacher(plan(suite, configs, args.haystack)[1], args.teacher)  # checked before loading
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[args.dtype]
     tok = args.tokenizer
     print(f"loading {args.model!r}", file=sys.stderr, flush=True)
     model, tokenizer = load(args.model, tok, device=args.device, dtype=dtype)
+    teacher = None
+    if need_teacher:
+        print(f"loading the teacher {args.teacher!r}", file=sys.stderr, flush=True)
+        teacher = load_teacher(args.teacher, tokenizer, device=str(next(model.parameters()).device), dtype=dtype)
     df = evaluate(model, suite, tokenizer, seed=args.seed, configs=configs, haystack=args.haystack,
                   batch_size=args.batch_size, progress=not args.quiet, workers=args.workers, budget_s=args.budget,
-                  time_limit_s=args.time_limit)
+                  time_limit_s=args.time_limit, teacher=teacher)
     out = save_results(df, args.out, overwrite=args.overwrite)
     s = summary(df)
     with __import__("pandas").option_context("display.max_rows", 200, "display.width", 160):

@@ -1,6 +1,7 @@
-"""Result folders: results.json (schema "headscope.evaluation": meta + rows), results.csv, summary.csv and
-figures (.html), written into a temporary folder beside the target and renamed into place, so a folder is
-either the old one or the complete new one, never half-written."""
+"""Result folders: results.json (schema "headscope.evaluation": meta + rows), results.csv, summary.csv,
+figures (.html) and the JSONL files of ``df.attrs["artifacts"]`` (e.g. chat_answers.jsonl), written into a
+temporary folder beside the target and renamed into place, so a folder is either the old one or the complete
+new one, never half-written."""
 from __future__ import annotations
 
 import json
@@ -45,6 +46,10 @@ def _clean(v: Any) -> Any:
     return v
 
 
+def _clean_record(r: Any) -> Any:
+    return {k: _clean(v) for k, v in r.items()} if isinstance(r, dict) else _clean(r)
+
+
 def save_results(df: pd.DataFrame, out: str | os.PathLike, *, overwrite: bool = False, figures: bool = True) -> Path:
     """Write ``df`` (from ``evaluate``) and its figures into the folder ``out``; returns it."""
     out = check_output_dir(out, overwrite)
@@ -57,6 +62,9 @@ def save_results(df: pd.DataFrame, out: str | os.PathLike, *, overwrite: bool = 
         write_text(tmp / "results.json", json.dumps({**meta, "rows": rows}, indent=1, default=str))
         write_text(tmp / "results.csv", df.to_csv(index=False))
         write_text(tmp / "summary.csv", summary(df).to_csv(index=False))
+        for name, records in (df.attrs.get("artifacts") or {}).items():  # e.g. chat_answers.jsonl (fidelity)
+            write_text(tmp / Path(name).name, "".join(json.dumps(_clean_record(r), ensure_ascii=False, default=str)
+                                                      + "\n" for r in records))
         if figures:
             from headscope.evaluate.figures import figures_for
 

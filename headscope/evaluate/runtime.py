@@ -11,7 +11,7 @@ import inspect
 import json
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
@@ -47,6 +47,9 @@ class EvalContext:
     workers: int = 0  # spawned processes that build prompts (0: in this process)
     budget_s: float | None = None  # seconds each evaluation may take; what is left after it is "skipped"
     deadline: float | None = None  # time.monotonic() at which the running evaluation's budget ends (set by evaluate)
+    # files for the result folder, {file name: [JSON records]} (one shared dict, set by evaluate; None: not kept);
+    # save_results writes each as JSONL beside results.json (e.g. the fidelity evaluation's chat answers)
+    artifacts: dict | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self):
         for name in ("budget_s", "deadline"):

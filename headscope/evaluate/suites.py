@@ -4,10 +4,12 @@
     retrieval  single-key NIAH (length x depth), multi-key NIAH, template transfer
     reasoning  each reasoning family by size
     default    everything at full settings (= "full"): lengths from 1/8 to 8x the training length
+    fidelity   a student against its teacher (teacher=...) on held-out text, continuations, chat and NIAH;
+               fidelity_smoke: the same at tiny settings (the reference model against itself: CPU, < 3 min)
 """
 from __future__ import annotations
 
-from headscope.evaluate import measures, retrieval
+from headscope.evaluate import fidelity, measures, retrieval
 from headscope.evaluate.registry import register_evaluation, register_suite
 
 register_evaluation("niah", retrieval.niah, retrieval.NiahEvalConfig,
@@ -37,3 +39,25 @@ register_suite("reasoning", ["reasoning"])
 _ALL = ["niah", "niah_multikey", "template_transfer", "reasoning", "perplexity", "cost"]
 register_suite("default", _ALL)
 register_suite("full", _ALL)
+
+# fidelity to the teacher (headscope.evaluate.fidelity): evaluate(student, "fidelity", teacher=teacher)
+register_evaluation("fidelity_text", fidelity.fidelity_text, fidelity.FidelityTextConfig,
+                    "held-out text: student and teacher perplexity, their ratio, KL(teacher || student), top-1 "
+                    "agreement", needs_teacher=True)
+register_evaluation("fidelity_continuation", fidelity.fidelity_continuation, fidelity.ContinuationConfig,
+                    "greedy continuations of held-out prefixes: tokens shared with the teacher's before they part",
+                    needs_teacher=True)
+register_evaluation("fidelity_chat", fidelity.fidelity_chat, fidelity.ChatConfig,
+                    "held-out instructions: the teacher's NLL of the student's greedy answer / of its own",
+                    needs_teacher=True)
+register_evaluation("fidelity_niah", fidelity.fidelity_niah, fidelity.FidelityNiahConfig,
+                    "NIAH in held-out phrasings and haystack sources, student and teacher, by length",
+                    needs_teacher=True)
+_FIDELITY = ["fidelity_text", "fidelity_continuation", "fidelity_chat", "fidelity_niah"]
+register_suite("fidelity", _FIDELITY)
+register_suite("fidelity_smoke", [  # the reference model against itself: 2 CPU cores, well under 3 minutes
+    ("fidelity_text", {"window": 512, "n_windows": 8}),
+    ("fidelity_continuation", {"prefix": 128, "new_tokens": 32, "n": 8}),
+    ("fidelity_chat", {"n": 8, "max_new_tokens": 16}),
+    ("fidelity_niah", {"lengths": (1024 - 8, 4096 - 8), "n": 2}),  # 4088 exceeds its 2048 positions: a noted skip
+])
