@@ -20,7 +20,7 @@ from transformers import PretrainedConfig
 from headscope.configs import from_dict
 from hybrid.layers.merge import FORMER_NAME, MERGES
 
-__all__ = ["HybridOptions", "HybridConfig", "HybridConfigError", "GRANULARITIES", "MERGES"]
+__all__ = ["HybridOptions", "HybridConfig", "HybridConfigError", "GRANULARITIES", "MERGES", "upgrade_options"]
 
 GRANULARITIES = ("head", "layer", "token")
 FA_GATES = ("sigmoid2", "none")

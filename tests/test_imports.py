@@ -6,6 +6,7 @@ module ``a.b`` when it is one, else to ``a``), relative imports resolved, and ``
 with a literal string. The lazy ``__init__`` maps (``{"name": "headscope.x"}`` resolved by
 ``importlib.import_module(_EXPORTS[name])`` on first use) are strings, not imports: they are not counted (a
 package's ``__init__`` names its own submodules, which could only make a package and its submodules look cyclic).
+Imports under ``if TYPE_CHECKING:`` never run (annotations only) and are not counted either.
 An edge goes to the named module only, not to the packages above it that Python also runs first (every submodule
 of a package whose ``__init__`` imports it would otherwise be in a cycle with that ``__init__``).
 """
@@ -59,6 +60,11 @@ def imports_of(name: str) -> set[str]:
     """The internal modules that module ``name`` imports anywhere in its source."""
     tree = ast.parse(modules()[name].read_text(encoding="utf-8"), filename=str(modules()[name]))
     package = name if _is_package(name) else name.rpartition(".")[0]
+    for node in ast.walk(tree):  # drop `if TYPE_CHECKING:` bodies (annotation-only imports, never run)
+        if isinstance(node, ast.If) and (
+                (isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING")
+                or (isinstance(node.test, ast.Attribute) and node.test.attr == "TYPE_CHECKING")):
+            node.body = []
     targets: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -187,15 +193,30 @@ def _cycles(g: dict[str, frozenset[str]]) -> list[list[str]]:
                 if end is not None:
                     break
             frontier = nxt
-        path = [start]
+        path = [start]  # walked back from the last module before start: start <- ... <- end, then reversed
         node = end
         while node != start:
             path.append(node)
             node = parent[node]
         path.append(start)
-        path.reverse()
-        paths.append([start] + path[1:] if path[0] == start else path)
+        paths.append(path[::-1])
     return paths
+
+
+def test_every_kind_of_import_is_seen(tmp_path, monkeypatch):
+    """Module-level and in-function imports, relative ones and literal import_module calls count; TYPE_CHECKING
+    blocks do not."""
+    code = ("from typing import TYPE_CHECKING\n"
+            "import headscope.registry\n"
+            "from . import heads\n"
+            "from .mask import HeadMask\n"
+            "if TYPE_CHECKING:\n    from headscope import selection\n"
+            "def f():\n    from headscope.evaluate import api\n    import importlib\n"
+            "    importlib.import_module('headscope.fusion')\n")
+    (tmp_path / "probe.py").write_text(code)
+    monkeypatch.setitem(modules(), "headscope.probe_test", tmp_path / "probe.py")
+    assert imports_of("headscope.probe_test") == {"headscope.registry", "headscope.heads", "headscope.mask",
+                                                  "headscope.evaluate.api", "headscope.fusion"}
 
 
 def test_cycle_finder_reports_the_path():

@@ -35,6 +35,18 @@ def test_bad_names_are_refused(call, message):
         call(reg)
 
 
+def test_any_value_is_an_entry_none_included():
+    reg = Registry("widget")
+    reg.register("none", None)
+    assert "none" in reg and reg["none"] is None and reg.entry("none") is None
+
+    @reg.register("f")
+    def f():
+        return 1
+
+    assert reg["f"] is f
+
+
 def test_a_taken_name_is_refused_unless_overwrite_and_the_entry_stays():
     reg = Registry("widget", owner="mypkg.WIDGETS")
     reg.register("x", 1)

@@ -145,8 +145,12 @@ def test_merge_registry_one_entry_is_a_new_mode():
         x, o_fa, o_la = (torch.randn(1, 4, *s, dtype=torch.float64) for s in ((64,), (2, D), (2, D)))
         fu.project_min_tokens = 0
         assert_close("new mode: project", fu.project(x, o_fa, o_la, o_proj), o_proj(fu(x, o_fa, o_la)), "fp64_exact")
-        with pytest.raises(ValueError, match="already registered"):
+        with pytest.raises(ValueError, match="already registered in hybrid.layers.merge.MERGES: pass overwrite=True"):
             register_merge(mode)
+        norm = MERGES["norm"]
+        with pytest.raises(ValueError, match="'norm' is already registered"):  # a built-in: never replaced silently
+            register_merge(MergeMode("norm", "mine", norm=False))
+        assert MERGES["norm"] is norm
     finally:
         MERGES.unregister("sigmoid_head_test")
 

@@ -134,3 +134,33 @@ def test_compile_is_a_bool_not_with_fsdp_and_not_in_the_fingerprint(tmp_path):
         cfg.replace(compile="yes")
     with pytest.raises(TrainConfigError, match="compile.*FSDP.*distributed = 'ddp' or compile = false"):
         cfg.replace(compile=True, distributed="fsdp")
+
+
+def test_stages_and_checks_are_registries_that_refuse_a_silent_replacement():
+    """A built-in stage or in-run check is replaced only with overwrite=True (a run's log then never labels another
+    loss or check with a built-in's name); register_check is the trainer's own (headscope.evaluate's
+    register_evaluation registers evaluation suites for any model)."""
+    import dataclasses
+
+    from headscope.registry import Registry
+    from hybrid.train import CHECKS, STAGES, register_check, register_stage
+
+    assert isinstance(STAGES, Registry) and isinstance(CHECKS, Registry) and CHECKS["none"] is None
+    align, default = STAGES["align"], CHECKS["default"]
+    with pytest.raises(ValueError, match="'align' is already registered in hybrid.train.STAGES: pass overwrite=True"):
+        register_stage(dataclasses.replace(align, doc="mine"))
+    with pytest.raises(ValueError, match="'default' is already registered in hybrid.train.CHECKS: pass overwrite=True"):
+        register_check("default", lambda ctx: {})
+    assert STAGES["align"] is align and CHECKS["default"] is default
+    try:
+        register_check("default", dict, overwrite=True)
+        assert CHECKS["default"] is dict
+    finally:
+        register_check("default", default, overwrite=True)
+    register_check("mine_test", lambda ctx: {"x": 1.0})
+    try:
+        assert TrainConfig.from_dict(base(eval="mine_test")).eval == "mine_test"
+    finally:
+        CHECKS.unregister("mine_test")
+    with pytest.raises(TypeError, match="not callable"):
+        register_check("bad_test", 3)
