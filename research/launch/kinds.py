@@ -382,7 +382,7 @@ def _sweep_check(job: "Job") -> str | None:
 def _sweep_steps(job: "Job", ctx: Context) -> list[Step]:
     from headscope.io import write_text
 
-    from research.launch.jobs import REPO
+    REPO = Path(__file__).resolve().parents[2]  # = research.launch.jobs.REPO (jobs imports this module)
 
     copy = ctx.configs[0]
     cfg = _sweep_config(copy if copy.is_file() else job.config_paths[0])  # the copy once the job has started
