@@ -1,4 +1,4 @@
-"""Named registries: a variant (a selection strategy, a fusion mode, ...) is one entry + its test.
+"""Named registries: a variant (a selection strategy, a combine rule, a task, ...) is one entry + its test.
 
     STRATEGIES = Registry("selection strategy")
     @STRATEGIES.register("global")
