@@ -18,6 +18,7 @@ import importlib.metadata
 import importlib.util
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -177,31 +178,54 @@ def _on_signal(signum, frame):  # noqa: ARG001
     raise _Interrupted(signal.Signals(signum).name)
 
 
+PROGRESS_LOG_EVERY_S = 2.0  # a progress bar's redrawn states (ended by a carriage return) kept in a log at most this often
+
+
 def _tee(proc: subprocess.Popen, log: Path | None, prefix: str) -> threading.Thread:
-    """Copy the program's output to the console (as is, or each line prefixed by ``prefix``) and to ``log``
-    (each line stamped with the seconds since the start; a carriage return ends a line too)."""
+    """Copy the program's output to the console and to ``log``, piece by piece as it arrives (a carriage return
+    ends a piece as a newline does). The log stamps each piece with the seconds since the start and keeps a
+    progress bar's redrawn states at most every PROGRESS_LOG_EVERY_S; a console that is not a terminal (a remote
+    command's captured output) gets whole lines only, not the redrawn states; a terminal gets everything as is."""
+    tty = sys.stdout.isatty()
+
     def pump() -> None:
-        t0 = time.time()
+        t0, last_bar = time.time(), 0.0
         f = open(log, "a", encoding="utf-8") if log else None
+        pending = b""
         try:
-            for raw in iter(proc.stdout.readline, b""):
-                if prefix:
-                    sys.stdout.write(prefix + raw.decode(errors="replace"))
-                    sys.stdout.flush()
-                else:
-                    sys.stdout.buffer.write(raw)
+            while True:
+                chunk = os.read(proc.stdout.fileno(), 65536)
+                if not chunk:
+                    break
+                if tty and not prefix:
+                    sys.stdout.buffer.write(chunk)
                     sys.stdout.buffer.flush()
-                if f:
-                    for piece in raw.decode(errors="replace").replace("\r\n", "\n").replace("\r", "\n").splitlines():
-                        if piece.strip():
-                            f.write(f"{time.time() - t0:7.1f} {piece}\n")
-                    f.flush()
+                pending += chunk
+                pieces = re.split(rb"(\r\n|\r|\n)", pending)
+                pending = pieces.pop()  # the unfinished piece
+                for text, end in zip(pieces[::2], pieces[1::2]):
+                    line = text.decode(errors="replace")
+                    bar = end == b"\r"
+                    if (not tty or prefix) and not bar:
+                        sys.stdout.write(prefix + line + "\n")
+                        sys.stdout.flush()
+                    now = time.time()
+                    if f and line.strip() and (not bar or now - last_bar >= PROGRESS_LOG_EVERY_S):
+                        f.write(f"{now - t0:7.1f} {line}\n")
+                        f.flush()
+                        last_bar = now if bar else last_bar
+            if pending:
+                line = pending.decode(errors="replace")
+                if not tty or prefix:
+                    sys.stdout.write(prefix + line + "\n")
+                if f and line.strip():
+                    f.write(f"{time.time() - t0:7.1f} {line}\n")
         finally:
             if f:
                 f.close()
-    t = threading.Thread(target=pump, daemon=True)
-    t.start()
-    return t
+    thread = threading.Thread(target=pump, daemon=True)
+    thread.start()
+    return thread
 
 
 def _run_group(steps: list[Step], ctx: Context, extras: list[tuple[str, ...]], logs: Path | None) -> list[int]:
