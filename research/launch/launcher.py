@@ -337,6 +337,14 @@ def _ready_token() -> str:
     return os.environ.get("TORCHELASTIC_RUN_ID", "") + ":" + os.environ.get("MASTER_PORT", "")
 
 
+def _ready(path: Path, t0: float) -> bool:
+    """Rank 0 has prepared the folder for this torchrun (its token, written after the other ranks started)."""
+    try:
+        return path.read_text() == _ready_token() and path.stat().st_mtime >= t0 - 30
+    except FileNotFoundError:
+        return False
+
+
 def launch(job: Job, *, out: str | Path | None = None, resume: bool = False, stop_after: float | None = None,
            today: _dt.date | None = None) -> int:
     """Run ``job`` (module docstring); returns the exit code."""
@@ -396,7 +404,7 @@ def launch(job: Job, *, out: str | Path | None = None, resume: bool = False, sto
             _say(f"warning: {w}")
     else:  # the other ranks wait for rank 0's folder (config copies, corpus)
         deadline = time.time() + 600
-        while not ((folder / READY).is_file() and (folder / READY).read_text() == _ready_token()):
+        while not (_ready(folder / READY, t0)):
             if time.time() > deadline:
                 raise JobError(f"rank {rank}: rank 0 did not prepare {folder} within 600 s")
             time.sleep(0.5)
@@ -414,9 +422,7 @@ def launch(job: Job, *, out: str | Path | None = None, resume: bool = False, sto
                 label = f"step {steps.index(s) + 1}/{len(steps)} {s.name}"
                 if s.main_only and not main:
                     continue
-                if (stopped or code) and not s.always:
-                    continue
-                if code == FAILED:
+                if code or (stopped and not s.always):  # after a failure nothing; after a stop the `always` steps
                     continue
                 if not s.always and state.complete(s, folder):
                     if main:
@@ -466,8 +472,6 @@ def launch(job: Job, *, out: str | Path | None = None, resume: bool = False, sto
                     else:
                         _say(f"step {s.name} failed (exit {rc}){where}")
                         code = FAILED
-            if stop_after is not None and time.time() - t0 >= stop_after and not code:
-                stopped = True
     except _Interrupted as sig:
         for s in todo:
             state.set(s.name, "interrupted", None, time.time() - t)
