@@ -282,3 +282,21 @@ def test_tiny_job_end_to_end_stopped_then_resumed(tmp_path, monkeypatch):
     p = subprocess.run(cmd + ["--resume"], cwd=ROOT, env=env, capture_output=True, text=True)
     assert p.returncode == 0 and "already complete, skipped" in p.stdout
     assert (out / "results.json").stat().st_mtime == mtime
+
+
+def test_program_output_is_logged_as_it_arrives(tmp_path, capsys):
+    """A progress bar's redrawn states (ended by a carriage return) reach the log at most every 2 s and a captured
+    console not at all; whole lines reach both, stamped in the log."""
+    import subprocess
+    import sys
+
+    code = ("import sys, time\nfor i in range(5):\n    sys.stdout.write(f'bar {i}\\r'); sys.stdout.flush()\n"
+            "print('done'); sys.stdout.write('no newline at the end')")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, bufsize=0)
+    pump = launcher._tee(proc, tmp_path / "x.log", "[x] ")
+    proc.wait()
+    pump.join()
+    assert capsys.readouterr().out == "[x] done\n[x] no newline at the end\n"
+    lines = (tmp_path / "x.log").read_text().splitlines()
+    assert [line.split(maxsplit=1)[1] for line in lines] == ["bar 0", "done", "no newline at the end"]
+    assert all(float(line.split()[0]) >= 0 for line in lines)
