@@ -40,12 +40,38 @@ def _build(cls, data: Any, where: str):
         raise TrainConfigError(f"{where}: {err}") from None
 
 
+def _source_weights(sources: Any) -> tuple[tuple[str, float], ...]:
+    """``data.sources`` as sorted ``(name, weight)`` pairs, from a table {name: weight} or a list of pairs."""
+    items = sources.items() if isinstance(sources, dict) else sources
+    try:
+        pairs = [(name, w) for name, w in items]
+    except (TypeError, ValueError):
+        _bad("data", "sources", sources, "give a table of source weights, e.g. [data.sources] gcide = 0.5")
+    for name, w in pairs:
+        if not isinstance(name, str) or not name:
+            _bad("data", "sources", sources, f"source names are strings, got {name!r}")
+        if isinstance(w, bool) or not isinstance(w, (int, float)) or w < 0:
+            _bad("data", f"sources.{name}", w, "a source weight must be a number >= 0")
+    if len({n for n, _ in pairs}) != len(pairs):
+        _bad("data", "sources", sources, "a source is named twice")
+    if pairs and sum(w for _, w in pairs) <= 0:
+        _bad("data", "sources", sources, "the source weights sum to 0; give at least one positive weight")
+    return tuple(sorted((n, float(w)) for n, w in pairs))
+
+
 @dataclass(frozen=True)
 class DataConfig:
     """The training mixture (relative weights) and its sources; lengths and batch sizes come from each stage."""
 
-    corpus: str = "heldout"  # "heldout" / "train" (headscope.tasks.load_haystack) or a path to a UTF-8 text file
+    # "heldout" / "train" (headscope.tasks.load_haystack), a path to a UTF-8 text file, or a corpus manifest
+    # (data/corpus/manifest.json, python -m research.corpus.build: weighted sources, docs/corpus.md)
+    corpus: str = "heldout"
     text: float = 0.25  # windows of the corpus
+    # corpus = a manifest: {source: weight} of its training sources (a [data.sources] table; default: every training
+    # source at the manifest's weight); held-out sources are refused when the corpus loads
+    sources: tuple[tuple[str, float], ...] = ()
+    teacher_corpus: str = ""  # text the teacher generated (python -m research.corpus.self_distill): folder or .txt
+    teacher_corpus_share: float = 0.5  # with teacher_corpus: the fraction of the text rows cut from it
     niah: float = 0.4  # single-key NIAH prompts + answers (headscope.tasks)
     multikey: float = 0.15  # multi-key NIAH
     reasoning: float = 0.2  # the reasoning families, packed
@@ -89,6 +115,16 @@ class DataConfig:
             _bad("data", "ramp", self.ramp, "must be in [0, 1]")
         if self.workers < 0:
             _bad("data", "workers", self.workers, "must be >= 0")
+        object.__setattr__(self, "sources", _source_weights(self.sources))
+        if self.sources and not str(self.corpus).endswith(".json"):
+            _bad("data", "sources", dict(self.sources), "per-source weights need corpus = a corpus manifest "
+                 "(data/corpus/manifest.json, written by python -m research.corpus.build)")
+        if not isinstance(self.teacher_corpus, str):
+            _bad("data", "teacher_corpus", self.teacher_corpus, "give the folder (or .txt) research.corpus."
+                 "self_distill wrote, or leave it empty")
+        share = self.teacher_corpus_share
+        if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0.0 <= share <= 1.0:
+            _bad("data", "teacher_corpus_share", share, "must be a fraction in [0, 1]")
 
     def weights(self) -> dict[str, float]:
         return {k: float(getattr(self, k)) for k in ("text", "niah", "multikey", "reasoning", "copy", "teacher")}
@@ -205,6 +241,8 @@ DISTRIBUTED = ("auto", "ddp", "fsdp")
 
 # TrainConfig fields added after runs were made: left out of the fingerprint at these values (resume stays valid)
 _LATER_DEFAULTS = {"working_dtype": "float32", "teacher_dtype": "float32"}
+# DataConfig fields added later: left out of to_dict (so of the fingerprint) at these values, as JSON writes them
+_LATER_DATA_DEFAULTS = {"sources": [], "teacher_corpus": "", "teacher_corpus_share": 0.5}
 # fields under their older names (a file may still use them; the fingerprint hashes the older names, so runs made
 # under them keep their fingerprint): current name -> older name
 _FORMER_NAMES = {"calibrate_merge": "calibrate_fusion"}
@@ -348,7 +386,12 @@ class TrainConfig:
         return stage.data if stage.data is not None else self.data
 
     def to_dict(self) -> dict[str, Any]:
-        return json.loads(json.dumps(dataclasses.asdict(self), default=list))
+        d = json.loads(json.dumps(dataclasses.asdict(self), default=list))
+        for data in [d["data"], *(s["data"] for s in d["stages"] if s.get("data"))]:
+            for k, v in _LATER_DATA_DEFAULTS.items():  # the same dict (and fingerprint) as before they existed
+                if data.get(k) == v:
+                    del data[k]
+        return d
 
     def fingerprint(self, ignore: tuple[str, ...] = ("out", "device", "threads", "progress", "log_every",
                                                       "distributed", "compile", "compile_teacher"),

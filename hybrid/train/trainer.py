@@ -87,7 +87,7 @@ class Trainer:
         self.evaluate = evaluate if evaluate is not None else CHECKS[config.eval]
         self.on_step = on_step
         self.history: list[dict[str, Any]] = []
-        self._corpus: dict[str, torch.Tensor] = {}
+        self._corpus: dict[tuple, Any] = {}  # hybrid.train.data.load_text's memo (text_key -> ids or TextSources)
         self._eval_cache: dict = {}
         self._last = -1  # the last stage index of this run
         # the next stage's data, made at this stage's start: index, loader, setup_s, progress, and its batches
@@ -255,17 +255,16 @@ class Trainer:
         ``rows`` consecutive windows at the start of the first stage's corpus; nothing for a merge without gamma."""
         from hybrid.config import HybridOptions
         from hybrid.layers.merge import MERGES, calibrate_merge
-        from hybrid.train.data import load_corpus
+        from hybrid.train.data import load_text
 
         if not MERGES[HybridOptions.from_dict(self.config.hybrid).merge].norm:
             return
         t0 = time.time()
         s = self.config.stages[0]
         d = self.config.data_for(s)
-        if d.corpus not in self._corpus:
-            self._corpus[d.corpus] = load_corpus(d.corpus, self.tokenizer)
         T = min(length, s.seq_len)
-        ids = self._corpus[d.corpus]  # [N]
+        text = load_text(d, self.tokenizer, self._corpus)
+        ids = getattr(text, "ids", text)  # [N] (weighted sources: all of them, concatenated)
         n = min(rows, max(1, (ids.numel() - 1) // T))
         x = ids[: n * T].reshape(n, T).to(self.env.device)  # [n, T]
         gamma = calibrate_merge(self.student, self.teacher, x)  # [L, H]
@@ -278,12 +277,11 @@ class Trainer:
             self._next["batches"] = iter(self._next["loader"])
 
     def _loader(self, index: int, s: StageConfig, start: int) -> tuple[Any, dict[str, float], Any]:
-        from hybrid.train.data import MixtureStream, StepBatches, load_corpus, mixture_config, sample_teacher
+        from hybrid.train.data import MixtureStream, StepBatches, load_text, mixture_config, sample_teacher
 
         d = self.config.data_for(s)
         t0 = time.time()
-        if d.corpus not in self._corpus:
-            self._corpus[d.corpus] = load_corpus(d.corpus, self.tokenizer)
+        text = load_text(d, self.tokenizer, self._corpus)  # ids [N], or TextSources (a corpus manifest)
         setup_s = {"corpus": round(time.time() - t0, 2)}
         teacher_ids = None
         if d.teacher > 0:
@@ -297,7 +295,7 @@ class Trainer:
                                          d.teacher_temperature, seed=self.config.seed * 7919 + index,
                                          batch_size=n_rows)
             setup_s["teacher_samples"] = round(time.time() - t0 - setup_s["corpus"], 2)
-        stream = MixtureStream(mixture_config(d, s, self.config.seed), self.tokenizer, self._corpus[d.corpus],
+        stream = MixtureStream(mixture_config(d, s, self.config.seed), self.tokenizer, text,
                                stage=f"{index}:{s.name}", teacher_ids=teacher_ids)
         import multiprocessing as mp
 
