@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import random
 import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -192,3 +193,133 @@ def test_sample_teacher_is_seeded_and_leaves_the_global_rng_alone(ref_tokenizer)
     b = data.sample_teacher(model, tok, n_rows=3, length=10, temperature=1.0, seed=5)
     assert a.shape == (30,) and torch.equal(a, b)
     assert not torch.equal(a, data.sample_teacher(model, tok, n_rows=3, length=10, temperature=1.0, seed=6))
+
+
+# ---- the broad corpus: weighted text sources (a corpus manifest, research.corpus.build) ----------------------------
+def write_manifest(folder, sources: dict) -> str:
+    """A corpus manifest in ``folder`` with {name: (split, weight, [documents])}; returns its path."""
+    import json
+
+    entries = {}
+    for name, (split, weight, docs) in sources.items():
+        f = folder / "sources" / f"{name}.txt"
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text(data.DOC_SEP.join(docs), encoding="utf-8")
+        entries[name] = {"split": split, "file": f"sources/{name}.txt", "weight": weight, "tokens": 1,
+                         "domain": "test", **({"why": "evaluation only"} if split == "heldout" else {})}
+    path = folder / "manifest.json"
+    path.write_text(json.dumps({"schema": data.MANIFEST_SCHEMA, "sources": entries}))
+    return str(path)
+
+
+def docs_of(word: str, n: int = 30) -> list[str]:
+    return [f"{word} {i} " * 20 + "\n" for i in range(n)]
+
+
+def test_weighted_sources_draw_text_rows_by_weight(ref_tokenizer):
+    parts = [(name, w, torch.full((2000,), tok)) for name, w, tok in (("a", 5.0, 11), ("b", 3.0, 12), ("c", 2.0, 13))]
+    sources = data.TextSources.join(parts + [("unused", 0.0, torch.full((10,), 14))])
+    assert sources.names == ("a", "b", "c") and sources.weights == (0.5, 0.3, 0.2)
+    cfg = data.MixtureConfig(seq_len=32, tokens_per_batch=32 * 64, min_len=32, text_only=True)
+    stream = data.MixtureStream(cfg, ref_tokenizer, sources)
+    rows = torch.cat([stream.batch(step)["ids"] for step in range(40)])  # [2560, 32]
+    assert all(len(set(r.tolist())) == 1 for r in rows)  # every window inside one source
+    share = {t: (rows[:, 0] == t).float().mean().item() for t in (11, 12, 13)}
+    assert abs(share[11] - 0.5) < 0.04 and abs(share[12] - 0.3) < 0.04 and abs(share[13] - 0.2) < 0.04
+    with pytest.raises(ValueError, match="fewer tokens than seq_len"):
+        data.MixtureStream(cfg, ref_tokenizer, data.TextSources.join(parts + [("tiny", 1.0, torch.ones(20))]))
+
+
+def test_load_text_reads_a_manifest_and_caches_its_tokens(tmp_path, ref_tokenizer):
+    from hybrid.train.config import DataConfig
+
+    path = write_manifest(tmp_path, {"prose": ("train", 0.75, docs_of("river")), "code": ("train", 0.25,
+                                     docs_of("def")), "held": ("heldout", None, docs_of("kept"))})
+    text = data.load_text(DataConfig(corpus=path), ref_tokenizer)
+    assert isinstance(text, data.TextSources)
+    assert text.names == ("code", "prose") and text.weights == (0.25, 0.75)  # held-out sources never drawn
+    want = data.tokenize_documents(ref_tokenizer, docs_of("def"))  # [n] each document ends with EOS
+    lo, hi = text.span(0)
+    assert torch.equal(text.ids[lo:hi], want.long()) and int(want[-1]) == ref_tokenizer.eos_token_id
+    assert len(list((tmp_path / "tokens").glob("*.pt"))) == 2  # cached on disk for the next run
+    data._SOURCE_CACHE.clear()
+    assert torch.equal(data.load_text(DataConfig(corpus=path), ref_tokenizer).ids, text.ids)
+    one = data.load_text(DataConfig(corpus=path, sources={"prose": 2.0}), ref_tokenizer)
+    assert one.names == ("prose",) and one.weights == (1.0,)
+    memo: dict = {}
+    assert data.load_text(DataConfig(corpus=path), ref_tokenizer, memo) is data.load_text(
+        DataConfig(corpus=path), ref_tokenizer, memo)
+
+
+def test_training_refuses_a_heldout_source(tmp_path, ref_tokenizer):
+    from hybrid.train.config import DataConfig
+
+    path = write_manifest(tmp_path, {"prose": ("train", 1.0, docs_of("river")),
+                                     "held": ("heldout", None, docs_of("kept"))})
+    with pytest.raises(data.HeldOutSourceError, match=r"'held' is a held-out source .*Remove it from data.sources; "
+                                                      r"the training sources are \['prose'\]"):
+        data.load_text(DataConfig(corpus=path, sources={"prose": 1.0, "held": 0.5}), ref_tokenizer)
+    with pytest.raises(ValueError, match="'nope' is not a source"):
+        data.load_text(DataConfig(corpus=path, sources={"nope": 1.0}), ref_tokenizer)
+    import headscope
+
+    fidelity = Path(headscope.__file__).parent / "evaluate" / "data" / "fidelity" / "python_docs.txt"
+    with pytest.raises(data.HeldOutSourceError, match="is an evaluation file"):
+        data.load_text(DataConfig(corpus=str(fidelity)), ref_tokenizer)
+    with pytest.raises(FileNotFoundError, match="python -m research.corpus.build"):
+        data.load_text(DataConfig(corpus=str(tmp_path / "none" / "manifest.json")), ref_tokenizer)
+
+
+def test_teacher_corpus_is_one_more_weighted_source(tmp_path, ref_tokenizer):
+    from hybrid.train.config import DataConfig
+
+    path = write_manifest(tmp_path, {"prose": ("train", 1.0, docs_of("river"))})
+    teacher = tmp_path / "teacher"
+    teacher.mkdir()
+    (teacher / data.TEACHER_TEXT).write_text(data.DOC_SEP.join(docs_of("answer")))
+    text = data.load_text(DataConfig(corpus=path, teacher_corpus=str(teacher), teacher_corpus_share=0.25),
+                          ref_tokenizer)
+    assert text.names == ("prose", data.TEACHER_SOURCE) and text.weights == (0.75, 0.25)
+    plain = tmp_path / "plain.txt"
+    plain.write_text("".join(docs_of("plain", 40)))
+    mixed = data.load_text(DataConfig(corpus=str(plain), teacher_corpus=str(teacher / "teacher.txt")), ref_tokenizer)
+    assert mixed.names == ("corpus", data.TEACHER_SOURCE) and mixed.weights == (0.5, 0.5)
+    alone = data.load_text(DataConfig(corpus=str(plain)), ref_tokenizer)  # the single-file corpus, as before
+    assert isinstance(alone, torch.Tensor) and torch.equal(alone, data.load_corpus(str(plain), ref_tokenizer))
+    with pytest.raises(FileNotFoundError, match="research.corpus.self_distill"):
+        data.load_text(DataConfig(corpus=path, teacher_corpus=str(tmp_path / "none")), ref_tokenizer)
+
+
+def test_data_config_source_fields_are_checked_and_leave_old_fingerprints_alone(tmp_path):
+    from hybrid.train.config import DataConfig, TrainConfig, TrainConfigError
+
+    d = DataConfig(corpus="data/corpus/manifest.json", sources={"b": 1, "a": 0.5})
+    assert d.sources == (("a", 0.5), ("b", 1.0))
+    assert DataConfig(corpus="m.json", sources=[["b", 1], ["a", 0.5]]).sources == d.sources  # as to_dict writes it
+    with pytest.raises(TrainConfigError, match="need corpus = a corpus manifest"):
+        DataConfig(sources={"a": 1.0})
+    with pytest.raises(TrainConfigError, match="sources.a"):
+        DataConfig(corpus="m.json", sources={"a": -1})
+    with pytest.raises(TrainConfigError, match="teacher_corpus_share"):
+        DataConfig(teacher_corpus="t", teacher_corpus_share=1.5)
+    base = {"out": str(tmp_path), "mask": "m.json", "stages": [{"name": "align", "steps": 1, "lr": 1e-3}]}
+    cfg = TrainConfig.from_dict(base)
+    assert not {"sources", "teacher_corpus", "teacher_corpus_share"} & set(cfg.to_dict()["data"])  # as before
+    rich = TrainConfig.from_dict({**base, "data": {"corpus": "m.json", "sources": {"a": 1.0}}})
+    assert rich.to_dict()["data"]["sources"] == [["a", 1.0]]
+    assert TrainConfig.from_dict(rich.to_dict()) == rich and rich.fingerprint() != cfg.fingerprint()
+
+
+def test_a_run_trains_on_a_corpus_manifest_and_refuses_its_heldout_sources(tmp_path, tiny_teacher_dir, tiny_mask):
+    from hybrid.train import run
+    from train_factories import stage, tiny_config
+
+    path = write_manifest(tmp_path / "corpus", {"prose": ("train", 1.0, docs_of("river", 60)),
+                                                "held": ("heldout", None, docs_of("kept", 60))})
+    mix = {"corpus": path, "text": 0.75, "reasoning": 0.25, "niah": 0.0, "multikey": 0.0, "copy": 0.0}
+    trainer = run(tiny_config(tmp_path / "out", tiny_teacher_dir, tiny_mask, stages=[stage("align", steps=2)],
+                              data=mix))
+    assert len(trainer.history) >= 2
+    with pytest.raises(data.HeldOutSourceError, match="'held' is a held-out source"):
+        run(tiny_config(tmp_path / "out2", tiny_teacher_dir, tiny_mask, stages=[stage("align", steps=2)],
+                        data={**mix, "sources": {"held": 1.0}}))
