@@ -190,11 +190,12 @@ def fidelity_text(model, tokenizer, cfg: FidelityTextConfig, ctx: EvalContext, t
     rows: list[dict] = []
     for name, text in load_sources(cfg.sources):
         fields = {"family": name, "context_length": cfg.window}
-        why = _past_positions(model, teacher, cfg.window, f"{cfg.window}-token windows")
-        ids = tokenize_text(tokenizer, text)  # [N]
-        windows = None if why else _windows(ids, cfg.window + 1, cfg.n_windows)  # [W, window+1]
-        if windows is None:
-            why = why or f"the text has {len(ids)} tokens, too few for one {cfg.window}-token window"
+        why, windows = _past_positions(model, teacher, cfg.window, f"{cfg.window}-token windows"), None
+        if why is None:
+            ids = tokenize_text(tokenizer, text)  # [N]
+            windows = _windows(ids, cfg.window + 1, cfg.n_windows)  # [W, window+1]
+            if windows is None:
+                why = f"the text has {len(ids)} tokens, too few for one {cfg.window}-token window"
         if why is None and ctx.over_budget():
             why = ctx.budget_note(f"fidelity_text on {name}")
         if why:
@@ -240,12 +241,13 @@ def fidelity_continuation(model, tokenizer, cfg: ContinuationConfig, ctx: EvalCo
     rows: list[dict] = []
     for name, text in load_sources(cfg.sources):
         fields = {"family": name, "context_length": cfg.prefix}
-        ids = tokenize_text(tokenizer, text)  # [N]
-        why = _past_positions(model, teacher, cfg.prefix + cfg.new_tokens,
-                              f"{cfg.prefix}-token prefixes + {cfg.new_tokens} new tokens")
-        spans = None if why else _windows(ids, cfg.prefix + cfg.new_tokens, cfg.n)  # [P, prefix + new]
-        if spans is None:
-            why = why or f"the text has {len(ids)} tokens, too few for one {cfg.prefix}-token prefix"
+        why, spans = _past_positions(model, teacher, cfg.prefix + cfg.new_tokens,
+                                     f"{cfg.prefix}-token prefixes + {cfg.new_tokens} new tokens"), None
+        if why is None:
+            ids = tokenize_text(tokenizer, text)  # [N]
+            spans = _windows(ids, cfg.prefix + cfg.new_tokens, cfg.n)  # [P, prefix + new]
+            if spans is None:
+                why = f"the text has {len(ids)} tokens, too few for one {cfg.prefix}-token prefix"
         if why is None and ctx.over_budget():
             why = ctx.budget_note(f"fidelity_continuation on {name}")
         if why:

@@ -150,6 +150,19 @@ def test_chat_ratio_with_a_chat_template(student, teacher, chat_tok, tmp_path):
     assert len(read_results(out)) == len(df)
 
 
+def test_short_text_and_long_windows_are_noted_skips(teacher, tok, tmp_path):
+    short = tmp_path / "short.txt"
+    short.write_text("Too short for a window.\n", encoding="utf-8")
+    cfg = {"fidelity_text": {"sources": [str(short)], "window": 64},
+           "fidelity_continuation": {"sources": [str(short)], "prefix": 32}}
+    df = headscope.evaluate(teacher, ["fidelity_text", "fidelity_continuation"], tok, teacher=teacher, configs=cfg,
+                            progress=False)
+    assert (df.status == "skipped").all() and df.note.str.contains("too few").all() and set(df.family) == {"short"}
+    cfg = {"fidelity_text": {"sources": ["python_docs"], "window": 300}}  # the tiny model has 256 positions
+    df = headscope.evaluate(teacher, "fidelity_text", tok, teacher=teacher, configs=cfg, progress=False)
+    assert (df.status == "skipped").all() and df.note.str.contains("300-token windows exceed the student's 256").all()
+
+
 def test_nll_ratios():
     ratios, left_out = nll_ratios([2.0, 1.0, 3.0], [1.0, 1.0, 0.0])
     assert ratios == [2.0, 1.0, None] and left_out == 1
@@ -237,9 +250,10 @@ def test_smoke_suite_on_the_reference_model(tmp_path):
                  str(out), "--quiet"]) == 0
     df = read_results(out)
     assert df.attrs["meta"]["teacher"]["model"].endswith("default")
-    for metric in ("perplexity_ratio", "top1_agreement", "continuation_agreement"):
+    for metric, n in (("perplexity_ratio", len(list_sources())), ("top1_agreement", len(list_sources())),
+                      ("kl_to_teacher", len(list_sources())), ("continuation_agreement", 3)):
         got = values(df, metric)
-        assert len(got) == len(list_sources()) and set(got) == {1.0}, (metric, got)
+        assert len(got) == n and set(got) == {0.0 if metric == "kl_to_teacher" else 1.0}, (metric, got)
     assert (df[df.evaluation == "fidelity_chat"].status == "skipped").all()
     niah = df[df.evaluation == "fidelity_niah"]
     assert (niah[niah.context_length > 2048].status == "skipped").all()
