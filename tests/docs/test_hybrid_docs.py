@@ -36,7 +36,9 @@ def test_hybrid_doc_snippets_run(tmp_path, monkeypatch):
         ns: dict = {"__name__": f"hybrid_md_block_{i}"}
         exec(compile(block, f"docs/hybrid.md python block {i}", "exec"), ns)
         spaces.append(ns)
-    first, second = spaces[0], spaces[1]
+    assert len(spaces) >= 3, "docs/hybrid.md lost a snippet (build, load, batched decoding)"
+    first, second, decoding = spaces[0], spaces[1], spaces[2]
     assert first["greedy"].shape[1] == first["ids"].shape[1] + 8 and first["beams"].shape == first["greedy"].shape
     assert (tmp_path / "out" / "hybrid" / "config.json").exists()
     assert type(second["model"]).__name__ == "HybridForCausalLM" and second["tok"] is not None
+    assert tuple(decoding["tokens"].shape) == (2, 8)  # [B, max_new_tokens]
