@@ -5,7 +5,9 @@ the length from ``(seed, stage, step)`` and every row from ``(seed, stage, step,
 of a run is its step (resume is exact), each process of a distributed run builds only its own rows, and
 DataLoader workers (``StepBatches``) build whole batches of interleaved steps. ``rows`` sequences of one
 length ``T`` (the length curriculum picks T per batch), each row drawn from the mixture:
-- "text":      a random window of the pre-tokenized training corpus;
+- "text":      a random window of the pre-tokenized training corpus, or, for a corpus manifest
+               (research.corpus.build, docs/corpus.md), of one of its sources drawn by weight (``TextSources``,
+               ``load_text``; the teacher's cached text, ``teacher_corpus``, can be one more);
 - "niah":      one single-key NIAH prompt + answer (haystack cfg.haystack, by default the training split;
                context ~T, depth uniform 0..1);
 - "multikey":  one multi-key NIAH prompt + answer (2..6 keys), or with ``multikey_min_len`` > 0 several

@@ -8,7 +8,7 @@ templates (research.corpus.prompts: ~17K distinct instructions over 26 topics th
 do not use; checked against headscope/evaluate/data/fidelity/chat_heldout.jsonl before anything runs). A base
 teacher continues short seeds (research.corpus.prompts.SEEDS) and its BOS token. Sampling: temperature 1, top-p 0.95,
 no top-k, up to --max-new-tokens, stopping at the teacher's end-of-turn token; batched (rows sorted by prompt length,
-left-padded), with the KV cache; on CUDA in bf16 (default batch 1024) when there is a GPU, else on the CPU in
+left-padded), with the KV cache; on CUDA in bf16 (default batch 2048) when there is a GPU, else on the CPU in
 float32 (default batch 8).
 
 Sample i answers prompt ``order[i]``: the prompts in a seeded random order, a new order for each pass over them.
@@ -119,7 +119,7 @@ def run(model_name: str, n: int, out: Path, seed: int = 0, temperature: float = 
                          f"{temperature} > 0 and top_p={top_p} in (0, 1]")
     dev = torch.device("cuda" if device == "auto" and torch.cuda.is_available() else
                        ("cpu" if device == "auto" else device))
-    batch_size = batch_size or (1024 if dev.type == "cuda" else 8)
+    batch_size = batch_size or (2048 if dev.type == "cuda" else 8)
     done_json = out / "teacher.json"
     if done_json.exists():
         rec = json.loads(done_json.read_text(encoding="utf-8"))
@@ -215,7 +215,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--top-p", type=float, default=0.95)
     ap.add_argument("--max-new-tokens", type=int, default=512)
-    ap.add_argument("--batch-size", type=int, default=0, help="rows per generate call (default: 1024 CUDA, 8 CPU)")
+    ap.add_argument("--batch-size", type=int, default=0, help="rows per generate call (default: 2048 CUDA, 8 CPU)")
     ap.add_argument("--device", default="auto", help="auto (CUDA when there is one), cpu or cuda")
     ap.add_argument("--no-progress", action="store_true")
     a = ap.parse_args(argv)
