@@ -96,9 +96,10 @@ class StudyConfig:
                 raise StudyError(f"study.{k}={v!r}: give an int >= 0")
         if not self.steps_scale > 0:
             raise StudyError(f"study.steps_scale={self.steps_scale!r}: must be > 0")
-        unknown = sorted(set(self.scores) - {"n_samples", "context_length", "haystack"})
+        unknown = sorted(set(self.scores) - {"n_samples", "context_length", "haystack", "sender_rounds"})
         if unknown:
-            raise StudyError(f"[scores]: unknown field(s) {unknown}; known: n_samples, context_length, haystack")
+            raise StudyError(f"[scores]: unknown field(s) {unknown}; known: n_samples, context_length, haystack, "
+                             "sender_rounds")
         ev = dict(self.eval)
         bad = sorted(k for k in ev if k not in EVALUATIONS_USED and k not in _EVAL_SCALARS)
         if bad:

@@ -334,13 +334,14 @@ def run_study(cfg: StudyConfig, *, out: str | Path | None = None, only: tuple[st
     launch_ready()
     later = [(s, seed) for s, seed in todo if s.needs_scores or s.needs_data]  # while those train: scores, selectors
     if any(s.needs_scores for s, _ in later):
-        from research.studies.variants import selection_scores
+        from research.studies.variants import DEFAULT_SENDER_ROUNDS, selection_scores
 
         ts = time.time()
         sc = dict(cfg.scores)
         scores = selection_scores(teacher.to(device), tok, n_samples=sc.get("n_samples", 16),
                                   context_length=sc.get("context_length", 1024), haystack=sc.get("haystack", "heldout"),
-                                  device=device, path=out / "scores.json", progress=False)
+                                  sender_rounds=sc.get("sender_rounds", DEFAULT_SENDER_ROUNDS), device=device,
+                                  path=out / "scores.json", progress=False)
         teacher.to("cpu")
         _release_cuda()  # the workers share the GPU: this process keeps no cached blocks
         print(f"[studies] teacher scores ready ({time.time() - ts:.1f} s; {out / 'scores.json'})", flush=True)

@@ -355,6 +355,7 @@ def build_variant(spec: VariantSpec, teacher, *, scores=None, seed: int = 0, bas
 
 # ---- the teacher's scores (NIAH + reasoning receiver scores, fused) -----------------------------------------
 
+DEFAULT_SENDER_ROUNDS = 3  # rounds of iterated path patching, as `headscope run --sender-rounds`
 REASONING_SOLVED_MIN = 0.9  # as the head report (research/report_heads.py): reasoning scores enter the fusion
 # only when the teacher answers >= 90% of the clean reasoning prompts; on a task the model fails a receiver score
 # ranks noise (SmolLM2-135M: 62-88% per family, docs/smollm2_135m_heads.md -> its mask comes from NIAH alone)
@@ -362,8 +363,11 @@ REASONING_SOLVED_MIN = 0.9  # as the head report (research/report_heads.py): rea
 
 def selection_scores(teacher, tokenizer, *, n_samples: int = 16, context_length: int = 1024,
                      haystack: str = "heldout", device=None, path: str | Path | None = None, progress: bool = True,
-                     min_reasoning_accuracy: float = REASONING_SOLVED_MIN):
-    """The fused NIAH + reasoning receiver scores of ``teacher`` (``headscope.score`` per task, ``fuse``).
+                     min_reasoning_accuracy: float = REASONING_SOLVED_MIN, sender_rounds: int = DEFAULT_SENDER_ROUNDS):
+    """The fused NIAH + reasoning scores of ``teacher``: per task the receiver scores (``headscope.score``) combined
+    with the sender scores of iterated path patching (``headscope.senders.iterated_path_patching``, up to
+    ``sender_rounds`` rounds; 0 = receiver scores alone), then ``fuse`` across tasks: the whole method, as
+    ``headscope run`` does it.
 
     Reasoning is fused only when the teacher's clean accuracy on its prompts is >= ``min_reasoning_accuracy``
     (checked before any patching); otherwise the scores are NIAH's alone, with a warning, and
@@ -381,7 +385,8 @@ def selection_scores(teacher, tokenizer, *, n_samples: int = 16, context_length:
     from headscope.results import HeadScores
 
     key = {"teacher": config_fingerprint(teacher), "n_samples": n_samples, "context_length": context_length,
-           "haystack": haystack, "tasks": ["niah", "reasoning"], "min_reasoning_accuracy": min_reasoning_accuracy}
+           "haystack": haystack, "tasks": ["niah", "reasoning"], "min_reasoning_accuracy": min_reasoning_accuracy,
+           "sender_rounds": sender_rounds}
     if path is not None and Path(path).exists():
         cached = HeadScores.from_json(path)
         if cached.settings.get("study_key") == key:
@@ -396,6 +401,15 @@ def selection_scores(teacher, tokenizer, *, n_samples: int = 16, context_length:
     except CleanFailureError as err:  # the teacher does not solve the reasoning prompts: NIAH alone
         left_out = str(err).split(". Fix:")[0]
         warnings.warn(f"selection_scores: reasoning left out of the fusion, NIAH alone ({left_out})", stacklevel=2)
+    if sender_rounds:
+        from headscope.senders import iterated_path_patching
+
+        task_kwargs = {"niah": {"context_length": context_length, "haystack": haystack}, "reasoning": {}}
+        for name in list(tasks):
+            res = iterated_path_patching(teacher, name, tokenizer=tokenizer, receiver_scores=tasks[name],
+                                         max_rounds=sender_rounds, n_samples=n_samples, device=device,
+                                         progress=progress, **task_kwargs[name])
+            tasks[name] = res.combined
     fused = fuse(tasks)
     fused.settings["study_key"] = key
     fused.settings["reasoning_left_out"] = left_out
@@ -405,10 +419,11 @@ def selection_scores(teacher, tokenizer, *, n_samples: int = 16, context_length:
 
 
 def make_mask(teacher, tokenizer, fraction: float, n_samples: int, context_length: int, device,
-              scores_path: str | Path | None = None):
-    """Score NIAH + reasoning, fuse, keep the top ``fraction`` of KV groups (all their query heads) as FA."""
+              scores_path: str | Path | None = None, sender_rounds: int = DEFAULT_SENDER_ROUNDS):
+    """Score NIAH + reasoning (receiver + sender scores), fuse, keep the top ``fraction`` of KV groups (all their
+    query heads) as FA."""
     from headscope.selection import select
 
     scores = selection_scores(teacher, tokenizer, n_samples=n_samples, context_length=context_length, device=device,
-                              path=scores_path)
+                              path=scores_path, sender_rounds=sender_rounds)
     return select(scores, fraction=fraction, unit="kv_group", model=teacher)

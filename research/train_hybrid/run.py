@@ -17,10 +17,11 @@ Evaluation lengths (hybrid.train.evals.eval_lengths): L0 = the align / distill l
 own training length; NIAH at L0 and 2x / 4x / 8x L0 (at most 16384 tokens: --max-eval-length).
 
 The mask keeps full attention on the KV groups (GQA: the query heads sharing a key/value head) with the
-highest fused NIAH + reasoning score, 1/8 of all KV heads (headscope.select(..., fraction=1/8,
+highest fused NIAH + reasoning score (receiver scores combined with the sender scores of iterated path
+patching, --sender-rounds), 1/8 of all KV heads (headscope.select(..., fraction=1/8,
 unit="kv_group")), so the hybrid's KV cache is 1/8 of the teacher's. --mask FILE uses a saved mask instead.
-Reasoning enters the fusion only where the teacher solves >= 90% of its clean prompts (hybrid.train.
-selection_scores); SmolLM2-135M does not, so its mask comes from NIAH alone (results.json: mask.reasoning_left_out).
+Reasoning enters the fusion only where the teacher solves >= 90% of its clean prompts (research.studies.
+variants.selection_scores); SmolLM2-135M does not, so its mask comes from NIAH alone (results.json: mask.reasoning_left_out).
 """
 from __future__ import annotations
 
@@ -76,6 +77,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--out", type=Path, required=True, help="output folder (results.json, mask.json, run/)")
     ap.add_argument("--mask", default=None, help="a saved head-mask JSON instead of selecting one")
     ap.add_argument("--fraction", type=float, default=1 / 8, help="fraction of the teacher's KV heads kept")
+    ap.add_argument("--sender-rounds", type=int, default=None,
+                    help="rounds of iterated path patching in the mask's scores (default 3; --tiny: 1; 0: receiver "
+                         "scores alone)")
     ap.add_argument("--tiny", action="store_true", help="CPU settings: short lengths, few samples")
     ap.add_argument("--device", default=None, help="override the config's device")
     ap.add_argument("--resume", action="store_true", help="continue the training in OUT/run")
@@ -156,8 +160,10 @@ def main(argv: list[str] | None = None) -> dict:
 
     t0 = time.time()
     if a.mask is None and not (a.out / "mask.json").exists():
+        rounds = a.sender_rounds if a.sender_rounds is not None else (1 if a.tiny else 3)
         mask = make_mask(teacher, tok, a.fraction, n_samples=2 if a.tiny else 16,
-                         context_length=120 if a.tiny else 1024, device=device, scores_path=a.out / "scores.json")
+                         context_length=120 if a.tiny else 1024, device=device, scores_path=a.out / "scores.json",
+                         sender_rounds=rounds)
         write_text(a.out / "mask.json", mask.to_json())
     mask = HeadMask.from_json(base.mask)
     mask_seconds = time.time() - t0

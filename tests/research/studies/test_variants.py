@@ -1,6 +1,8 @@
 """research.studies.variants: variant specs, their masks and shares, infeasible budgets, the cached teacher scores."""
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -161,7 +163,7 @@ def test_reasoning_the_teacher_cannot_do_is_left_out_of_the_mask(tmp_path, monke
     monkeypatch.setattr(headscope.api, "score", fake_score(teacher, 0.6, calls))
     with pytest.warns(UserWarning, match="reasoning left out"):
         scores = selection_scores(teacher, None, n_samples=2, context_length=64, path=tmp_path / "s.json",
-                                  progress=False)
+                                  progress=False, sender_rounds=0)
     assert scores.settings["reasoning_left_out"].startswith("the model answers only 60%")
     assert scores.settings["tasks"] == ["niah"]
     assert [c[0] for c in calls] == ["niah", "reasoning"]
@@ -169,7 +171,7 @@ def test_reasoning_the_teacher_cannot_do_is_left_out_of_the_mask(tmp_path, monke
     assert sorted(h.to_list() for h in mask.fa_heads) == [[1, 2], [1, 3], [3, 4], [3, 5]]
     # make_mask (run.py's path) on the GQA teacher: whole KV groups, the cached scores reused
     again = make_mask(teacher, None, 2 / 12, n_samples=2, context_length=64, device="cpu",
-                      scores_path=tmp_path / "s.json")
+                      scores_path=tmp_path / "s.json", sender_rounds=0)
     assert again.fa_heads == mask.fa_heads and len(calls) == 2
 
 
@@ -179,10 +181,36 @@ def test_reasoning_the_teacher_solves_is_fused(tmp_path, monkeypatch):
 
     teacher, calls = gqa_llama(), []
     monkeypatch.setattr(headscope.api, "score", fake_score(teacher, 1.0, calls))
-    scores = selection_scores(teacher, None, n_samples=2, context_length=64, progress=False)
+    scores = selection_scores(teacher, None, n_samples=2, context_length=64, progress=False, sender_rounds=0)
     assert scores.settings["reasoning_left_out"] is None and scores.settings["tasks"] == ["niah", "reasoning"]
     mask = select(scores, fraction=1 / 12, unit="kv_group", model=teacher)
     assert sorted(h.to_list() for h in mask.fa_heads) == [[0, 0], [0, 1]]  # reasoning's group (0.9 x 0.5 > 0.8 x 0.5)
+
+
+def test_sender_scores_enter_the_fusion(tmp_path, monkeypatch):
+    """The whole method: per task the receiver scores combined with iterated path patching's sender scores; a
+    sender-only head (layer 2, KV group 0 here) can take the budget's one KV group."""
+    import headscope.api
+    import headscope.senders
+    from headscope.results import HeadScores
+    from headscope.selection import select
+
+    teacher, calls, rounds = gqa_llama(), [], []
+    monkeypatch.setattr(headscope.api, "score", fake_score(teacher, 0.6, calls))
+
+    def fake_ipp(model, task, *, receiver_scores, max_rounds, **kw):
+        rounds.append((task, max_rounds, kw["context_length"]))
+        raw = receiver_scores.per_sample_raw.clone()  # [N, L, H]
+        raw[:, 2, 0:2] = 0.95  # a sender the receiver scores did not see
+        return SimpleNamespace(combined=HeadScores(task=task, per_sample_raw=raw, n_kv_heads=3, settings={}))
+
+    monkeypatch.setattr(headscope.senders, "iterated_path_patching", fake_ipp)
+    with pytest.warns(UserWarning, match="reasoning left out"):
+        scores = selection_scores(teacher, None, n_samples=2, context_length=64, path=tmp_path / "s.json",
+                                  progress=False, sender_rounds=2)
+    assert rounds == [("niah", 2, 64)] and scores.settings["study_key"]["sender_rounds"] == 2
+    mask = select(scores, fraction=1 / 12, unit="kv_group", model=teacher)
+    assert sorted(h.to_list() for h in mask.fa_heads) == [[2, 0], [2, 1]]
 
 
 def test_learned_kind_trains_gates_once_and_makes_the_budgets_mask(tiny_teacher_dir, tmp_path, monkeypatch):
