@@ -510,7 +510,8 @@ class TextSources:
 
     names: tuple[str, ...]
     weights: tuple[float, ...]
-    ids: torch.Tensor  # [N] every source's documents, each ended by the tokenizer's EOS
+    ids: torch.Tensor  # [N] int32: every source's documents, each ended by the tokenizer's EOS (int32 halves what
+    #                    spawned data workers share: tens of millions of tokens)
     bounds: tuple[int, ...]
 
     @classmethod
@@ -523,7 +524,7 @@ class TextSources:
         bounds = [0]
         for _, _, ids in parts:
             bounds.append(bounds[-1] + len(ids))
-        ids = torch.cat([p[2].long() for p in parts])  # [N]
+        ids = torch.cat([p[2].to(torch.int32) for p in parts])  # [N]
         return cls(tuple(p[0] for p in parts), tuple(w / total for _, w, _ in parts), ids, tuple(bounds))
 
     def pick(self, rng: random.Random) -> int:
@@ -620,7 +621,7 @@ _SOURCE_CACHE: dict[tuple, torch.Tensor] = {}
 
 
 def source_ids(path, tokenizer, cache_dir=None) -> torch.Tensor:
-    """The ids ``[N]`` of a corpus text file (``tokenize_documents``), memoised per process and, with
+    """The ids ``[N]`` (int32) of a corpus text file (``tokenize_documents``), memoised per process and, with
     ``cache_dir``, on disk as ``<cache_dir>/<file>.<sha12>.<tokenizer12>.pt`` (int32; a folder that is not
     writable is skipped)."""
     from pathlib import Path
@@ -632,15 +633,15 @@ def source_ids(path, tokenizer, cache_dir=None) -> torch.Tensor:
         return _SOURCE_CACHE[key]
     cached = Path(cache_dir) / f"{path.name}.{key[0]}.{key[1]}.pt" if cache_dir else None
     if cached is not None and cached.exists():
-        ids = torch.load(cached, weights_only=True).long()  # [N]
+        ids = torch.load(cached, weights_only=True).to(torch.int32)  # [N]
     else:
-        ids = tokenize_documents(tokenizer, read_documents(path)).long()  # [N]
+        ids = tokenize_documents(tokenizer, read_documents(path))  # [N] int32
         if cached is not None:
             try:
                 from headscope.io import atomic_write
 
                 with atomic_write(cached, "wb") as f:
-                    torch.save(ids.to(torch.int32), f)
+                    torch.save(ids, f)
             except OSError:
                 pass
     _SOURCE_CACHE[key] = ids

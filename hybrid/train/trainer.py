@@ -266,7 +266,7 @@ class Trainer:
         text = load_text(d, self.tokenizer, self._corpus)
         ids = getattr(text, "ids", text)  # [N] (weighted sources: all of them, concatenated)
         n = min(rows, max(1, (ids.numel() - 1) // T))
-        x = ids[: n * T].reshape(n, T).to(self.env.device)  # [n, T]
+        x = ids[: n * T].reshape(n, T).long().to(self.env.device)  # [n, T]
         gamma = calibrate_merge(self.student, self.teacher, x)  # [L, H]
         self.log.write({"event": "calibrate_merge", "tokens": n * T, "gamma_min": round(gamma.min().item(), 4),
                         "gamma_max": round(gamma.max().item(), 4), "seconds": round(time.time() - t0, 2)})

@@ -240,7 +240,8 @@ def test_load_text_reads_a_manifest_and_caches_its_tokens(tmp_path, ref_tokenize
     assert text.names == ("code", "prose") and text.weights == (0.25, 0.75)  # held-out sources never drawn
     want = data.tokenize_documents(ref_tokenizer, docs_of("def"))  # [n] each document ends with EOS
     lo, hi = text.span(0)
-    assert torch.equal(text.ids[lo:hi], want.long()) and int(want[-1]) == ref_tokenizer.eos_token_id
+    assert torch.equal(text.ids[lo:hi], want) and int(want[-1]) == ref_tokenizer.eos_token_id
+    assert text.ids.dtype == torch.int32
     assert len(list((tmp_path / "tokens").glob("*.pt"))) == 2  # cached on disk for the next run
     data._SOURCE_CACHE.clear()
     assert torch.equal(data.load_text(DataConfig(corpus=path), ref_tokenizer).ids, text.ids)
@@ -323,3 +324,19 @@ def test_a_run_trains_on_a_corpus_manifest_and_refuses_its_heldout_sources(tmp_p
     with pytest.raises(data.HeldOutSourceError, match="'held' is a held-out source"):
         run(tiny_config(tmp_path / "out2", tiny_teacher_dir, tiny_mask, stages=[stage("align", steps=2)],
                         data={**mix, "sources": {"held": 1.0}}))
+
+
+def test_weighted_sources_survive_a_spawned_worker(ref_tokenizer):
+    import io
+    from multiprocessing.reduction import ForkingPickler
+
+    import torch.multiprocessing  # noqa: F401  (tensors through shared memory, as in DataLoader)
+
+    sources = data.TextSources.join([("a", 1.0, torch.arange(3000)), ("b", 1.0, torch.arange(5000, 8000))])
+    cfg = data.MixtureConfig(seq_len=64, tokens_per_batch=256, min_len=64, haystack="heldout")
+    stream = data.MixtureStream(cfg, ref_tokenizer, sources, stage="0:align")
+    buf = io.BytesIO()
+    ForkingPickler(buf).dump(data.StepBatches(stream, 0, 4, 4))
+    assert len(buf.getvalue()) < 16_384  # the ids travel through shared memory
+    copy = ForkingPickler.loads(buf.getvalue()).stream
+    assert copy.sources.names == ("a", "b") and torch.equal(copy.batch(2)["ids"], stream.batch(2)["ids"])
