@@ -4,7 +4,7 @@
     both = combine(receiver, sender, rule="max")    # HeadScores(kind="combined")
     fused = fuse({"niah": niah, "arithmetic": arith, "binding": bind})   # HeadScores(kind="fused")
 
-Formulas (also in docs/analysis.md). For head h with clipped per-sample scores s_n(h) in [0, 1],
+Formulas (also in docs/scoring.md). For head h with clipped per-sample scores s_n(h) in [0, 1],
 n = 1..N, mean m(h) and (population) standard deviation sd(h); tau = ``threshold`` (0.1):
 - "frac" (default): w(h) = m(h) * f(h), f(h) = mean_n min(1, s_n(h) / tau)   (a soft fraction)
 - "hard_frac":      w(h) = m(h) * #{n : s_n(h) > tau} / N

@@ -8,7 +8,7 @@
     res.combined          # HeadScores(kind="combined"): fusion.combine(receiver, sender, rule)
     res.to_dataframe()    # one row per head
 
-The definition (exact, per pair) is in headscope/patching/path.py and docs/path_patching.md. Use the
+The definition (exact, per pair) is in headscope/patching/path.py and docs/scoring.md. Use the
 same ``n_samples`` / ``seed`` as the receiver scores so that both cover the same pairs.
 """
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Stage 2 (distill) on 1 process against 2 processes with DDP and with FSDP (issue 16): the same global batch,
+"""Stage 2 (distill) on 1 process against 2 processes with DDP and with FSDP: the same global batch,
 the loss curves side by side, tokens/s and peak GPU memory per process.
 
     # 2 GPUs of one host (device kind nvidia-h200-x2), the reference teacher, 60 steps of 16 x 2048 tokens:

@@ -4,7 +4,7 @@
 
 A random-weight Qwen3 (sizes as flags), one NIAH-like pair of random tokens with the corrupted span in the
 middle and a multi-token answer. TL's patching runs `corrupted_tokens` with `clean_cache` patched in, so for
-the noising direction of METHOD.md we pass the clean tokens as its corrupted_tokens and the corrupted run's
+the noising direction of the method (docs/method.md) we pass the clean tokens as its corrupted_tokens and the corrupted run's
 cache as its clean_cache; both results are normalized as (M_clean - M_patched) / (M_clean - M_corrupt).
 """
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Sharded receiver scores (issue 16): N processes against one, the same scores, the wall-time speed-up.
+"""Sharded receiver scores: N processes against one, the same scores, the wall-time speed-up.
 
     # 2 GPUs of one host (device kind nvidia-h200-x2): Qwen3-1.7B-shaped random model, bf16, 2 pairs of 4096 tokens
     python research/bench_sharded_scoring.py --world 1,2 --out runs/bench_sharded        # JSON to --out and $OUT
@@ -10,7 +10,7 @@ every rank builds the same seeded model and pairs, scores them with ``headscope.
 (the fast HF backend; ``shard=None`` for one process, else ``--modes``), and rank 0 writes its timing and
 scores. Timed: the scoring call only (model build and a warm-up pair excluded), on every rank between two
 barriers. The driver then prints, per mode, seconds, speed-up over one process and the largest score
-difference. Target (issue 16): >= 1.8x on 2 GPUs with the same scores.
+difference. Target: >= 1.8x on 2 GPUs with the same scores.
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Whole-model cost of the hybrids at long context (issue 14), in ONE process under a wall-clock budget.
+"""Whole-model cost of the hybrids at long context, in ONE process under a wall-clock budget.
 
 Models (random weights, bf16, built on the GPU; no download):
   teacher      a Qwen3-1.7B-shaped model (28 layers, 16 query / 8 KV heads of 128, hidden 2048, MLP 6144,

@@ -87,7 +87,7 @@ def render(data: dict, source: str = "bench_whole_model.json") -> str:
     big = max([r["context"] for r in dec] or [0])
     bigT = max([r["T"] for r in pre] or [0])
     out.append("")
-    out.append("Targets (issue 14):")
+    out.append("Targets:")
     out.append(f"- decode at {_len(big)}, batch 8, 7:1 vs teacher: "
                + _verdict(_find(dec, model="hybrid_7to1", context=big, batch=8).get("speedup_vs_teacher"),
                           t.get("decode_speedup_b8_128k", 5.0)))

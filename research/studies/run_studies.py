@@ -1,16 +1,15 @@
-"""Issue 15's studies 2-5 and 7 on one device: every variant of the config trained with the same three-stage budget and
+"""The studies 2-5 and 7 (docs/results.md) on one device: every variant of the config trained with the same three-stage budget and
 evaluated with the same prompts, side by side (one process each), resumable. Writes OUT/studies.json; the tables
 come from research/studies/render_studies.py.
 
-GPU (one H200; see research/studies/gpu_h200.sh, which wraps this with a timeout and tars the results):
-    python research/studies/run_studies.py --config research/studies/reference.toml --out runs/studies \
+GPU (one H200; `python -m research.launch studies_reference` runs this as a job, docs/research.md):
+    python -m research.studies.run_studies --config research/studies/reference.toml --out runs/studies \
         --deadline-s 480
 CPU dry run (tiny settings, 6 variants, minutes; not a result):
-    python research/studies/run_studies.py --config research/studies/reference.toml --out /tmp/st --dry-run
-Studies 2-5 on the real teacher SmolLM2-135M-Instruct, 2 seeds (`STUDIES=2 CONFIG=research/studies/smollm2.toml
-bash research/studies/gpu_h200.sh` on the H200, then STUDIES=3,4,5; its dry run uses the real model on the CPU,
-~4 minutes):
-    python research/studies/run_studies.py --config research/studies/smollm2.toml --out /tmp/sd --dry-run
+    python -m research.studies.run_studies --config research/studies/reference.toml --out /tmp/st --dry-run
+Studies 2-5 on the real teacher SmolLM2-135M-Instruct, 2 seeds (`python -m research.launch studies_smollm2`); its
+dry run uses the real model on the CPU (~4 minutes):
+    python -m research.studies.run_studies --config research/studies/smollm2.toml --out /tmp/sd --dry-run
 
 Run the same command again after a kill (or after --deadline-s stopped it): finished variants are skipped, training
 resumes from each variant's newest checkpoint, and evaluation from its next item. STEPS_SCALE (or --steps-scale)

@@ -1,4 +1,4 @@
-"""Several hybrids trained and evaluated side by side on one device, resumable: the studies of issue 15 (the
+"""Several hybrids trained and evaluated side by side on one device, resumable: the studies of docs/results.md (the
 runner; the configuration is ``research.studies.config``, whose names are re-exported here).
 
     cfg = StudyConfig.from_file("research/studies/reference.toml", dry_run=False, steps_scale=1.0)

@@ -1,4 +1,4 @@
-"""A learned per-head FA/GDN selector (issue 15, study 7): a gate per head, trained to choose full attention (FA)
+"""A learned per-head FA/GDN selector (study 7 of docs/results.md): a gate per head, trained to choose full attention (FA)
 or Gated DeltaNet (GDN), whose top gates give a head mask. Seed 002's idea, built here as one more baseline.
 
     cfg = SelectorConfig(steps=120, batch_size=8, seq_len=2048, budget=1 / 8)

@@ -1,25 +1,24 @@
 """A trained hybrid under each precision and kernel backend: does it compute the same model everywhere?
 
-The eighth session's reference run (docs/training.md, "Results") logged a held-out loss of 4.22 in the trainer's
-own check (GPU, bf16 autocast, the in-memory model) but 4.55 for the saved hybrid reloaded on the CPU (float32, the
-PyTorch twins) on the same 16 windows, and its harness perplexity on the GPU (float32, reloaded) was 1.345x the
-teacher's. Reloading is exact on the CPU (tested), so one of the GPU paths must compute another function. This
-script loads a saved hybrid and reports, for each setting, the trainer's held-out loss (hybrid.train.evals, 16
+A trained reference hybrid once logged a held-out loss of 4.22 in the trainer's own check (GPU, bf16 autocast,
+the in-memory model) but 4.55 for the saved hybrid reloaded on the CPU (float32, the PyTorch twins) on the same 16
+windows. Reloading is exact on the CPU (tested), so the question was whether a GPU path computes another function.
+This script loads a saved hybrid and reports, for each setting, the trainer's held-out loss (hybrid.train.evals, 16
 windows at --length) and the largest logit difference against the float32 run with every op on its PyTorch twin:
 
     precision  fp32 | bf16 autocast (the training's)
     backends   auto (fla chunk / recurrent, Triton prologue, SDPA) | torch twins (GDN torch_chunk, prologue torch,
                attention eager) | one op at a time on its fast kernel (attn=sdpa), the others on their twins
 
-    python research/train_hybrid/backend_parity.py --model runs/gpu_hybrid/run/hybrid [--out parity.json]
+    python -m research.train_hybrid.backend_parity --model runs/gpu_hybrid/run/hybrid [--out parity.json]
 
 On the CPU every backend is a twin, so only the precisions differ (a check of the script).
 The logit differences are taken on 2 rows of random token ids (any model, no text needed), where a real model's
 activations can be extreme: the row and position of the largest difference, the largest reference logit there
 and the mean difference say whether it is one odd position or the whole model; the held-out loss is on text.
 
-Answered in the ninth session (docs/results/2026-12-01_trained_hybrid_backend_parity/*_backend_parity.json): every backend gives the
-same held-out loss to 1e-3 on both trained hybrids; the "gap" was the stage-3 check's length (8192, not 2048).
+Measured (docs/results/2026-12-01_trained_hybrid_backend_parity/*_backend_parity.json): every backend gives the
+same held-out loss to 1e-3 on both trained hybrids; the gap was the stage-3 check's length (8192, not 2048).
 """
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ the same token budget, and measures before and after: held-out loss at SHORT and
     python research/train_hybrid/long_stage_cpu.py --mask /tmp/ref9/mask.json --out /tmp/long_stage
     # -> OUT/results.json (written after each variant), OUT/base (stages 1-2), OUT/v-<name> (each variant)
 
-Variants (``VARIANTS``): "reference" (reference.toml's stage 3 as the ninth session ran it: the run's mixture, CE,
+Variants (``VARIANTS``): "reference" (reference.toml's stage 3 as a recorded run used it: the run's mixture, CE,
 lr = 0.4 x the distill lr, cosine over 2/3 of the steps then constant; reference.toml now has "low_lr"'s lr), "text" (the same with a text-heavy mixture), "low_lr" (lr / 4),
 "distill_kl" (the registered "distill" stage at the long length: KL to the teacher + CE, the reference lr),
 "distill_kl_low_lr" (the same at lr / 4). Caveat of the KL variants: here the long length (4x SHORT) is within

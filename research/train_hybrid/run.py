@@ -7,7 +7,7 @@ GPU (one H200, < 10 minutes in all; data/corpus carried, from research/prepare_c
 CPU (a few minutes; the same path with short lengths and few samples):
     python research/train_hybrid/run.py --config research/train_hybrid/tiny.toml --out /tmp/th --tiny
 
-SmolLM2-135M-Instruct (the real teacher; GGUF staged on the GPU: gpu_h200.sh's header):
+SmolLM2-135M-Instruct (the real teacher; its GGUF staged on a remote GPU with python -m research.stage, docs/research.md):
     python research/train_hybrid/run.py --config research/train_hybrid/smollm2.toml --out $OUT/smol \
         [--stop-after 420] [--resume]       # two calls of <= 520 s: stop at a checkpoint, then continue
     python research/train_hybrid/run.py --config research/train_hybrid/smollm2.toml --out $OUT/smol \

@@ -301,7 +301,7 @@ def test_study_table_rows_seeds_and_statuses():
 
 
 def test_markdown_block_says_how_it_was_made_and_fills_the_docs(tmp_path):
-    block = markdown_block(collected(), command="bash research/studies/gpu_h200.sh")
+    block = markdown_block(collected(), command="python -m research.launch studies_reference")
     assert "5.0 GPU minutes" in block and "seeds [0]" in block and "### Study 5" in block
     assert "not a result" not in block and "not a result" in markdown_block(collected(True), command="c")
     doc = tmp_path / "results.md"

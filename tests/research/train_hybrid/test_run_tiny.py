@@ -167,7 +167,7 @@ def test_cuda_graph_compile_mode_is_refused_on_cuda_before_the_teacher_loads(tmp
 
 def test_stop_after_stops_at_a_checkpoint_and_resume_finishes(tmp_path):
     """--stop-after: the training stops right after a periodic checkpoint once the time is up (exit 3), and
-    --resume trains the rest and evaluates (gpu_h200.sh's two resumable calls)."""
+    --resume trains the rest and evaluates (two calls on a time-limited machine)."""
     mask = kv_group_mask(tmp_path / "mask.json")
     cfg = tmp_path / "tiny_ckpt.toml"
     text = (ROOT / "research/train_hybrid/tiny.toml").read_text()
