@@ -11,6 +11,8 @@ from typing import Any
 
 import torch.nn as nn
 
+from headscope.registry import Registry
+
 __all__ = ["Arch", "describe", "UnsupportedModelError", "SUPPORTED_FAMILIES"]
 
 
@@ -18,12 +20,12 @@ class UnsupportedModelError(TypeError):
     """The model's architecture is not one whose heads headscope knows how to address."""
 
 
-# family -> (path of the decoder-layer list, attention attribute, output-projection attribute)
-_LAYOUTS: dict[str, tuple[str, str, str]] = {
-    "llama": ("model.layers", "self_attn", "o_proj"),  # Llama, Qwen2, Qwen3, Mistral, Gemma, Phi3, ...
-    "gpt2": ("transformer.h", "attn", "c_proj"),
-    "gpt_neox": ("gpt_neox.layers", "attention", "dense"),
-}
+# family -> (path of the decoder-layer list, attention attribute, output-projection attribute); a new layout is one
+# LAYOUTS.register(name, (...)) and a test
+LAYOUTS: Registry[tuple[str, str, str]] = Registry("architecture layout")
+LAYOUTS.register("llama", ("model.layers", "self_attn", "o_proj"))  # Llama, Qwen2, Qwen3, Mistral, Gemma, Phi3, ...
+LAYOUTS.register("gpt2", ("transformer.h", "attn", "c_proj"))
+LAYOUTS.register("gpt_neox", ("gpt_neox.layers", "attention", "dense"))
 SUPPORTED_FAMILIES = ("llama", "qwen2", "qwen3", "mistral", "gpt2", "gpt_neox")
 
 
@@ -65,7 +67,7 @@ def describe(model: nn.Module) -> Arch:
         raise UnsupportedModelError(
             f"{type(model).__name__} has no .config; headscope works on Hugging Face causal LMs "
             "(or a TransformerBridge / nnsight model wrapping one)")
-    for layout, (layers_path, attn_name, proj_name) in _LAYOUTS.items():
+    for layout, (layers_path, attn_name, proj_name) in LAYOUTS.items():
         layers = _get(model, layers_path)
         if layers is None or len(layers) == 0:
             continue
