@@ -9,6 +9,13 @@ import torch
 
 from model_factories import tiny_model
 
+# Under pytest-xdist (CI runs `-n 2` on 2 cores) each worker and every process it starts computes on one thread:
+# two workers with two torch threads each, plus the subprocesses of end-to-end tests, oversubscribe the cores and
+# slow torch down several-fold.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
 # research/ is a package at the repository root, not installed: its scripts run as `python -m research.<name>` from
 # the root. Subprocesses that tests start (with or without their own env) find it through PYTHONPATH.
 _ROOT = str(Path(__file__).resolve().parents[1])
