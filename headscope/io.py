@@ -16,11 +16,34 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Iterator
 
-__all__ = ["atomic_write", "write_text", "write_bytes", "check_output_path", "OutputExistsError", "artifact_kind"]
+__all__ = ["atomic_write", "write_text", "write_bytes", "check_output_path", "OutputExistsError", "artifact_kind",
+           "umask", "make_temp_dir"]
 
 
 class OutputExistsError(FileExistsError):
     """An output path holds a file that is not an artifact of the kind about to be written."""
+
+
+def umask() -> int:
+    """The process's file-mode creation mask (read without changing it where /proc tells it)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0)  # elsewhere: set and restore at once
+    os.umask(mask)
+    return mask
+
+
+def make_temp_dir(parent: str | os.PathLike, prefix: str, suffix: str = "") -> Path:
+    """``tempfile.mkdtemp`` in ``parent`` with the mode a plain ``mkdir`` would give (mkdtemp's is 0700, which a
+    folder renamed into place would keep: teammates could not read it)."""
+    tmp = Path(tempfile.mkdtemp(prefix=prefix, suffix=suffix, dir=parent))
+    tmp.chmod(0o777 & ~umask())
+    return tmp
 
 
 @contextmanager
@@ -36,6 +59,7 @@ def atomic_write(path: str | os.PathLike, mode: str = "w", encoding: str | None 
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     try:
+        os.chmod(tmp, 0o666 & ~umask())  # mkstemp makes 0600; the file gets the mode open() would give it
         with os.fdopen(fd, mode, encoding=None if "b" in mode else encoding) as f:
             yield f
             f.flush()

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from headscope.io import write_text
+from headscope.io import make_temp_dir, write_text
 from headscope.registry import Registry
 
 __all__ = ["ZooEntry", "MODELS", "known_models", "ensure_local", "gguf_path", "cache_root", "task_defaults",
@@ -266,7 +266,7 @@ def ensure_local(name: str, progress: bool = True) -> Path:
     if source_sha != e.sha256:
         raise ValueError(f"{src} has sha256 {source_sha}, expected {e.sha256} for {name!r}: the file is corrupted "
                          f"or another version; reinstall with `{INSTALL_HINT}` or fix ${e.env_var}")
-    tmp = Path(tempfile.mkdtemp(prefix=f".{name}.build-", dir=root))
+    tmp = make_temp_dir(root, prefix=f".{name}.build-")
     try:
         t = time.time()
         if progress:

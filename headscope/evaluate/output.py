@@ -15,7 +15,7 @@ from typing import Any
 import pandas as pd
 
 from headscope.evaluate.tables import summary
-from headscope.io import OutputExistsError, artifact_kind, write_text
+from headscope.io import OutputExistsError, artifact_kind, make_temp_dir, write_text
 
 __all__ = ["check_output_dir", "save_results", "read_results"]
 
@@ -54,7 +54,7 @@ def save_results(df: pd.DataFrame, out: str | os.PathLike, *, overwrite: bool = 
     """Write ``df`` (from ``evaluate``) and its figures into the folder ``out``; returns it."""
     out = check_output_dir(out, overwrite)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+    tmp = make_temp_dir(out.parent, prefix=f".{out.name}.", suffix=".tmp")
     try:
         rows = [{k: _clean(v) for k, v in r.items()} for r in df.to_dict("records")]
         meta = dict(df.attrs.get("meta", {}))

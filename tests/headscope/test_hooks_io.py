@@ -91,3 +91,24 @@ def test_check_output_path(tmp_path):
         check_output_path(tmp_path)
     with pytest.raises(ValueError, match=".html"):
         check_output_path(tmp_path / "fig.txt", suffixes=(".html", ".png"))
+
+
+@pytest.mark.parametrize("mask", [0o022, 0o077])
+def test_written_files_and_folders_follow_the_umask(tmp_path, mask):
+    """Outputs get the mode a plain open()/mkdir() gives (not mkstemp's 0600 / mkdtemp's 0700), so a teammate can
+    read a mask, results or weights written under umask 022."""
+    import os
+    import stat
+
+    from headscope.io import make_temp_dir, umask, write_bytes, write_text
+
+    old = os.umask(mask)
+    try:
+        assert umask() == mask
+        f = write_text(tmp_path / "mask.json", "{}")
+        b = write_bytes(tmp_path / "w.bin", b"\0")
+        d = make_temp_dir(tmp_path, prefix=".results.")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(f.stat().st_mode) == 0o666 & ~mask == stat.S_IMODE(b.stat().st_mode)
+    assert stat.S_IMODE(d.stat().st_mode) == 0o777 & ~mask
