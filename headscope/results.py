@@ -32,6 +32,60 @@ def require_finite(t: torch.Tensor, who: str, what: str = "scores", allow_nan: b
                      "those samples")
 
 
+def _depth(x: Any) -> int:
+    d = 0
+    while isinstance(x, list) and x:
+        d, x = d + 1, x[0]
+    return d
+
+
+def _check_numeric_grid(x: Any, key: str, where: str, ndim: int | None = None, n: int | None = None,
+                        boolean: bool = False) -> None:
+    """Raise ValueError naming the field and the first bad row when ``x`` (read from a scores JSON) is
+    not a rectangular nested list of numbers (of ``ndim`` levels and ``n`` entries when given)."""
+    expected = ("a list of true/false values, one per sample" if boolean else "a list of numbers, one per sample") \
+        if ndim == 1 else "a [samples][layers][heads] list of numbers (or [layers][heads])"
+    fix = "; re-save it with HeadScores.to_json or fix the file"
+
+    def fail(msg: str) -> None:
+        raise ValueError(f"scores file {where}: '{key}' {msg}; expected {expected}{fix}")
+
+    if not isinstance(x, list) or not x:
+        fail(f"is {type(x).__name__ if not isinstance(x, list) else 'an empty list'}")
+    d = _depth(x)
+    if ndim is not None and d != ndim:
+        fail(f"has {d} level(s) of nesting")
+    if ndim is None and d not in (2, 3):
+        fail(f"has {d} level(s) of nesting")
+    if n is not None and len(x) != n:
+        fail(f"has {len(x)} entries but per_sample_raw has {n} sample(s)")
+
+    def shape(v: Any) -> list[int]:
+        out = []
+        while isinstance(v, list):
+            out.append(len(v))
+            v = v[0] if v else None
+        return out
+
+    want = shape(x)
+
+    def walk(v: Any, idx: tuple[int, ...]) -> None:
+        level = len(idx)
+        if level == d:
+            ok = isinstance(v, bool) if boolean else (isinstance(v, (int, float)) and not isinstance(v, bool))
+            if not ok and not (boolean and v in (0, 1)):
+                fail(f"holds {v!r} ({type(v).__name__}) at {key}{''.join(f'[{i}]' for i in idx)}")
+            return
+        if not isinstance(v, list) or len(v) != want[level]:
+            got = f"{len(v)} entries" if isinstance(v, list) else f"{v!r} ({type(v).__name__})"
+            fail(f"row {key}{''.join(f'[{i}]' for i in idx)} has {got} where {want[level]} were expected "
+                 f"(ragged rows: every row must have the same length, shape {tuple(want)})")
+        for i, e in enumerate(v):
+            walk(e, idx + (i,))
+
+    walk(x, ())
+
+
 @dataclass
 class HeadScores:
     """Normalized causal scores of every head for one task.
@@ -158,6 +212,16 @@ class HeadScores:
         data = json.loads(s if s.lstrip().startswith("{") else Path(s).read_text())
         if data.get("schema") != "headscope.head_scores":
             raise ValueError("not a headscope scores file: the 'schema' field must be 'headscope.head_scores'")
+        where = "(JSON text)" if s.lstrip().startswith("{") else s
+        raw = data.get("per_sample_raw")
+        if raw is None:
+            raise ValueError(f"scores file {where}: the 'per_sample_raw' field is missing; expected a "
+                             "[samples][layers][heads] list of numbers (re-save it with HeadScores.to_json)")
+        _check_numeric_grid(raw, "per_sample_raw", where)
+        n = len(raw) if _depth(raw) == 3 else 1
+        for k in ("clean_metric", "corrupt_metric", "clean_correct"):
+            if data.get(k) is not None:
+                _check_numeric_grid(data[k], k, where, ndim=1, n=n, boolean=k == "clean_correct")
         t = lambda k, dt=torch.float64: None if data.get(k) is None else torch.tensor(data[k], dtype=dt)
         return cls(task=data["task"], kind=data.get("kind", "receiver"), n_kv_heads=data.get("n_kv_heads"),
                    per_sample_raw=t("per_sample_raw"), clean_metric=t("clean_metric"),
