@@ -1,12 +1,14 @@
 """Haystack text for needle-in-a-haystack tasks: loading, sentence boundaries, needle insertion.
 
 Sources: "heldout" (shipped with the package: held-out Shakespeare works, never in the training corpus),
-"train" (data/corpus/train.txt, built by research/prepare_corpus.py), a file path, or the text itself.
+"train" (data/corpus/train.txt, built by research/prepare_corpus.py), a UTF-8 file path, or the text itself
+(long or multi-line; a short single-line string that looks like a path must name an existing file).
 """
 from __future__ import annotations
 
 import bisect
 import functools
+import os
 import re
 from pathlib import Path
 
@@ -20,11 +22,37 @@ _PARAGRAPH_RE = re.compile(r"\n\s*\n")
 
 @functools.lru_cache(maxsize=8)
 def _read(path: str) -> str:
-    return Path(path).read_text(encoding="utf-8")
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"haystack file {path} is not UTF-8 text (byte {e.start} is {e.object[e.start:e.start + 1]!r}, "
+                         f"{e.reason}); convert it to UTF-8 first, e.g. iconv -f latin1 -t utf-8 {path} > "
+                         f"{Path(path).stem}.utf8.txt (or re-save it as UTF-8 in an editor)") from None
 
 
-def load_haystack(source: str = "heldout") -> str:
-    """Haystack text: "heldout", "train", a path to a UTF-8 text file, or (long, multi-line) text itself."""
+def _looks_like_path(source: str) -> bool:
+    """A single-line string that names a file rather than being text: it ends in a text-file suffix, or
+    holds a path separator and is either short (< 200 characters: too short to be a haystack) or has no
+    whitespace (a line of prose with a slash in it stays text)."""
+    seps = {"/", os.sep} | ({os.altsep} if os.altsep else set())
+    if source.rstrip().lower().endswith((".txt", ".md", ".text")):
+        return True
+    return any(c in source for c in seps) and (len(source) < 200 or not any(c.isspace() for c in source))
+
+
+def load_haystack(source: str | os.PathLike = "heldout") -> str:
+    """Haystack text: "heldout", "train", a path to a UTF-8 text file (a ``str`` or ``os.PathLike``), or
+    (long, multi-line) text itself.
+
+    A single-line string under 1000 characters that looks like a path (holds ``/`` or ends in ``.txt``)
+    must name an existing file: a missing one is refused naming the path (it is not used as the text).
+    A file that is not UTF-8 is refused naming the file, with the fix (convert it to UTF-8).
+    """
+    if isinstance(source, os.PathLike):
+        source = os.fspath(source)
+        if not isinstance(source, str) or not source:
+            raise ValueError(f"haystack={source!r}: give 'heldout', 'train', a text file path, or the text itself")
+        return _read_file(Path(source))
     if not isinstance(source, str) or not source:
         raise ValueError(f"haystack={source!r}: give 'heldout', 'train', a text file path, or the text itself")
     if source == "heldout":
@@ -38,12 +66,23 @@ def load_haystack(source: str = "heldout") -> str:
         return _read(str(path))
     if "\n" not in source and len(source) < 1000:
         path = Path(source).expanduser()
-        if path.is_file():
-            return _read(str(path.resolve()))
+        if path.exists() or _looks_like_path(source):
+            return _read_file(path, shown=source)
         if len(source) < 200:
             raise ValueError(f"haystack={source!r} is not 'heldout', 'train' or an existing file; "
                              "pass a path to a text file, or the haystack text itself (at least 200 characters)")
     return source
+
+
+def _read_file(path: Path, shown: str | None = None) -> str:
+    shown = str(path) if shown is None else shown
+    if not path.exists():
+        raise ValueError(f"haystack={shown!r}: no such file ({path.resolve()}); check the path, or give "
+                         "'heldout' or 'train' (a path-like string is not used as the haystack text itself)")
+    if not path.is_file():
+        raise ValueError(f"haystack={shown!r}: {path.resolve()} is not a regular file; give a UTF-8 text file, "
+                         "'heldout' or 'train'")
+    return _read(str(path.resolve()))
 
 
 @functools.lru_cache(maxsize=8)

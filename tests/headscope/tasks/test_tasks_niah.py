@@ -1,6 +1,8 @@
 """NIAH pairs: context length, depth placement, values, multikey, determinism."""
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -81,6 +83,31 @@ def test_haystack_sources(digit_tokenizer, tmp_path):
     assert "The tide is full" in pair.clean_prompt
     with pytest.raises(ValueError, match="haystack='nowhere.txt'"):
         get_task("niah", haystack="nowhere.txt")
+
+
+def test_haystack_missing_path_and_non_utf8_file_are_refused(digit_tokenizer, tmp_path):
+    missing = str(tmp_path / "no_such_dir" / "hay")  # path-like, no .txt: still a path, never the text itself
+    for bad in (missing, "corpus/hay.txt", "nowhere.TXT"):
+        with pytest.raises(ValueError, match=rf"haystack={re.escape(repr(bad))}: no such file.*check the path"):
+            load_haystack(bad)
+    with pytest.raises(ValueError, match="no such file"):
+        get_task("niah", context_length=128, haystack=missing)
+    with pytest.raises(ValueError, match="not a regular file"):
+        load_haystack(str(tmp_path))
+    latin = tmp_path / "latin1.txt"
+    latin.write_bytes("Caf\xe9 au lait. The tide is full.\n\n".encode("latin-1") * 200)
+    for source in (str(latin), latin):  # a str path and an os.PathLike
+        with pytest.raises(ValueError, match=rf"haystack file {re.escape(str(latin))} is not UTF-8.*convert it to UTF-8"):
+            load_haystack(source)
+    with pytest.raises(ValueError, match="is not UTF-8"):
+        get_task("niah", context_length=128, haystack=str(latin)).generate(digit_tokenizer, n=1)
+    good = tmp_path / "utf8.txt"
+    good.write_text("Caf\xe9 au lait. The tide is full.\n\n" * 200, encoding="utf-8")
+    assert load_haystack(good) == load_haystack(str(good))
+    text = "The sea is calm tonight. The tide is full, the moon lies fair.\n\n" * 20  # literal text still works
+    assert load_haystack(text) == text
+    prose = "A line of prose with a slash, and/or more: " * 10  # one line, >= 200 chars, with spaces: text
+    assert load_haystack(prose) == prose
 
 
 def test_too_small_context_is_a_clear_error(digit_tokenizer):
