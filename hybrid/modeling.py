@@ -38,6 +38,13 @@ from hybrid.layers.merge import FORMER_NAME
 __all__ = ["HybridDecoderLayer", "HybridModel", "HybridForCausalLM", "HybridOutput", "register", "refuse_padded_rows"]
 
 
+def refuse_file_path(path: Any) -> None:
+    """``FileExistsError`` when ``path`` (a folder to save into) is an existing file."""
+    if isinstance(path, (str, PathLike)) and Path(path).exists() and not Path(path).is_dir():
+        raise FileExistsError(f"cannot save to {path}: it is an existing file, not a folder; remove it or give "
+                              "a folder path")
+
+
 @dataclass
 class HybridOutput(ModelOutput):
     loss: torch.Tensor | None = None
@@ -161,7 +168,9 @@ class HybridPreTrainedModel(PreTrainedModel):
 
     def save_pretrained(self, save_directory: Any, *args: Any, tokenizer: Any = None, **kwargs: Any) -> None:
         """``PreTrainedModel.save_pretrained``; with ``tokenizer`` the tokenizer is saved in the same folder, so
-        ``hybrid.load(path, with_tokenizer=True)`` and ``headscope.load_model(path)`` find it."""
+        ``hybrid.load(path, with_tokenizer=True)`` and ``headscope.load_model(path)`` find it. A path that is an
+        existing file is refused (``FileExistsError``; transformers would only log it and save nothing)."""
+        refuse_file_path(save_directory)
         super().save_pretrained(save_directory, *args, **kwargs)
         if tokenizer is not None:
             tokenizer.save_pretrained(save_directory)

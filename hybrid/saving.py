@@ -22,7 +22,11 @@ __all__ = ["HybridFolderError", "check_folder", "save", "load", "TOKENIZER_FILES
 
 
 def save(model: Any, path: str | Path, tokenizer: Any = None, **kwargs: Any) -> Path:
-    """``model.save_pretrained(path, tokenizer=tokenizer, **kwargs)``; returns the folder."""
+    """``model.save_pretrained(path, tokenizer=tokenizer, **kwargs)``; returns the folder. A path that is an
+    existing file is refused (``FileExistsError``)."""
+    from hybrid.modeling import refuse_file_path
+
+    refuse_file_path(path)
     model.save_pretrained(path, tokenizer=tokenizer, **kwargs)
     return Path(path)
 

@@ -23,7 +23,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 __all__ = ["CheckpointError", "Checkpoint", "RunRecord", "save_checkpoint", "latest_checkpoint",
-           "load_checkpoint", "check_run_folder", "rng_state", "set_rng_state"]
+           "load_checkpoint", "check_run_folder", "check_output_folder", "config_changes", "rng_state", "set_rng_state"]
 
 SCHEMA = "hybrid.train.checkpoint"
 RUN_SCHEMA = "hybrid.train.run"
@@ -200,16 +200,42 @@ def load_checkpoint(ckpt: Checkpoint, rank: int = 0) -> tuple[dict[str, torch.Te
     return tensors, train_state, rng
 
 
-def _diff(a: dict, b: dict, prefix: str = "") -> list[str]:
-    keys = sorted(set(a) | set(b))
-    out = []
-    for k in keys:
-        va, vb = a.get(k), b.get(k)
-        if isinstance(va, dict) and isinstance(vb, dict):
-            out += _diff(va, vb, f"{prefix}{k}.")
-        elif va != vb:
-            out.append(f"{prefix}{k}: {va!r} -> {vb!r}")
-    return out
+def _diff(a: Any, b: Any, prefix: str = "") -> list[str]:
+    """``field: old -> new`` for every leaf that differs; lists of equal length compared item by item
+    (``stages[1].lr``), a stage named by its ``name`` when it has one."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        out = []
+        for k in sorted(set(a) | set(b)):
+            out += _diff(a.get(k), b.get(k), f"{prefix}.{k}" if prefix else str(k))
+        return out
+    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        out = []
+        for i, (va, vb) in enumerate(zip(a, b)):
+            name = va.get("name") if isinstance(va, dict) and isinstance(vb, dict) and va.get("name") == vb.get("name") \
+                else None
+            out += _diff(va, vb, f"{prefix}[{i + 1}{':' + name if name else ''}]")
+        return out
+    return [] if a == b else [f"{prefix or 'value'}: {a!r} -> {b!r}"]
+
+
+def config_changes(old: dict, new: dict) -> list[str]:
+    """The changed fields between two ``TrainConfig.to_dict()``s that the fingerprint counts (the bookkeeping
+    fields it ignores, e.g. out/device/threads, left out); every changed field when only those differ."""
+    import inspect
+
+    from hybrid.train.config import TrainConfig
+
+    params = inspect.signature(TrainConfig.fingerprint).parameters
+    ignore, ignore_stage = set(params["ignore"].default), set(params["ignore_stage"].default)
+
+    def counted(d: dict) -> dict:
+        d = {k: v for k, v in (d or {}).items() if k not in ignore}
+        if isinstance(d.get("stages"), list):
+            d["stages"] = [{k: v for k, v in s.items() if k not in ignore_stage} if isinstance(s, dict) else s
+                           for s in d["stages"]]
+        return d
+
+    return _diff(counted(old), counted(new)) or _diff(old or {}, new or {})
 
 
 def _upgrade_identity(identity: Any) -> Any:
@@ -247,10 +273,32 @@ def check_run_folder(out: Path, record: RunRecord, resume: bool, allow_config_ch
     if ckpt is None:
         raise CheckpointError(f"--resume: {out} has no complete checkpoint to resume from; drop --resume")
     if old is not None and old.get("fingerprint") != record.fingerprint and not allow_config_change:
-        changed = _diff(old.get("config", {}), record.config)
+        changed = config_changes(old.get("config", {}), record.config) or [
+            f"fingerprint {old.get('fingerprint')} -> {record.fingerprint}"]
         raise CheckpointError(f"--resume with a changed config ({'; '.join(changed)}): refused; restore the old "
                               "config or pass --allow-config-change (allow_config_change=True) to continue anyway")
     return ckpt
+
+
+def check_output_folder(out: Path) -> None:
+    """Refuse an output path that is a file, or a folder (or the nearest existing parent of a new one) that this
+    process cannot write, before any model is loaded."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise CheckpointError(f"output folder {out} is an existing file, not a folder: choose another output "
+                              "folder (--out DIR, or out = ... in the config) or remove the file")
+    probe = out
+    while not probe.exists():
+        if probe.parent == probe:
+            break
+        probe = probe.parent
+    if probe.exists() and not probe.is_dir():
+        raise CheckpointError(f"output folder {out}: {probe} is a file, not a folder; choose another output "
+                              "folder (--out DIR, or out = ... in the config)")
+    if probe.exists() and not os.access(probe, os.W_OK | os.X_OK):
+        what = "output folder" if probe == out else f"the output folder's parent {probe} (to create {out})"
+        raise CheckpointError(f"{what} is not writable: choose a writable output folder (--out DIR, or out = ... "
+                              "in the config) or fix its permissions")
 
 
 def write_run_record(out: Path, record: RunRecord) -> None:

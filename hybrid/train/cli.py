@@ -30,7 +30,8 @@ def main(argv: list[str] | None = None) -> int:
         config = TrainConfig.from_file(a.config, **overrides)
         result = run(config, stage=a.stage, resume=a.resume, allow_config_change=a.allow_config_change)
         finished = True
-    except (TrainConfigError, CheckpointError, FileNotFoundError, ValueError) as err:
+    except (TrainConfigError, CheckpointError, FileNotFoundError, FileExistsError, NotADirectoryError,
+            ValueError) as err:
         print(f"hybrid-train: error: {err}", file=sys.stderr)
         return 2
     finally:

@@ -103,6 +103,7 @@ class Trainer:
         only = self._stage_index(stage)
         if only is not None and only > 0:
             resume = True  # a later stage alone continues from the earlier stages' checkpoint
+        self._preflight()  # before any model is loaded
         env = self.env = setup(cfg.device, cfg.distributed)
         if cfg.threads and env.device.type == "cpu":
             torch.set_num_threads(cfg.threads)
@@ -130,6 +131,7 @@ class Trainer:
             raise CheckpointError(f"--stage {only + 1}: stage 1 is not finished in {out} (no checkpoint); run the "
                                   "earlier stages first (--stage 1 or --stage all)")
         ckpt = check_run_folder(out, record, resume, allow_config_change)  # every process checks (same answer)
+        self._check_corpus_sizes(len(cfg.stages) - 1 if only is None else only)  # before the run folder is made
         env.barrier()
         if env.is_main:
             out.mkdir(parents=True, exist_ok=True)
@@ -193,6 +195,42 @@ class Trainer:
                               "it from log.jsonl)", stacklevel=1)
         env.barrier()
         return RunResult(out, model_path, self.history, self.student)
+
+    def _preflight(self) -> None:
+        """What can be refused before loading a model: a device that is not there, an output path that is a
+        file or cannot be written."""
+        from hybrid.train.checkpoint import check_output_folder
+
+        if self.config.device == "cuda" and not torch.cuda.is_available():
+            raise TrainConfigError("device='cuda' but no CUDA GPU is visible (torch.cuda.is_available() is False): "
+                                   "pass --device cpu or --device auto (device = \"cpu\" / \"auto\" in the config)")
+        check_output_folder(Path(self.config.out))
+
+    def _check_corpus_sizes(self, last: int) -> None:
+        """Refuse a text corpus shorter than one window of a stage that cuts windows from it (text or copy rows;
+        the merge calibration reads the first stage's), naming its size and the size needed."""
+        from hybrid.config import HybridOptions
+        from hybrid.layers.merge import MERGES
+        from hybrid.train.data import load_text
+
+        cfg = self.config
+        calibrates = cfg.is_hybrid and cfg.calibrate_merge and MERGES[HybridOptions.from_dict(cfg.hybrid).merge].norm
+        for i, s in enumerate(cfg.stages[: last + 1]):
+            d = cfg.data_for(s)
+            need = s.seq_len + 2 if (d.text > 0 or d.copy > 0) else 0
+            if i == 0 and calibrates:
+                need = max(need, min(512, s.seq_len) + 1)
+            if not need:
+                continue
+            text = load_text(d, self.tokenizer, self._corpus)  # memoised: the stage reuses it
+            sizes = text.sizes() if hasattr(text, "sizes") else {d.corpus: int(text.numel())}
+            short = {name: n for name, n in sizes.items() if n < need}
+            if short:
+                got = ", ".join(f"{name!r} has {n} tokens" for name, n in short.items())
+                raise TrainConfigError(
+                    f"stages[{s.name}]: the text corpus is too short ({got}); one window of seq_len={s.seq_len} "
+                    f"needs at least {need} tokens: give a longer data.corpus, a shorter seq_len, or data.text = "
+                    "data.copy = 0 and calibrate_merge = false")
 
     def _stage_index(self, stage: str | int) -> int | None:
         if stage in ("all", None):

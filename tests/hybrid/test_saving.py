@@ -75,6 +75,19 @@ def test_hybrid_save_is_save_pretrained_with_the_tokenizer(built, tmp_path):
     assert check_folder(out, need_tokenizer=True) == tmp_path / "x"
 
 
+@pytest.mark.parametrize("how", ["save_pretrained", "hybrid.save"])
+def test_saving_onto_an_existing_file_is_refused_naming_the_path(built, tmp_path, how):
+    model, tok = built
+    target = tmp_path / "model.bin"
+    target.write_text("a file, not a folder")
+    with pytest.raises(FileExistsError, match=r"model\.bin: it is an existing file, not a folder; remove it or give"):
+        if how == "save_pretrained":
+            model.save_pretrained(target, tokenizer=tok)
+        else:
+            hybrid.save(model, str(target), tokenizer=tok)
+    assert target.read_text() == "a file, not a folder"
+
+
 def test_plain_import_hybrid_registers_the_auto_classes(saved):
     """In a fresh process: `import hybrid` then AutoModelForCausalLM.from_pretrained, nothing else."""
     code = ("import hybrid\nfrom transformers import AutoModelForCausalLM\n"
