@@ -25,6 +25,7 @@ from headscope.patching.engine import receiver_scores
 from headscope.patching.inputs import PatchInputError, as_patch_pair
 from headscope.patching.nn_sight import is_nnsight_model, unwrap_nnsight
 from headscope.results import HeadScores
+from headscope.tasks.base import resolve_n_samples
 from headscope.tokenizers import unwrap
 
 __all__ = ["score", "BACKENDS"]
@@ -50,11 +51,13 @@ def _max_positions(hf: nn.Module) -> int | None:
     return None
 
 
-def prepare_scoring(model: Any, task: Any, tokenizer: Any, n_samples: int, seed: int, device: Any,
+def prepare_scoring(model: Any, task: Any, tokenizer: Any, n_samples: int | None, seed: int, device: Any,
                     task_config: dict | None, task_kwargs: dict) -> tuple[Any, nn.Module, Arch, list, list, str]:
     """Read a model (object, "default" or a path) and a task (through ``headscope.pairs.task_pairs``) into
-    (model, hf model, arch, tokenized pairs, checked patch pairs, task name). Shared by every scorer."""
-    check_n_samples(n_samples)
+    (model, hf model, arch, tokenized pairs, checked patch pairs, task name). Shared by every scorer.
+    ``n_samples`` follows ``headscope.tasks.base.resolve_n_samples`` (None: all pairs of a fixed set)."""
+    if n_samples is not None:
+        check_n_samples(n_samples)  # a bad count fails before the model is loaded
     if isinstance(model, str):
         from headscope.reference import load_model
 
@@ -65,6 +68,7 @@ def prepare_scoring(model: Any, task: Any, tokenizer: Any, n_samples: int, seed:
         from headscope.reference import check_device
 
         model.to(check_device(device))
+    n_samples = resolve_n_samples(task, n_samples, model=model, task_options={**(task_config or {}), **task_kwargs})
     raw = task_pairs(model, task, tokenizer=tokenizer, n_samples=n_samples, seed=seed, task_config=task_config,
                      **task_kwargs)
     vocab_size = hf.get_input_embeddings().weight.shape[0]
@@ -91,7 +95,7 @@ def scoring_settings(hf: nn.Module, arch: Any, pairs: list, seed: int, batch_siz
             "dtype": str(next(hf.parameters()).dtype)}
 
 
-def score(model: Any, task: Any = "niah", *, tokenizer: Any = None, n_samples: int = 8, seed: int = 0,
+def score(model: Any, task: Any = "niah", *, tokenizer: Any = None, n_samples: int | None = 8, seed: int = 0,
           metric: "str | Callable" = "logit_diff", backend: str = "auto", batch_size: int | None = None,
           device: "str | torch.device | None" = None, progress: bool = True, on_clean_failure: str = "warn",
           min_clean_accuracy: float = 0.5, task_config: dict | None = None, shard: str | None = None,
@@ -99,6 +103,10 @@ def score(model: Any, task: Any = "niah", *, tokenizer: Any = None, n_samples: i
     """Receiver score of every head (docs/method.md section 1) on ``n_samples`` pairs of ``task``.
 
     task: a registered name ("niah", ...), a Task object, or a list of TokenizedPair.
+    n_samples: how many pairs; None means all pairs of a task with a fixed set (``tasks.from_pairs``, a list
+    of TokenizedPair). A count larger than such a task holds is refused (the message says how many there
+    are; pass ``n_samples=None``), so the default 8 needs ``n_samples=None`` (or a smaller count) for a
+    smaller ``from_pairs`` task. A generated task ("niah", ...) needs a count.
     tokenizer: found from the model when not given (headscope.tokenizers.find_tokenizer).
     on_clean_failure: "warn" | "drop" | "error" when the clean accuracy is below min_clean_accuracy
     ("drop" scores only the pairs the model answers correctly). Pairs whose corruption does not change

@@ -11,6 +11,10 @@ slice of the output projection's input) is replaced, through ``headscope.ablatio
 its mean over the evaluation prompts (clean and corrupt), or "zero" zeros.
 Accuracy is teacher-forced greedy exact match on the clean answer; ``metric`` (``headscope.metrics``,
 default the clean-minus-corrupt answer logit difference) is averaged over pairs.
+
+``n_samples`` (default 16) follows the rule of ``headscope.score``: None means all pairs of a task with a
+fixed set (``headscope.tasks.from_pairs``, a list of TokenizedPair); a count larger than such a task holds
+is refused, saying how many pairs there are and suggesting ``n_samples=None``; a generated task needs a count.
 """
 from __future__ import annotations
 
@@ -28,6 +32,7 @@ from headscope.hooks import record_inputs
 from headscope.metrics import resolve_metric
 from headscope.pairs import task_name, task_pairs
 from headscope.results import HeadScores
+from headscope.tasks.base import resolve_n_samples
 from headscope.tokenizers import find_tokenizer
 
 __all__ = ["knockout_curve", "knockout_eval", "auc", "default_ks", "KNOCKOUT_KIND"]
@@ -104,14 +109,15 @@ def _pad_id(tokenizer: Any) -> int:
     return 0 if pid is None else int(pid)
 
 
-def _pairs_and_pad(model: nn.Module, task: Any, tokenizer: Any, n_samples: int, seed: int,
+def _pairs_and_pad(model: nn.Module, task: Any, tokenizer: Any, n_samples: int | None, seed: int,
                    task_kwargs: dict) -> tuple[list, int]:
+    n_samples = resolve_n_samples(task, n_samples, model=model, task_options=task_kwargs, who="knockout")
     pairs = task_pairs(model, task, tokenizer=tokenizer, n_samples=n_samples, seed=seed, **task_kwargs)
     return pairs, _pad_id(find_tokenizer(model, tokenizer, required=False))
 
 
 def knockout_eval(model: nn.Module, task: Any, heads: Sequence, *, tokenizer: Any = None, kind: str = KNOCKOUT_KIND,
-                  n_samples: int = 16, seed: int = 0, metric: Any = "logit_diff", batch_size: int = 8,
+                  n_samples: int | None = 16, seed: int = 0, metric: Any = "logit_diff", batch_size: int = 8,
                   **task_kwargs) -> dict[str, float]:
     """Accuracy and mean metric with ``heads`` knocked out, and without (``*_clean``)."""
     _check_common(kind, batch_size)
@@ -138,7 +144,7 @@ def default_ks(n_total: int, max_fraction: float = 0.1, n_points: int = 11) -> l
 
 def knockout_curve(model: nn.Module, task: Any, scores: HeadScores | torch.Tensor, *, tokenizer: Any = None,
                    ks: Sequence[int] | None = None, max_fraction: float = 0.1, kind: str = KNOCKOUT_KIND,
-                   n_random: int = 5, n_samples: int = 16, seed: int = 0, metric: Any = "logit_diff",
+                   n_random: int = 5, n_samples: int | None = 16, seed: int = 0, metric: Any = "logit_diff",
                    batch_size: int = 8, progress: bool = True, **task_kwargs):
     """Accuracy as the top-k heads (by ``scores``) or k random heads are knocked out.
 

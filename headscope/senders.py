@@ -9,7 +9,9 @@
     res.to_dataframe()    # one row per head
 
 The definition (exact, per pair) is in headscope/patching/path.py and docs/scoring.md. Use the
-same ``n_samples`` / ``seed`` as the receiver scores so that both cover the same pairs.
+same ``n_samples`` / ``seed`` as the receiver scores so that both cover the same pairs. ``n_samples``
+follows ``headscope.score``'s rule: None means all pairs of a fixed set (``tasks.from_pairs``); a larger
+count than such a task holds is refused.
 """
 from __future__ import annotations
 
@@ -37,7 +39,7 @@ def default_k(n_heads_total: int) -> int:
     return max(1, round(0.02 * n_heads_total))
 
 
-def _prepare(model: Any, task: Any, tokenizer: Any, n_samples: int, seed: int, device: Any,
+def _prepare(model: Any, task: Any, tokenizer: Any, n_samples: int | None, seed: int, device: Any,
              task_config: dict | None, task_kwargs: dict) -> tuple[nn.Module, Arch, list, list, str]:
     """(hf model, arch, raw pairs, patch pairs, task name), read as headscope.api.score reads them."""
     _, hf, arch, raw, pairs, name = prepare_scoring(model, task, tokenizer, n_samples, seed, device, task_config,
@@ -87,7 +89,7 @@ def _score_senders(hf: nn.Module, arch: Arch, pairs: list, receivers: Sequence[H
     return out
 
 
-def sender_scores(model: Any, task: Any, receivers: Any, *, tokenizer: Any = None, n_samples: int = 8,
+def sender_scores(model: Any, task: Any, receivers: Any, *, tokenizer: Any = None, n_samples: int | None = 8,
                   seed: int = 0, metric: "str | Callable" = "logit_diff", backend: str = "hf",
                   batch_size: int | None = None, device: "str | torch.device | None" = None, progress: bool = True,
                   on_clean_failure: str = "warn", min_clean_accuracy: float = 0.5, task_config: dict | None = None,
@@ -169,7 +171,7 @@ def _max_over_rounds(rounds: Sequence[HeadScores]) -> HeadScores:
 
 def iterated_path_patching(model: Any, task: Any = "niah", *, tokenizer: Any = None,
                            receiver_scores: HeadScores | None = None, k: int | None = None, max_rounds: int = 3,
-                           min_score: float = 0.0, rule: str = "max", weight: float = 0.5, n_samples: int = 8,
+                           min_score: float = 0.0, rule: str = "max", weight: float = 0.5, n_samples: int | None = 8,
                            seed: int = 0, metric: "str | Callable" = "logit_diff", backend: str = "hf",
                            batch_size: int | None = None, device: "str | torch.device | None" = None,
                            progress: bool = True, on_clean_failure: str = "warn", min_clean_accuracy: float = 0.5,

@@ -243,6 +243,10 @@ class Task:
             raise ValueError(f"task {self.name!r} takes no config; got {sorted(config)}")
         self.config = make_config(self.Config, self.name, config) if self.Config is not None else None
 
+    #: how many distinct pairs the task holds (None: it generates as many as asked). A task with a fixed pool
+    #: (``from_pairs``) sets it; ``n_samples=None`` / ``n=None`` then means all of them.
+    n_available: int | None = None
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.config})"
 
@@ -299,12 +303,18 @@ class CustomTask(Task):
     def __repr__(self) -> str:
         return f"CustomTask({self.name!r}, {len(self.pairs)} pairs)"
 
+    @property
+    def n_available(self) -> int:
+        return len(self.pairs)
+
     def _generate(self, tokenizer, n: int | None, seed: int):
+        """``n=None``: all pairs (in the user's order); an int picks a seeded subset of that many."""
         if n is None:
             n = len(self.pairs)
-        if not isinstance(n, int) or not 1 <= n <= len(self.pairs):
-            raise ValueError(f"n={n!r}: task {self.name!r} holds {len(self.pairs)} pairs; "
-                             f"pass 1 <= n <= {len(self.pairs)} or n=None for all")
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= len(self.pairs):
+            raise ValueError(f"n={n!r}: task {self.name!r} holds {len(self.pairs)} {_pairs_word(len(self.pairs))}; pass n=None for all "
+                             f"{len(self.pairs)} (n_samples=None in headscope.score / sender_scores / knockout_curve "
+                             f"/ knockout_eval) or a count 1 <= n <= {len(self.pairs)}")
         order = list(range(len(self.pairs)))
         random.Random(f"{self.name}:{seed}").shuffle(order)
         picked = [self.pairs[i] for i in sorted(order[:n])]  # a seeded subset, kept in the user's order
@@ -336,6 +346,49 @@ def from_pairs(name: str, pairs) -> CustomTask:
     if not built:
         raise ValueError(f"from_pairs({name!r}, ...) got no pairs; give at least one")
     return CustomTask(name, built)
+
+
+def _pairs_word(n: int) -> str:
+    return "pair" if n == 1 else "pairs"
+
+
+def resolve_n_samples(task: Any, n_samples: Any, *, model: Any = None, task_options: dict | None = None,
+                      who: str = "score") -> int:
+    """The pair count a scorer asks ``task`` for: the one rule of ``n_samples`` everywhere
+    (``headscope.score``, ``sender_scores``, ``iterated_path_patching``, ``knockout_curve``, ``knockout_eval``).
+
+    ``n_samples=None`` means all pairs: every pair of a task with a fixed pool (``from_pairs``; its
+    ``n_available``) or of a list of TokenizedPair; a generated task (``"niah"``, ...) has no "all" and
+    needs a count. An int must be >= 1 and, for a fixed pool, at most the pairs it holds: a larger count
+    is refused saying how many there are and suggesting ``n_samples=None``. A list of TokenizedPair is
+    used whole whatever the count (as ``headscope.pairs.task_pairs`` does). ``task`` given by name is
+    built (with ``model``'s registry task defaults and ``task_options``) to find its pool.
+    """
+    if isinstance(task, (list, tuple)):
+        if n_samples is not None and (isinstance(n_samples, bool) or not isinstance(n_samples, int) or n_samples < 1):
+            raise ValueError(f"{who}: n_samples must be an int >= 1, or None for all pairs, got {n_samples!r}")
+        return len(task) if n_samples is None else n_samples
+    if n_samples is not None and (isinstance(n_samples, bool) or not isinstance(n_samples, int) or n_samples < 1):
+        raise ValueError(f"{who}: n_samples must be an int >= 1, or None for all pairs of a task built from a "
+                         f"fixed list (from_pairs), got {n_samples!r}")
+    built = task
+    if isinstance(task, str):
+        from headscope.zoo import task_defaults
+        from headscope.tokenizers import unwrap
+
+        defaults = task_defaults(unwrap(model), task) if model is not None else {}
+        built = get_task(task, **{**defaults, **(task_options or {})})
+    pool = getattr(built, "n_available", None)
+    name = getattr(built, "name", task)
+    if n_samples is None:
+        if pool is None:
+            raise ValueError(f"{who}: n_samples=None means all pairs, but task {name!r} generates pairs (it has no "
+                             "fixed set); give a count, e.g. n_samples=8")
+        return int(pool)
+    if pool is not None and n_samples > pool:
+        raise ValueError(f"{who}: n_samples={n_samples} but task {name!r} holds {pool} {_pairs_word(pool)}; pass "
+                         f"n_samples=None to use all {pool}, or a count 1..{pool}")
+    return n_samples
 
 
 # ----------------------------------------------------------------------------- registry

@@ -89,3 +89,51 @@ def test_cuda_without_cuda_is_refused():
     with pytest.raises(ValueError, match="CUDA is not available"):
         score(tiny_model("qwen3"), "niah", tokenizer=char_tokenizer(), device="cuda", progress=False,
               context_length=160)
+
+
+def _three_pair_task():
+    from headscope.tasks import from_pairs
+
+    return from_pairs("three", [(f"a b the number is {a} c the answer is", f"a b the number is {b} c the answer is",
+                                 f" {a}", f" {b}") for a, b in ((1, 2), (3, 4), (5, 6))])
+
+
+def test_n_samples_none_means_all_pairs_and_a_larger_count_is_refused():
+    from char_tokenizer import word_tokenizer
+
+    model, tok, task = tiny_model("qwen3"), word_tokenizer(), _three_pair_task()
+    for call in (lambda: score(model, task, tokenizer=tok, progress=False),  # the default 8 > 3 pairs
+                 lambda: score(model, task, tokenizer=tok, n_samples=5, progress=False)):
+        with pytest.raises(ValueError, match=r"n_samples=(8|5) but task 'three' holds 3 pairs; pass n_samples=None"):
+            call()
+    s = score(model, task, tokenizer=tok, n_samples=None, progress=False, min_clean_accuracy=0.0)
+    assert s.n_samples == 3 and s.settings["n_samples"] == 3
+    assert score(model, task, tokenizer=tok, n_samples=2, progress=False, min_clean_accuracy=0.0).n_samples == 2
+    pairs = task.tokenized(tok)  # n=None: all pairs
+    assert len(pairs) == 3 and score(model, pairs, tokenizer=tok, n_samples=None, progress=False,
+                                     min_clean_accuracy=0.0).n_samples == 3
+    from headscope.tasks import register_task
+
+    register_task("three_test", _three_pair_task, overwrite=True)  # a fixed set given by name
+    with pytest.raises(ValueError, match="holds 3 pairs; pass n_samples=None"):
+        score(model, "three_test", tokenizer=tok, progress=False)
+    assert score(model, "three_test", tokenizer=tok, n_samples=None, progress=False,
+                 min_clean_accuracy=0.0).n_samples == 3
+    with pytest.raises(ValueError, match="n_samples=None means all pairs, but task 'niah' generates pairs"):
+        score(model, "niah", tokenizer=tok, n_samples=None, progress=False, context_length=64)
+    for bad in (0, 2.5, True):
+        with pytest.raises(ValueError, match="n_samples must be an int >= 1"):
+            score(model, task, tokenizer=tok, n_samples=bad, progress=False)
+    with pytest.raises(ValueError, match="holds 3 pairs; pass n=None for all 3 \\(n_samples=None"):
+        task.generate(tok, n=4)
+
+
+def test_sender_scores_follow_the_n_samples_rule():
+    from char_tokenizer import word_tokenizer
+    from headscope.senders import sender_scores
+
+    model, tok, task = tiny_model("qwen3"), word_tokenizer(), _three_pair_task()
+    with pytest.raises(ValueError, match="holds 3 pairs; pass n_samples=None"):
+        sender_scores(model, task, [(2, 0)], tokenizer=tok, progress=False)
+    s = sender_scores(model, task, [(2, 0)], tokenizer=tok, n_samples=None, progress=False, min_clean_accuracy=0.0)
+    assert s.n_samples == 3

@@ -94,3 +94,23 @@ def test_auc():
     assert a["gap"] == pytest.approx(a["random"] - a["top"])
     with pytest.raises(ValueError, match="columns"):
         auc(df.drop(columns="selection"))
+
+
+def test_knockout_n_samples_none_means_all_pairs(model):
+    from headscope.tasks import from_pairs
+
+    tok = word_tokenizer()
+    task = from_pairs("three", [(f"a b the number is {a} c the answer is", f"a b the number is {b} c the answer is",
+                                 f" {a}", f" {b}") for a, b in ((1, 2), (3, 4), (5, 6))])
+    scores = HeadScores("three", torch.rand(1, 3, 4))
+    for call in (lambda **kw: knockout_eval(model, task, [Head(0, 0)], tokenizer=tok, **kw),
+                 lambda **kw: knockout_curve(model, task, scores, tokenizer=tok, ks=[0, 1], n_random=1,
+                                             progress=False, **kw)):
+        with pytest.raises(ValueError, match=r"knockout: n_samples=16 but task 'three' holds 3 pairs; "
+                                             r"pass n_samples=None to use all 3"):
+            call()  # the default 16
+        call(n_samples=None)
+    assert knockout_curve(model, task, scores, tokenizer=tok, ks=[0, 1], n_random=1, progress=False,
+                          n_samples=None).attrs["n_samples"] == 3
+    with pytest.raises(ValueError, match="n_samples=None means all pairs, but task 'niah' generates pairs"):
+        knockout_eval(model, "niah", [Head(0, 0)], tokenizer=tok, n_samples=None)
