@@ -379,10 +379,121 @@ def cmd_score(args: argparse.Namespace) -> None:
         _log(f"wrote {path}")
 
 
+_FINGERPRINT_KEYS = ("config_fingerprint", "fingerprint", "model_fingerprint")
+
+
+def _recorded_model(scores: list) -> dict[str, Any] | None:
+    """The model the scores files record (``settings``: model name or path, fingerprint, model type; the
+    scores' own shape and KV heads), or None when none records one. Files that record different models
+    are refused."""
+    found: dict[str, dict[str, Any]] = {}
+    for s in scores:
+        st = s.settings or {}
+        model = st.get("model")
+        nested = model if isinstance(model, dict) else {}
+        name = nested.get("name") or nested.get("name_or_path") if nested else model
+        fp = next((v for src in (st, nested) for k in _FINGERPRINT_KEYS if (v := src.get(k))), None)
+        if not name and not fp:
+            continue
+        rec = {"name": str(name) if name else None, "fingerprint": str(fp) if fp else None,
+               "model_type": st.get("model_type") or nested.get("model_type"),
+               "n_layers": s.n_layers, "n_heads": s.n_heads, "n_kv_heads": s.n_kv_heads,
+               "recorded_shape": (st.get("n_layers"), st.get("n_heads"))}
+        found[s.task + "/" + s.kind] = rec
+    if not found:
+        return None
+    fps = {r["fingerprint"] for r in found.values() if r["fingerprint"]}
+    if len(fps) > 1:
+        raise UsageError(f"the scores files come from different models (config fingerprints {sorted(fps)}); "
+                         "pass scores of one model, and --model for it")
+    rec = next(iter(found.values()))
+    if fps:
+        rec = next(r for r in found.values() if r["fingerprint"])
+    return rec
+
+
+def _recorded_config(rec: dict[str, Any]):
+    """The local config of the recorded model when it is still on disk and still matches the recorded
+    fingerprint, else None."""
+    from headscope.mask import config_fingerprint
+
+    if not rec["name"]:
+        return None
+    try:
+        cfg = _model_config(rec["name"])
+    except Exception:  # not a local folder (a hub name, a moved folder): the recorded fields are used instead
+        return None
+    if rec["fingerprint"] and config_fingerprint(cfg) != rec["fingerprint"]:
+        return None
+    return cfg
+
+
+def _shape_text(L: int, H: int) -> str:
+    return f"{L} layers x {H} heads"
+
+
+def _check_scores_fit_model(fused, cfg, spec: str, rec: dict[str, Any] | None, recorded: bool = False) -> None:
+    from headscope.mask import model_shape
+
+    shape = model_shape(cfg)
+    ml, mh = shape["num_hidden_layers"], shape["num_attention_heads"]
+    if (fused.n_layers, fused.n_heads) == (ml, mh):
+        return
+    if recorded:
+        raise UsageError(f"the scores are {_shape_text(fused.n_layers, fused.n_heads)} but the model they record, "
+                         f"{spec}, has {_shape_text(ml, mh)}: rescore that model (headscope score --model {spec}), "
+                         "or pass --model the scores came from")
+    came = f" ({rec['name']}, recorded in the scores)" if rec and rec.get("name") else ""
+    raise UsageError(f"the scores are {_shape_text(fused.n_layers, fused.n_heads)} but --model {spec} has "
+                     f"{_shape_text(ml, mh)}: pass scores of this model (headscope score --model {spec}), or "
+                     f"--model the scores came from{came}")
+
+
+def _select_for_recorded_model(fused, args: argparse.Namespace, rec: dict[str, Any] | None):
+    """select without --model: the mask carries the model the scores record (its shape, KV heads and
+    fingerprint, from its local config when that still matches, else from the recorded fields)."""
+    import dataclasses
+
+    if rec is None:
+        _log(f"select: no --model and the scores record no model: the mask is for "
+             f"{_shape_text(fused.n_layers, fused.n_heads)} (the scores' shape) without a config fingerprint; "
+             "pass --model to record the model")
+        return _select(fused, args, None)
+    cfg = _recorded_config(rec)
+    if cfg is not None:
+        _check_scores_fit_model(fused, cfg, rec["name"], rec, recorded=True)
+        mask = _select(fused, args, cfg)
+    else:
+        rl, rh = rec["recorded_shape"]
+        if rl is not None and rh is not None and (int(rl), int(rh)) != (fused.n_layers, fused.n_heads):
+            raise UsageError(f"the scores are {_shape_text(fused.n_layers, fused.n_heads)} but record a model "
+                             f"of {_shape_text(int(rl), int(rh))} ({rec['name'] or 'unnamed'}): the file was edited "
+                             "or mixed up; rescore, or pass --model the scores came from")
+        mask = _select(fused, args, None)
+        if rec["fingerprint"] or rec["model_type"]:
+            mask = dataclasses.replace(mask, fingerprint=rec["fingerprint"] or mask.fingerprint,
+                                       model_type=rec["model_type"] or mask.model_type)
+    mask.settings["model"] = rec["name"]
+    mask.settings["model_from"] = "the scores' settings (no --model)"
+    kv = f", {mask.n_kv_heads} KV heads" if mask.n_kv_heads is not None else ""
+    fp = f", config fingerprint {mask.fingerprint}" if mask.fingerprint else ", no config fingerprint"
+    src = "its local config" if cfg is not None else "the fields the scores record"
+    _log(f"select: no --model: the mask is for the model the scores record, {rec['name'] or 'unnamed'} "
+         f"({_shape_text(mask.n_layers, mask.n_heads)}{kv}{fp}; from {src})")
+    return mask
+
+
 def cmd_select(args: argparse.Namespace) -> None:
     _check_out(args.out, MASK_KIND, args)
-    fused = _fused(_load_scores(args.scores), args.combine, args.stability, args.weights, args.threshold)
-    mask = _select(fused, args, _model_config(args.model))
+    scores = _load_scores(args.scores)
+    rec = _recorded_model(scores)
+    fused = _fused(scores, args.combine, args.stability, args.weights, args.threshold)
+    if args.model is not None:
+        cfg = _model_config(args.model)
+        _check_scores_fit_model(fused, cfg, args.model, rec)
+        mask = _select(fused, args, cfg)
+    else:
+        mask = _select_for_recorded_model(fused, args, rec)
     mask.to_json(args.out)
     print(_summary(mask))
     _log(f"wrote {args.out}")
@@ -467,6 +578,48 @@ def cmd_knockout(args: argparse.Namespace) -> None:
         _log(f"wrote {save(knockout_plot(df, title=f'knockout on {task} ({args.kind})'), args.plot)}")
 
 
+_SIMILARITY_EXPECTED = ("a layer-similarity CSV (a square matrix with the layer names as its first column and "
+                        "header, e.g. layer_similarity(model).to_csv('sim.csv'))")
+
+
+def _json_kind(src: Path) -> str | None:
+    """What a JSON input is ("a headscope scores file", ...), or None when it is not JSON."""
+    try:
+        data = json.loads(src.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError, OSError):
+        return None
+    schema = data.get("schema") if isinstance(data, dict) else None
+    return {SCORES_KIND: "a headscope scores JSON file", MASK_KIND: "a headscope head-mask JSON file"}.get(
+        schema, "a JSON file")
+
+
+def _similarity_csv(src: Path):
+    """plot similarity's input, refused with what was expected and what was given."""
+    import pandas as pd
+
+    hint = {"a headscope scores JSON file": " (plot scores with `headscope plot heatmap` or `plot stability`)",
+            "a headscope head-mask JSON file": " (plot a mask with `headscope plot heatmap`)"}
+    kind = _json_kind(src)
+    if kind is not None:
+        raise UsageError(f"plot similarity reads {_SIMILARITY_EXPECTED}; {src} is {kind}{hint.get(kind, '')}")
+    if _is_knockout_csv(src):
+        raise UsageError(f"plot similarity reads {_SIMILARITY_EXPECTED}; {src} is a knockout CSV (plot it with "
+                         "`headscope plot knockout`)")
+    try:
+        df = pd.read_csv(src, index_col=0)
+    except (ValueError, UnicodeDecodeError) as err:
+        raise UsageError(f"plot similarity reads {_SIMILARITY_EXPECTED}; {src} is not a readable CSV "
+                         f"({str(err).splitlines()[0] if str(err) else type(err).__name__})") from None
+    if df.shape[0] != df.shape[1] or df.shape[0] == 0:
+        raise UsageError(f"plot similarity reads {_SIMILARITY_EXPECTED}; {src} holds a {df.shape[0]} x "
+                         f"{df.shape[1]} table (after its first column), not a square matrix")
+    bad = [c for c in df.columns if not pd.api.types.is_numeric_dtype(df[c])]
+    if bad:
+        raise UsageError(f"plot similarity reads {_SIMILARITY_EXPECTED}; {src} has non-numeric column(s) "
+                         f"{bad[:3]}")
+    return df
+
+
 def cmd_plot(args: argparse.Namespace) -> None:
     import pandas as pd
     import torch
@@ -486,13 +639,25 @@ def cmd_plot(args: argparse.Namespace) -> None:
         except (json.JSONDecodeError, UnicodeDecodeError):
             raise UsageError(f"{src} is not a scores or head-mask JSON file") from None
         if data.get("schema") == "headscope.head_mask":
-            mask = mask or HeadMask.from_dict(data)
-            if mask.scores is None:
+            inp = HeadMask.from_dict(data)
+            if inp.scores is None:
                 raise UsageError(f"{src} is a head mask without scores; plot its scores file instead")
-            fig = plots.heatmap(torch.tensor(mask.scores), mask=mask,
-                                n_kv_heads=mask.n_kv_heads, title=args.title or "mask scores, FA heads marked")
+            mask = mask or inp  # --mask marks its FA heads over the input mask's scores
+            if (mask.n_layers, mask.n_heads) != (inp.n_layers, inp.n_heads):
+                raise UsageError(f"--mask {args.mask} is for {_shape_text(mask.n_layers, mask.n_heads)} but --in "
+                                 f"{src} holds scores of {_shape_text(inp.n_layers, inp.n_heads)}, so its FA heads "
+                                 "would be marked outside the map: pass the mask selected from these scores (or "
+                                 "the scores of the mask's model)")
+            fig = plots.heatmap(torch.tensor(inp.scores), mask=mask,
+                                n_kv_heads=inp.n_kv_heads, title=args.title or "mask scores, FA heads marked")
         else:
-            fig = plots.heatmap(_load_scores([str(src)])[0], mask=mask, title=args.title)
+            scores = _load_scores([str(src)])[0]
+            if mask is not None and (mask.n_layers, mask.n_heads) != (scores.n_layers, scores.n_heads):
+                raise UsageError(f"--mask {args.mask} is for {_shape_text(mask.n_layers, mask.n_heads)} but --in "
+                                 f"{src} holds scores of {_shape_text(scores.n_layers, scores.n_heads)}, so its FA "
+                                 "heads would be marked outside the map: pass the mask selected from these scores "
+                                 "(or the scores of the mask's model)")
+            fig = plots.heatmap(scores, mask=mask, title=args.title)
     elif args.figure == "knockout":
         fig = plots.knockout_plot(pd.read_csv(src), band=args.band, title=args.title)
     elif args.figure == "stability":
@@ -504,7 +669,7 @@ def cmd_plot(args: argparse.Namespace) -> None:
             df = pd.read_csv(src)
         fig = plots.stability_plot(df, title=args.title)
     else:
-        fig = plots.similarity_plot(pd.read_csv(src, index_col=0), title=args.title or
+        fig = plots.similarity_plot(_similarity_csv(src), title=args.title or
                                     "residual-stream cosine similarity between layers")
     _log(f"wrote {plots.save(fig, args.out)}")
 
@@ -612,7 +777,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--scores", nargs="+", required=True, help="scores JSON files (from `headscope score`)")
     _add_selection(p)
     p.add_argument("--seed", dest="tie_seed", type=int, default=None, help="random tie-breaking among equal scores")
-    p.add_argument("--model", default=None, help="'default' or a local folder: record its shape and fingerprint")
+    p.add_argument("--model", default=None, help="'default' or a local folder: record its shape and fingerprint (default: the "
+                        "model the scores record, when they record one)")
     p.add_argument("--out", required=True, help="head-mask JSON to write")
     _add_overwrite(p)
     p.set_defaults(func=cmd_select)

@@ -66,6 +66,11 @@ def heatmap(scores: HeadScores | torch.Tensor, title: str | None = None, n_kv_he
         hovertemplate=("layer %{customdata[0]:d}, head %{customdata[1]:d}<br>score %{customdata[2]:.4f}<br>"
                        "rank %{customdata[3]:d} of " + str(L * H) + "<br>KV group %{customdata[4]:d}<extra></extra>")))
     if mask is not None:
+        ml, mh = getattr(mask, "n_layers", None), getattr(mask, "n_heads", None)
+        if ml is not None and (ml, mh) != (L, H):
+            raise ValueError(f"heatmap: the mask is for {ml} layers x {mh} heads but the scores are {L} layers x "
+                             f"{H} heads, so its FA heads would be marked outside the map: pass the mask selected "
+                             "from these scores (or the scores of the mask's model)")
         fa = list(mask.fa_heads)
         fig.add_trace(go.Scatter(x=[h.head for h in fa], y=[h.layer for h in fa], mode="markers", name="FA heads",
                                  marker={"symbol": "square-open", "size": 12, "color": "red", "line": {"width": 2}},

@@ -267,3 +267,111 @@ def test_knockout_default_kind_is_patch():
 
     args = build_parser().parse_args(["knockout", "--scores", "s.json", "--out", "c.csv"])
     assert args.kind == "patch"
+
+
+# ----------------------------------------------------------------------------- scores, masks and models that disagree
+
+def test_select_refuses_scores_of_another_shape_than_the_model(tmp_path, capsys):
+    """8 x 4 scores with the 8 x 8 default model: both shapes and the fix, not 'k >= n_layers'."""
+    scores = _write_scores(tmp_path / "s.json", "niah", 0, shape=(2, 8, 4))
+    assert main(["select", "--model", "default", "--scores", scores, "--out", str(tmp_path / "m.json")]) == 2
+    err = _err(capsys)
+    assert "8 layers x 4 heads" in err and "8 layers x 8 heads" in err and "k >= n_layers" not in err
+    assert "scores of this model" in err and "--model the scores came from" in err
+    assert not (tmp_path / "m.json").exists()
+
+
+def test_select_without_model_uses_the_model_the_scores_record(tmp_path, model_dir, capsys):
+    from headscope.mask import config_fingerprint
+    from headscope.selection import select as _sel
+
+    from transformers import AutoConfig
+
+    cfg = AutoConfig.from_pretrained(str(model_dir))
+    g = torch.Generator().manual_seed(0)
+    # a scores file that records its model's folder (as `headscope score` does): the mask gets its config
+    s = HeadScores("niah", torch.rand(2, 3, 4, generator=g), n_kv_heads=None,
+                   settings={"model": str(model_dir), "n_layers": 3, "n_heads": 4})
+    s.to_json(tmp_path / "s.json")
+    out = tmp_path / "m.json"
+    assert main(["select", "--scores", str(tmp_path / "s.json"), "--k", "3", "--out", str(out)]) == 0
+    mask = HeadMask.from_json(out)
+    assert mask.fingerprint == config_fingerprint(cfg) and mask.n_kv_heads == cfg.num_key_value_heads
+    assert (mask.n_layers, mask.n_heads) == (3, 4) and mask.settings["model"] == str(model_dir)
+    err = capsys.readouterr().err
+    assert "no --model" in err and "the model the scores record" in err and config_fingerprint(cfg) in err
+    mask.validate_for(cfg)
+    # only a fingerprint recorded (the model folder is gone): the mask carries the recorded fields
+    s.settings = {"model": str(tmp_path / "gone"), "config_fingerprint": "abcd1234abcd1234", "model_type": "qwen3"}
+    s.n_kv_heads = 2
+    s.to_json(tmp_path / "s2.json")
+    assert main(["select", "--scores", str(tmp_path / "s2.json"), "--k", "3", "--out", str(out)]) == 0
+    mask = HeadMask.from_json(out)
+    assert (mask.fingerprint, mask.model_type, mask.n_kv_heads) == ("abcd1234abcd1234", "qwen3", 2)
+    assert set(mask.fa_heads) == set(_sel(s, k=3, strategy="global_per_layer_min").fa_heads)
+    assert "abcd1234abcd1234" in capsys.readouterr().err
+    # nothing recorded: the scores' shape, and the log says how to record the model
+    plain = _write_scores(tmp_path / "p.json", "niah", 0)
+    assert main(["select", "--scores", plain, "--k", "3", "--out", str(out)]) == 0
+    assert HeadMask.from_json(out).fingerprint is None
+    assert "record no model" in capsys.readouterr().err
+    # files of two different models are refused
+    s.settings = {"config_fingerprint": "ffff0000ffff0000"}
+    s.task = "reasoning"
+    s.to_json(tmp_path / "s3.json")
+    assert main(["select", "--scores", str(tmp_path / "s2.json"), str(tmp_path / "s3.json"), "--k", "3",
+                 "--out", str(out)]) == 2
+    assert "different models" in _err(capsys)
+
+
+def test_select_with_a_recorded_model_of_another_shape_is_refused(tmp_path, model_dir, capsys):
+    """The scores record a model folder whose shape is not theirs: named, not a silent mismatch."""
+    HeadScores("niah", torch.rand(2, 8, 4), settings={"model": str(model_dir)}).to_json(tmp_path / "s.json")
+    assert main(["select", "--scores", str(tmp_path / "s.json"), "--k", "8", "--out", str(tmp_path / "m.json")]) == 2
+    err = _err(capsys)
+    assert "8 layers x 4 heads" in err and "3 layers x 4 heads" in err and "the model they record" in err
+    # no local config to compare with: the recorded n_layers x n_heads disagree with the scores
+    HeadScores("niah", torch.rand(2, 8, 4), settings={"model": "gone/model", "n_layers": 8, "n_heads": 8}).to_json(
+        tmp_path / "s2.json")
+    assert main(["select", "--scores", str(tmp_path / "s2.json"), "--k", "8", "--out", str(tmp_path / "m.json")]) == 2
+    err = _err(capsys)
+    assert "8 layers x 4 heads" in err and "8 layers x 8 heads" in err and "gone/model" in err
+
+
+@pytest.mark.parametrize("mask_shape, scores_shape", [((16, 8), (8, 8)), ((8, 8), (8, 4))])
+def test_plot_heatmap_refuses_a_mask_of_another_shape(tmp_path, capsys, mask_shape, scores_shape):
+    L, H = mask_shape
+    HeadMask(fa_heads=[(L - 1, H - 1)], n_layers=L, n_heads=H).to_json(tmp_path / "m.json")
+    scores = _write_scores(tmp_path / "s.json", "niah", 0, shape=(2, *scores_shape))
+    assert main(["plot", "heatmap", "--in", scores, "--mask", str(tmp_path / "m.json"),
+                 "--out", str(tmp_path / "h.html")]) == 2
+    err = _err(capsys)
+    assert f"{L} layers x {H} heads" in err and f"{scores_shape[0]} layers x {scores_shape[1]} heads" in err
+    assert "the mask selected from these scores" in err and not (tmp_path / "h.html").exists()
+    # a mask file as --in (its own scores) with a --mask of another shape
+    HeadMask(fa_heads=[(0, 0)], n_layers=scores_shape[0], n_heads=scores_shape[1],
+             scores=torch.rand(*scores_shape).tolist()).to_json(tmp_path / "in.json")
+    assert main(["plot", "heatmap", "--in", str(tmp_path / "in.json"), "--mask", str(tmp_path / "m.json"),
+                 "--out", str(tmp_path / "h.html")]) == 2
+    assert f"{L} layers x {H} heads" in _err(capsys)
+
+
+def test_plot_similarity_names_what_it_expected_and_what_it_got(tmp_path, capsys):
+    scores = _write_scores(tmp_path / "s.json", "niah", 0)
+    assert main(["plot", "similarity", "--in", scores, "--out", str(tmp_path / "x.html")]) == 2
+    err = _err(capsys)
+    assert "layer-similarity CSV" in err and "scores JSON file" in err and "plot heatmap" in err
+    HeadMask(fa_heads=[(0, 0)], n_layers=3, n_heads=4).to_json(tmp_path / "m.json")
+    assert main(["plot", "similarity", "--in", str(tmp_path / "m.json"), "--out", str(tmp_path / "x.html")]) == 2
+    assert "head-mask JSON file" in _err(capsys)
+    (tmp_path / "c.csv").write_text("k,fraction,selection\n0,0,top\n1,0.1,top\n")
+    assert main(["plot", "similarity", "--in", str(tmp_path / "c.csv"), "--out", str(tmp_path / "x.html")]) == 2
+    assert "layer-similarity CSV" in (err := _err(capsys)) and "knockout CSV" in err and "plot knockout" in err
+    (tmp_path / "r.csv").write_text("name,a,b\nx,1,2\n")
+    assert main(["plot", "similarity", "--in", str(tmp_path / "r.csv"), "--out", str(tmp_path / "x.html")]) == 2
+    assert "layer-similarity CSV" in (err := _err(capsys)) and "1 x 2 table" in err and "not a square matrix" in err
+    import numpy as np
+
+    pd.DataFrame(np.eye(3), index=["embed", "L0", "L1"], columns=["embed", "L0", "L1"]).to_csv(tmp_path / "sim.csv")
+    assert main(["plot", "similarity", "--in", str(tmp_path / "sim.csv"), "--out", str(tmp_path / "x.html")]) == 0
+    assert (tmp_path / "x.html").exists()

@@ -107,3 +107,11 @@ def test_check_figure_path(tmp_path):
     (tmp_path / "dir.html").mkdir()
     with pytest.raises(IsADirectoryError, match="is a folder"):
         plots.check_figure_path(tmp_path / "dir.html")
+
+
+def test_heatmap_refuses_a_mask_of_another_shape():
+    from headscope.mask import HeadMask
+
+    mask = HeadMask(fa_heads=[(15, 7)], n_layers=16, n_heads=8)
+    with pytest.raises(ValueError, match=r"16 layers x 8 heads but the scores are 3 layers x 4 heads"):
+        plots.heatmap(_scores(), mask=mask)
