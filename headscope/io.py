@@ -17,11 +17,22 @@ from pathlib import Path
 from typing import IO, Iterator
 
 __all__ = ["atomic_write", "write_text", "write_bytes", "check_output_path", "OutputExistsError", "artifact_kind",
-           "umask", "make_temp_dir"]
+           "umask", "make_temp_dir", "file_sha256"]
 
 
 class OutputExistsError(FileExistsError):
     """An output path holds a file that is not an artifact of the kind about to be written."""
+
+
+def file_sha256(path: str | os.PathLike, chunk: int = 1 << 22) -> str:
+    """The sha256 of a file's bytes, read in chunks (hex)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
 
 
 def umask() -> int:

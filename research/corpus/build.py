@@ -28,7 +28,7 @@ import sys
 from pathlib import Path
 
 from hybrid.train.data import DOC_SEP, MANIFEST_SCHEMA
-from research.corpus.packages import sha256
+from headscope.io import file_sha256 as sha256
 from research.corpus.sources import BY_NAME, SOURCES, Source
 
 REPO = Path(__file__).resolve().parents[2]

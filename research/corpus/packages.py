@@ -11,7 +11,6 @@ a predicate keeps, whatever the format.
 from __future__ import annotations
 
 import glob
-import hashlib
 import io
 import subprocess
 import sys
@@ -89,14 +88,6 @@ class Package:
             raise FetchError(f"could not fetch {self.client} package {self.spec}: `{' '.join(cmd)}` in {dest} "
                              f"exited {done.returncode} ({(done.stderr or done.stdout).strip()[-300:]}); {hint}")
         return path
-
-
-def sha256(path: Path, chunk: int = 1 << 22) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _ar_members(data: bytes) -> Iterator[tuple[str, bytes]]:
