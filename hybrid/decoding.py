@@ -31,7 +31,8 @@ import torch
 
 from hybrid.cache import HybridCache, LayerCache
 
-__all__ = ["StaticLayerCache", "StaticHybridCache", "Decoder", "prefill", "greedy_decode"]
+__all__ = ["StaticLayerCache", "StaticHybridCache", "Decoder", "prefill", "greedy_decode", "sample_next",
+           "sample_decode"]
 
 
 @dataclass
@@ -181,21 +182,21 @@ class StaticHybridCache(HybridCache):
         self.seen_tokens = max(self.host_lengths)
 
     # ---- filling rows --------------------------------------------------------------------
-    def load_row(self, row: int, cache: HybridCache) -> None:
-        """Copy a batch-1 ``HybridCache`` (an ordinary prefill of one prompt) into row ``row``."""
+    def load_row(self, row: int, cache: HybridCache, src_row: int = 0) -> None:
+        """Copy row ``src_row`` of a ``HybridCache`` (an ordinary prefill of equal-length prompts) into row ``row``."""
         n = cache.seen_tokens
         if n > self.capacity:
             raise ValueError(f"prompt of {n} positions does not fit capacity {self.capacity}")
         for dst, src in zip(self.layers, cache.layers):
             if src.keys is not None:
                 a = src.key_start
-                dst.keys[row, a:a + src.keys.shape[1]] = src.keys[0]
-                dst.values[row, a:a + src.values.shape[1]] = src.values[0]
+                dst.keys[row, a:a + src.keys.shape[1]] = src.keys[src_row]
+                dst.values[row, a:a + src.values.shape[1]] = src.values[src_row]
             if src.state is not None:
-                dst.state[row] = src.state[0]
+                dst.state[row] = src.state[src_row]
             if src.conv is not None:
                 for d, s in zip(dst.conv, src.conv):
-                    d[row] = s[0]
+                    d[row] = s[src_row]
         self.lengths[row] = n
         self.host_lengths[row] = n
         self.seen_tokens = max(self.host_lengths)
@@ -222,10 +223,13 @@ class StaticHybridCache(HybridCache):
 
 
 @torch.no_grad()
-def prefill(model, prompts: Sequence[torch.Tensor], max_new_tokens: int, capacity: int | None = None):
+def prefill(model, prompts: Sequence[torch.Tensor], max_new_tokens: int, capacity: int | None = None,
+            group: int = 1):
     """Prefill each prompt (1-d token ids, any lengths) into its own row of a new StaticHybridCache.
 
-    Returns (cache, logits [B, V] of each prompt's last position)."""
+    ``group`` > 1: prompts of the same length go through one forward, up to ``group`` at a time (no padding,
+    so the result is the per-prompt prefill's up to the batched matmuls' rounding). Returns (cache, logits
+    [B, V] of each prompt's last position)."""
     if not prompts:
         raise ValueError("prefill needs at least one prompt")
     for i, p in enumerate(prompts):
@@ -233,12 +237,21 @@ def prefill(model, prompts: Sequence[torch.Tensor], max_new_tokens: int, capacit
             raise ValueError(f"prompt {i} must be a non-empty 1-d tensor of token ids, got shape {tuple(p.shape)}")
     need = max(p.numel() for p in prompts) + max_new_tokens
     cache = StaticHybridCache.allocate(model, len(prompts), capacity or need)
-    last = []
+    if group < 1:
+        raise ValueError(f"prefill: group={group} must be >= 1")
+    by_len: dict[int, list[int]] = {}
     for i, p in enumerate(prompts):
-        out = model(p[None], use_cache=True, logits_to_keep=1)
-        cache.load_row(i, out.hybrid_cache)
-        last.append(out.logits[0, -1])  # [V]
-        del out
+        by_len.setdefault(p.numel(), []).append(i)
+    last: list[torch.Tensor | None] = [None] * len(prompts)
+    for rows in by_len.values():
+        for a in range(0, len(rows), group):
+            chunk = rows[a:a + group]
+            ids = torch.stack([prompts[i] for i in chunk])  # [b, P]
+            out = model(ids, use_cache=True, logits_to_keep=1)
+            for j, i in enumerate(chunk):
+                cache.load_row(i, out.hybrid_cache, src_row=j)
+                last[i] = out.logits[j, -1]  # [V]
+            del out
     return cache, torch.stack(last)  # [B, V]
 
 
@@ -312,3 +325,57 @@ def greedy_decode(model, prompts: Sequence[torch.Tensor], max_new_tokens: int,
         if i + 1 < max_new_tokens:
             nxt = dec.step(nxt).argmax(-1, keepdim=True)
     return torch.cat(out, 1)  # [B, N]
+
+
+def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
+                generator: torch.Generator | None = None) -> torch.Tensor:
+    """One token per row from logits [B, V]: temperature, then top-k (0: off), then nucleus top-p; temperature 0
+    is greedy, and so is a nucleus of one token (ties go to the lowest index, as in argmax). Returns [B, 1]."""
+    if temperature == 0:
+        return logits.argmax(-1, keepdim=True)  # [B, 1]
+    if temperature < 0 or not 0 < top_p <= 1 or top_k < 0:
+        raise ValueError(f"sample_next: temperature={temperature} must be >= 0, top_p={top_p} in (0, 1], "
+                         f"top_k={top_k} >= 0")
+    x = logits.float() / temperature  # [B, V]
+    if top_k and top_k < x.shape[-1]:
+        kth = x.topk(top_k, -1).values[:, -1:]  # [B, 1]
+        x = x.masked_fill(x < kth, float("-inf"))
+    if top_p < 1:
+        srt, idx = x.sort(dim=-1, descending=True, stable=True)  # [B, V]; ties in index order, as argmax breaks them
+        p = srt.softmax(-1)
+        drop = p.cumsum(-1) - p > top_p  # [B, V] tokens past the nucleus (the first one is always kept)
+        x = x.scatter(-1, idx, srt.masked_fill(drop, float("-inf")))
+    probs = x.softmax(-1)  # [B, V]
+    return torch.multinomial(probs, 1, generator=generator)  # [B, 1]
+
+
+@torch.no_grad()
+def sample_decode(model, prompts: Sequence[torch.Tensor], max_new_tokens: int, *, temperature: float = 1.0,
+                  top_p: float = 1.0, top_k: int = 0, stop_ids: Sequence[int] = (),
+                  generator: torch.Generator | None = None, cuda_graph: bool | None = None,
+                  prefill_group: int = 64, check_every: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sampled continuation of ragged prompts, batched (``sample_next`` per step; temperature 0 = greedy).
+
+    Returns (tokens [B, N], counts [B]): row b's answer is tokens[b, :counts[b]], ending with its first stop
+    token when it met one (what follows is filler). Stops early once every row has met a stop token (checked
+    on the host every ``check_every`` steps)."""
+    cache, logits = prefill(model, prompts, max_new_tokens, group=prefill_group)
+    dec = Decoder(model, cache, cuda_graph=cuda_graph)
+    B, dev = len(prompts), logits.device
+    stops = torch.tensor(sorted(set(stop_ids)), dtype=torch.long, device=dev)  # [n_stop]
+    done = torch.zeros(B, dtype=torch.bool, device=dev)  # [B]
+    counts = torch.full((B,), max_new_tokens, dtype=torch.long, device=dev)  # [B]
+    out = []
+    nxt = sample_next(logits, temperature, top_p, top_k, generator)  # [B, 1]
+    for i in range(max_new_tokens):
+        out.append(nxt)
+        if stops.numel():
+            hit = torch.isin(nxt[:, 0], stops) & ~done  # [B]
+            counts = torch.where(hit, i + 1, counts)
+            done |= hit
+            if (i + 1) % check_every == 0 and bool(done.all()):
+                break
+        if i + 1 < max_new_tokens:
+            nxt = sample_next(dec.step(nxt), temperature, top_p, top_k, generator)
+    tokens = torch.cat(out, 1)  # [B, n <= N]
+    return tokens, counts.clamp(max=tokens.shape[1])

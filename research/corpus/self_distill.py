@@ -7,9 +7,11 @@ An instruct teacher (its tokenizer has a chat template) answers chat instruction
 templates (research.corpus.prompts: ~17K distinct instructions over 26 topics that the held-out chat instructions
 do not use; checked against headscope/evaluate/data/fidelity/chat_heldout.jsonl before anything runs). A base
 teacher continues short seeds (research.corpus.prompts.SEEDS) and its BOS token. Sampling: temperature 1, top-p 0.95,
-no top-k, up to --max-new-tokens, stopping at the teacher's end-of-turn token; batched (rows sorted by prompt length,
-left-padded), with the KV cache; on CUDA in bf16 (default batch 2048) when there is a GPU, else on the CPU in
-float32 (default batch 8).
+no top-k, up to --max-new-tokens, stopping at the teacher's end-of-turn token; batched; on CUDA in bf16 (default batch
+2048) when there is a GPU, else on the CPU in float32 (default batch 8). Two engines (--engine): "static" (default)
+runs the teacher as a hybrid with every head full attention (hybrid.builders.from_teacher, the same function) on
+hybrid.decoding's preallocated cache, equal-length prompts prefilled together, each step replayed as a CUDA graph on
+a GPU (hybrid.decoding.sample_decode); "hf" is transformers' generate() on left-padded rows (launch-bound on a GPU).
 
 Sample i answers prompt ``order[i]``: the prompts in a seeded random order, a new order for each pass over them.
 Chunk k (samples k*B .. (k+1)*B-1) is generated under seed (seed, k) and written to <out>/parts/part-<k>.txt with
@@ -105,15 +107,39 @@ def generate_chunk(model, tokenizer, prompts: list[str], seed: int, temperature:
     return docs, n_new, int(mask.sum())
 
 
+def generate_chunk_static(model, tokenizer, prompts: list[str], seed: int, temperature: float, top_p: float,
+                          max_new_tokens: int, stop_ids: list[int]) -> tuple[list[str], int, int]:
+    """``generate_chunk`` on hybrid.decoding's static cache (``model``: a HybridForCausalLM of the teacher)."""
+    import torch
+
+    from hybrid.decoding import sample_decode
+
+    device = next(model.parameters()).device
+    ids = [torch.tensor(tokenizer(p, add_special_tokens=False)["input_ids"], device=device) for p in prompts]
+    gen = torch.Generator(device=device).manual_seed(seed)
+    toks, counts = sample_decode(model, ids, max_new_tokens, temperature=temperature, top_p=top_p,
+                                 stop_ids=stop_ids, generator=gen, prefill_group=256)  # [b, <= N], [b]
+    docs, n_new = [], 0
+    for p, row, c in zip(prompts, toks.tolist(), counts.tolist()):
+        n_new += c
+        docs.append((p + tokenizer.decode(row[:c], skip_special_tokens=False)).rstrip("\n") + "\n")
+    return docs, n_new, sum(len(x) for x in ids)
+
+
+ENGINES = ("static", "hf")
+
+
 def run(model_name: str, n: int, out: Path, seed: int = 0, temperature: float = 1.0, top_p: float = 0.95,
         max_new_tokens: int = 512, batch_size: int = 0, device: str = "auto", progress: bool = True,
-        log=print) -> dict:
+        log=print, engine: str = "static") -> dict:
     """Generate (or resume, or find finished) the self-distilled text in ``out``; returns the teacher.json record."""
     import torch
 
     from headscope.io import write_text
 
     out = Path(out)
+    if engine not in ENGINES:
+        raise ValueError(f"self_distill: engine={engine!r}; choose one of {ENGINES}")
     if n < 1 or max_new_tokens < 1 or not temperature > 0 or not 0 < top_p <= 1:
         raise ValueError(f"self_distill: n={n}, max_new_tokens={max_new_tokens} must be >= 1, temperature="
                          f"{temperature} > 0 and top_p={top_p} in (0, 1]")
@@ -123,10 +149,10 @@ def run(model_name: str, n: int, out: Path, seed: int = 0, temperature: float = 
     done_json = out / "teacher.json"
     if done_json.exists():
         rec = json.loads(done_json.read_text(encoding="utf-8"))
-        same = {k: rec["settings"].get(k) for k in ("model", "seed", "temperature", "top_p", "max_new_tokens",
-                                                     "batch_size", "n")}
+        same = {k: rec["settings"].get(k, "hf" if k == "engine" else None)
+                for k in ("model", "seed", "temperature", "top_p", "max_new_tokens", "batch_size", "n", "engine")}
         if same == {"model": model_name, "seed": seed, "temperature": temperature, "top_p": top_p,
-                    "max_new_tokens": max_new_tokens, "batch_size": batch_size, "n": n} and \
+                    "max_new_tokens": max_new_tokens, "batch_size": batch_size, "n": n, "engine": engine} and \
                 (out / TEACHER_TEXT).exists():
             log(f"{out / TEACHER_TEXT}: already generated with these settings ({rec['counts']['samples']} samples, "
                 f"{rec['counts']['tokens']:,} tokens); nothing to do")
@@ -146,6 +172,7 @@ def run(model_name: str, n: int, out: Path, seed: int = 0, temperature: float = 
     settings = {"schema": SCHEMA, "model": model_name, "model_fingerprint": model_fingerprint(model),
                 "mode": mode, "seed": seed, "temperature": temperature, "top_p": top_p, "top_k": 0,
                 "max_new_tokens": max_new_tokens, "batch_size": batch_size, "stop_token_ids": stop_ids,
+                "engine": engine,
                 "dtype": str(dtype).replace("torch.", ""),
                 "prompt_set": hashlib.sha256(json.dumps(prompts).encode()).hexdigest()[:16]}
     parts = out / "parts"
@@ -161,6 +188,12 @@ def run(model_name: str, n: int, out: Path, seed: int = 0, temperature: float = 
     else:
         write_text(sfile, json.dumps(fixed, indent=1) + "\n")
 
+    chunk_fn = generate_chunk
+    if engine == "static":
+        from hybrid.builders import from_teacher
+
+        model = from_teacher(model).to(device=dev, dtype=dtype).eval()
+        chunk_fn = generate_chunk_static
     order = sample_order(n, len(prompts), seed)
     n_chunks = -(-n // batch_size)
     from tqdm.auto import tqdm
@@ -174,7 +207,7 @@ def run(model_name: str, n: int, out: Path, seed: int = 0, temperature: float = 
             bar.update(len(rows))
             continue
         t0 = time.time()
-        docs, n_new, n_prompt = generate_chunk(model, tok, [prompts[i] for i in rows], seed * 1_000_003 + k,
+        docs, n_new, n_prompt = chunk_fn(model, tok, [prompts[i] for i in rows], seed * 1_000_003 + k,
                                                temperature, top_p, max_new_tokens, stop_ids)
         dt = time.time() - t0
         t_gen, new_gen = t_gen + dt, new_gen + n_new
@@ -217,11 +250,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--max-new-tokens", type=int, default=512)
     ap.add_argument("--batch-size", type=int, default=0, help="rows per generate call (default: 2048 CUDA, 8 CPU)")
     ap.add_argument("--device", default="auto", help="auto (CUDA when there is one), cpu or cuda")
+    ap.add_argument("--engine", default="static", choices=ENGINES,
+                    help="static: hybrid.decoding's static cache (CUDA graphs on a GPU); hf: transformers' generate()")
     ap.add_argument("--no-progress", action="store_true")
     a = ap.parse_args(argv)
     try:
         run(a.model, a.n, Path(a.out), a.seed, a.temperature, a.top_p, a.max_new_tokens, a.batch_size, a.device,
-            progress=not a.no_progress)
+            progress=not a.no_progress, engine=a.engine)
     except ValueError as err:
         sys.exit(f"self_distill: {err}")
 

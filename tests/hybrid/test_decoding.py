@@ -7,7 +7,7 @@ import torch
 from headscope.mask import HeadMask
 from hybrid.cache import cache_nbytes
 from hybrid.convert import from_mask
-from hybrid.decoding import Decoder, StaticHybridCache, greedy_decode, prefill
+from hybrid.decoding import Decoder, StaticHybridCache, greedy_decode, prefill, sample_decode, sample_next
 from hybrid.builders import from_teacher, from_token_level
 
 from model_factories import tiny_model
@@ -179,3 +179,56 @@ def test_decoding_with_both_triton_kernels_in_cpu_interpreter():
                                          env.get("PYTHONPATH", "")])
     r = subprocess.run([sys.executable, "-c", INTERPRETED], env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0 and "OK" in r.stdout, r.stderr[-3000:]
+
+
+@pytest.mark.parametrize("name", ["head", "teacher"])
+def test_grouped_prefill_equals_one_prompt_at_a_time(name):
+    teacher = tiny_model("qwen3", dtype=torch.float64)
+    model = perturbed(BUILDERS[name](teacher))
+    torch.manual_seed(2)
+    prompts = [torch.randint(0, 128, (n,)) for n in (7, 4, 7, 9, 4, 7)]  # three of length 7, two of 4
+    c1, l1 = prefill(model, prompts, 3)
+    c2, l2 = prefill(model, prompts, 3, group=2)  # groups of <= 2 equal-length prompts
+    assert_close("logits", l2, l1, 1e-10)
+    assert c2.host_lengths == c1.host_lengths == [len(p) for p in prompts]
+    for a, b in zip(c1.layers, c2.layers):
+        for x, y in ((a.keys, b.keys), (a.state, b.state)):
+            if x is not None:
+                assert_close("cache", y, x, 1e-10)
+    with pytest.raises(ValueError, match="group=0"):
+        prefill(model, prompts, 3, group=0)
+
+
+def test_sample_next_filters():
+    logits = torch.tensor([[0.0, 3.0, 2.9, -5.0], [1.0, 0.0, 0.0, 0.0]])  # [B=2, V=4]
+    assert sample_next(logits, temperature=0).tolist() == [[1], [0]]
+    g = torch.Generator().manual_seed(0)
+    draws = torch.cat([sample_next(logits, top_k=2, generator=g) for _ in range(200)], 1)  # [2, 200]
+    assert set(draws[0].tolist()) == {1, 2} and set(draws[1].tolist()) <= {0, 1, 2, 3}
+    tiny_p = torch.cat([sample_next(logits, top_p=1e-6, generator=g) for _ in range(50)], 1)  # only the argmax
+    assert set(tiny_p[0].tolist()) == {1} and set(tiny_p[1].tolist()) == {0}
+    nucleus = torch.cat([sample_next(logits, top_p=0.6, generator=g) for _ in range(200)], 1)
+    assert set(nucleus[0].tolist()) == {1, 2}  # p(1) ~ 0.52 < 0.6: the nucleus takes token 2 as well, never 0/3
+    for bad in (dict(temperature=-1), dict(top_p=0), dict(top_p=1.5), dict(top_k=-2)):
+        with pytest.raises(ValueError, match="sample_next"):
+            sample_next(logits, **bad)
+
+
+def test_sample_decode_greedy_limit_seeds_and_stops():
+    teacher = tiny_model("qwen3", dtype=torch.float64)
+    model = perturbed(BUILDERS["head"](teacher))
+    torch.manual_seed(3)
+    prompts = [torch.randint(0, 128, (n,)) for n in (6, 3, 6)]
+    greedy = greedy_decode(model, prompts, 5)  # [B, 5]
+    toks, counts = sample_decode(model, prompts, 5, temperature=0, prefill_group=4)
+    assert torch.equal(toks, greedy) and counts.tolist() == [5, 5, 5]
+    toks, _ = sample_decode(model, prompts, 5, top_p=1e-6)  # a nucleus of one token is greedy too
+    assert torch.equal(toks, greedy)
+    a = sample_decode(model, prompts, 6, generator=torch.Generator().manual_seed(7))[0]
+    b = sample_decode(model, prompts, 6, generator=torch.Generator().manual_seed(7))[0]
+    assert torch.equal(a, b)  # seeded: the same samples
+    stop = int(greedy[0, 1])  # row 0 meets it at its 2nd token
+    toks, counts = sample_decode(model, prompts, 5, temperature=0, stop_ids=[stop], check_every=1)
+    first = [next((j + 1 for j, t in enumerate(r) if t == stop), 5) for r in greedy.tolist()]
+    assert counts.tolist() == first and counts[0] == 2
+    assert torch.equal(toks[:, :2], greedy[:, :2])

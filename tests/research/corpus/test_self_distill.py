@@ -67,3 +67,38 @@ def test_sample_order_covers_the_prompts_before_repeating():
     assert sorted(order[:10]) == list(range(10)) and sorted(order[10:20]) == list(range(10))
     assert order == sd.sample_order(25, 10, seed=3) != sd.sample_order(25, 10, seed=4)
     assert sd.sample_order(12, 10, 3) == order[:12]  # a larger n extends, never reorders
+
+
+def test_static_engine_under_a_one_token_nucleus_is_greedy_generate(tiny_teacher_dir, tmp_path):
+    import torch
+
+    from headscope.reference import load_model
+
+    kw = dict(max_new_tokens=5, batch_size=3, top_p=1e-6, **QUIET)  # a nucleus of one token: greedy
+    rec = sd.run(str(tiny_teacher_dir), 5, tmp_path / "static", engine="static", **kw)
+    assert rec["settings"]["engine"] == "static"
+    model, tok = load_model(str(tiny_teacher_dir), dtype=torch.float32, device="cpu")
+    prompts = sd.build_prompts(tok)[0]
+    want = []
+    for i in sd.sample_order(5, len(prompts), 0):  # transformers' greedy generate(), one unpadded prompt at a time
+        x = torch.tensor([tok(prompts[i], add_special_tokens=False)["input_ids"]])  # [1, P]
+        new = model.generate(x, do_sample=False, max_new_tokens=5, eos_token_id=rec["settings"]["stop_token_ids"],
+                             pad_token_id=tok.eos_token_id)[0, x.shape[1]:]
+        want.append((prompts[i] + tok.decode(new, skip_special_tokens=False)).rstrip("\n") + "\n")
+    assert read_documents(tmp_path / "static" / "teacher.txt") == read_documents_of(want)
+    with pytest.raises(ValueError, match="other settings.*engine"):
+        sd.run(str(tiny_teacher_dir), 5, tmp_path / "static", engine="hf", **kw)
+    with pytest.raises(ValueError, match="engine='fast'"):
+        sd.run(str(tiny_teacher_dir), 5, tmp_path / "x", engine="fast", **kw)
+
+
+def read_documents_of(docs: list[str]) -> list[str]:
+    from hybrid.train.data import DOC_SEP
+
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory() as d:
+        f = Path(d) / "t.txt"
+        f.write_text(DOC_SEP.join(docs), encoding="utf-8")
+        return read_documents(f)
