@@ -415,7 +415,7 @@ def _recorded_model(scores: list) -> dict[str, Any] | None:
 def _recorded_config(rec: dict[str, Any]):
     """The local config of the recorded model when it is still on disk and still matches the recorded
     fingerprint, else None."""
-    from headscope.mask import config_fingerprint
+    from headscope.mask import fingerprint_matches
 
     if not rec["name"]:
         return None
@@ -423,7 +423,7 @@ def _recorded_config(rec: dict[str, Any]):
         cfg = _model_config(rec["name"])
     except Exception:  # not a local folder (a hub name, a moved folder): the recorded fields are used instead
         return None
-    if rec["fingerprint"] and config_fingerprint(cfg) != rec["fingerprint"]:
+    if rec["fingerprint"] and not fingerprint_matches(cfg, rec["fingerprint"]):
         return None
     return cfg
 

@@ -9,6 +9,10 @@ Schema versions: 2 (written now) adds ``fa_kv_heads`` (per layer, the KV heads t
 read), ``n_fa_kv`` and ``kv_cache_share``; 1 (no KV fields) is still read. The derived fields
 (``n_fa``, ``ratio_la_fa`` and the KV fields) must agree with ``fa_heads``: a file whose fields
 contradict it is refused rather than guessed at.
+
+The config fingerprint hashes the architecture fields and the RoPE settings (``config_fingerprint``); a mask
+written before RoPE settings were hashed carries the legacy fingerprint and is still accepted for its model
+(``fingerprint_matches``).
 """
 from __future__ import annotations
 
@@ -22,7 +26,8 @@ from typing import Any, Iterable
 from headscope.heads import Head
 from headscope.io import write_text
 
-__all__ = ["HeadMask", "MaskError", "SCHEMA_VERSION", "READABLE_VERSIONS", "config_fingerprint", "model_shape"]
+__all__ = ["HeadMask", "MaskError", "SCHEMA_VERSION", "READABLE_VERSIONS", "config_fingerprint", "model_shape",
+           "legacy_config_fingerprint", "fingerprint_matches", "rope_parameters"]
 
 SCHEMA_VERSION = 2
 READABLE_VERSIONS = (1, 2)
@@ -65,15 +70,78 @@ def model_shape(model_or_config: Any) -> dict[str, int]:
     return shape
 
 
-def config_fingerprint(model_or_config: Any) -> str:
-    """A short hash of the config's architecture fields (not of the weights)."""
+_FINGERPRINT_FIELDS = frozenset({
+    "model_type", "vocab_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "hidden_size",
+    "intermediate_size", "head_dim", "max_position_embeddings", "n_layer", "n_head", "n_embd"})
+
+
+def _config_dict(model_or_config: Any) -> dict[str, Any]:
     cfg = _config_of(model_or_config)
-    data = cfg if isinstance(cfg, dict) else cfg.to_dict() if hasattr(cfg, "to_dict") else vars(cfg)
-    keep = {k: data[k] for k in sorted(data) if k in {
-        "model_type", "vocab_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
-        "hidden_size", "intermediate_size", "head_dim", "max_position_embeddings", "n_layer", "n_head",
-        "n_embd", "rope_theta"}}
+    return cfg if isinstance(cfg, dict) else cfg.to_dict() if hasattr(cfg, "to_dict") else vars(cfg)
+
+
+def _number(v: Any) -> Any:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v
+
+
+def rope_parameters(model_or_config: Any) -> dict[str, Any] | None:
+    """The config's RoPE settings in one form whatever the transformers version wrote: transformers 5's
+    ``rope_parameters`` (per layer type when the model has several), or transformers 4's top-level
+    ``rope_theta`` with its ``rope_scaling``; numbers as floats, ``rope_type`` "default" when unset. None for a
+    model without RoPE settings (GPT-2)."""
+    data = _config_dict(model_or_config)
+
+    def norm(d: dict[str, Any]) -> dict[str, Any]:
+        out = {k: _number(v) for k, v in d.items() if v is not None and k != "type"}
+        out.setdefault("rope_type", d.get("type") or "default")
+        return out
+
+    params = data.get("rope_parameters")
+    if isinstance(params, dict) and params:
+        if all(isinstance(v, dict) for v in params.values()):  # per layer type (sliding / full attention)
+            return {k: norm(v) for k, v in sorted(params.items())}
+        return norm(params)
+    theta, scaling = data.get("rope_theta"), data.get("rope_scaling")
+    if theta is None and not isinstance(scaling, dict):
+        return None
+    merged = dict(scaling) if isinstance(scaling, dict) else {}
+    if theta is not None:
+        merged["rope_theta"] = theta
+    for key in ("partial_rotary_factor",):
+        if data.get(key) is not None:
+            merged.setdefault(key, data[key])
+    return norm(merged)
+
+
+def _hash(keep: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(keep, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def config_fingerprint(model_or_config: Any) -> str:
+    """A short hash of the config's architecture fields and RoPE settings (not of the weights).
+
+    The RoPE settings are read wherever the config keeps them (``rope_parameters`` under transformers 5,
+    ``rope_theta`` / ``rope_scaling`` before), so two models that differ only in their RoPE base or scaling get
+    different fingerprints. A model without RoPE settings keeps the fingerprint it had before RoPE was hashed."""
+    data = _config_dict(model_or_config)
+    keep = {k: data[k] for k in sorted(data) if k in _FINGERPRINT_FIELDS}
+    rope = rope_parameters(data)
+    if rope is not None:
+        keep["rope"] = rope
+    return _hash(keep)
+
+
+def legacy_config_fingerprint(model_or_config: Any) -> str:
+    """The fingerprint masks recorded before RoPE settings were hashed: the architecture fields and a top-level
+    ``rope_theta`` (which transformers 5 configs no longer have, so it ignored their RoPE settings)."""
+    data = _config_dict(model_or_config)
+    return _hash({k: data[k] for k in sorted(data) if k in _FINGERPRINT_FIELDS | {"rope_theta"}})
+
+
+def fingerprint_matches(model_or_config: Any, fingerprint: str) -> bool:
+    """True when ``fingerprint`` (from a mask, scores or results file) is this model's config fingerprint, the
+    current one or the legacy one (files written before RoPE settings were hashed still match)."""
+    return fingerprint in (config_fingerprint(model_or_config), legacy_config_fingerprint(model_or_config))
 
 
 @dataclass(frozen=True)
@@ -240,7 +308,7 @@ class HeadMask:
             raise MaskError(f"mask is for n_kv_heads={self.n_kv_heads}, the model has {shape['num_key_value_heads']}")
         if check_fingerprint and self.fingerprint is not None:
             fp = config_fingerprint(model_or_config)
-            if fp != self.fingerprint:
+            if not fingerprint_matches(model_or_config, self.fingerprint):
                 raise MaskError(
                     f"mask config fingerprint {self.fingerprint} != model's {fp}: the mask was made for another "
                     "model; pass check_fingerprint=False to use it anyway")
