@@ -155,6 +155,13 @@ class StageConfig:
     max_minutes: float = 0.0  # > 0: a time budget; the stage ends at `steps` or when the budget is used, and the
     #                           schedule and length curriculum follow the larger fraction (not bit-reproducible)
     data: DataConfig | None = None  # this stage's mixture (default: the run's [data])
+    # the learning rate after warm-up: "cosine" (to min_lr_ratio * lr over decay_steps, then constant) or "constant"
+    # (lr until the stage ends: the method's final long stage)
+    schedule: str = "cosine"
+    # "align": also train the GDN heads' q/k/v projections and the GDN branch's q/k norms, which the conversion
+    # copied from the teacher (stage 1 then trains every part that replaced an attention head); False: only the
+    # parameters the hybrid adds (hybrid.train.stages.new_parameter_names). Other stages train everything anyway.
+    train_gdn_qkv: bool = True
 
     def __post_init__(self) -> None:
         from hybrid.train.stages import STAGES
@@ -199,13 +206,27 @@ class StageConfig:
             _bad(where, "max_minutes", self.max_minutes, "must be >= 0 (0: no time budget)")
         if self.data is not None and not isinstance(self.data, DataConfig):
             object.__setattr__(self, "data", _build(DataConfig, self.data, f"{where}.data"))
+        if self.schedule not in SCHEDULES:
+            _bad(where, "schedule", self.schedule, f"must be one of {SCHEDULES} (\"cosine\": decay after warm-up; "
+                 "\"constant\": lr after warm-up until the stage ends)")
+        if self.schedule == "constant" and self.decay_steps is not None:
+            _bad(where, "decay_steps", self.decay_steps, "a constant schedule does not decay: leave decay_steps out, "
+                 "or use schedule = \"cosine\"")
+        if not isinstance(self.train_gdn_qkv, bool):
+            _bad(where, "train_gdn_qkv", self.train_gdn_qkv, "must be true or false")
+        if not self.train_gdn_qkv and self.name != "align":
+            _bad(where, "train_gdn_qkv", self.train_gdn_qkv, f"stage {self.name!r} trains every parameter; "
+                 "train_gdn_qkv = false is an 'align' option (stage 1 then trains only the new parameters)")
 
     def lr_at(self, step: int) -> float:
-        """Linear warmup over warmup_steps, cosine to min_lr_ratio * lr over decay_steps, then constant."""
+        """Linear warmup over warmup_steps; then ``schedule`` "cosine": cosine to min_lr_ratio * lr over
+        decay_steps, then constant; "constant": lr."""
         import math
 
         if step < self.warmup_steps:
             return self.lr * (step + 1) / self.warmup_steps
+        if self.schedule == "constant":
+            return self.lr
         decay = self.steps - self.warmup_steps if self.decay_steps is None else self.decay_steps
         t = 1.0 if decay == 0 else min(1.0, (step - self.warmup_steps) / decay)
         return self.lr * (self.min_lr_ratio + (1 - self.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * t)))
@@ -235,6 +256,7 @@ class ModelConfig:
                  f"must divide num_attention_heads={self.num_attention_heads}")
 
 
+SCHEDULES = ("cosine", "constant")  # StageConfig.schedule
 DEVICES = ("auto", "cpu", "cuda")
 DISTRIBUTED = ("auto", "ddp", "fsdp")
 
@@ -243,6 +265,12 @@ DISTRIBUTED = ("auto", "ddp", "fsdp")
 _LATER_DEFAULTS = {"working_dtype": "float32", "teacher_dtype": "float32"}
 # DataConfig fields added later: left out of to_dict (so of the fingerprint) at these values, as JSON writes them
 _LATER_DATA_DEFAULTS = {"sources": [], "teacher_corpus": "", "teacher_corpus_share": 0.5}
+# StageConfig fields added later: left out of to_dict (so of the fingerprint) at these values
+_LATER_STAGE_DEFAULTS = {"schedule": "cosine"}
+# train_gdn_qkv: stages before it trained the GDN q/k/v in every stage but "align" (where they stayed frozen). So
+# to_dict leaves it out of the stages where it has no effect (every one but "align", where it is always true), and
+# the fingerprint also leaves it out of an "align" stage that keeps the former behaviour (false): runs made before
+# the field existed resume under a config that pins it false. An "align" stage without the field now trains them.
 # fields under their older names (a file may still use them; the fingerprint hashes the older names, so runs made
 # under them keep their fingerprint): current name -> older name
 _FORMER_NAMES = {"calibrate_merge": "calibrate_fusion"}
@@ -391,6 +419,12 @@ class TrainConfig:
             for k, v in _LATER_DATA_DEFAULTS.items():  # the same dict (and fingerprint) as before they existed
                 if data.get(k) == v:
                     del data[k]
+        for s in d["stages"]:
+            for k, v in _LATER_STAGE_DEFAULTS.items():
+                if s.get(k) == v:
+                    del s[k]
+            if s["name"] != "align" and s.get("train_gdn_qkv") is True:  # no effect outside stage 1
+                del s["train_gdn_qkv"]
         return d
 
     def fingerprint(self, ignore: tuple[str, ...] = ("out", "device", "threads", "progress", "log_every",
@@ -402,7 +436,9 @@ class TrainConfig:
         their fingerprint."""
         d = {_FORMER_NAMES.get(k, k): v for k, v in self.to_dict().items()
              if k not in ignore and not (k in _LATER_DEFAULTS and v == _LATER_DEFAULTS[k])}
-        d["stages"] = [{k: v for k, v in s.items() if k not in ignore_stage} for s in d["stages"]]
+        d["stages"] = [{k: v for k, v in s.items() if k not in ignore_stage
+                        and not (k == "train_gdn_qkv" and v is False)}  # the former "align" (_LATER_STAGE_DEFAULTS)
+                       for s in d["stages"]]
         if "hybrid" in d:  # the merge option under its older name (_FORMER_NAMES' reason)
             from hybrid.layers.merge import FORMER_NAME
 

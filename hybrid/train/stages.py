@@ -1,6 +1,7 @@
 """The registry of training stages: what trains, and the loss of one batch.
 
-    "align"    (stage 1) hybrid; only the new parameters train; per-layer hidden-state MSE vs the teacher
+    "align"    (stage 1) hybrid; the new parameters train, and the GDN heads' reused q/k/v unless the stage's
+               train_gdn_qkv is false; per-layer hidden-state MSE vs the teacher
     "distill"  (stage 2) hybrid; everything trains; kl_weight * KL(teacher || student, tau) + ce_weight * CE
     "long"     (stage 3) hybrid; everything trains; next-token CE at >= 4x the stage 1-2 length
     "pretrain"           a fresh (or init_from) model; everything trains; weighted next-token CE
@@ -21,8 +22,8 @@ import torch.nn.functional as F
 from headscope.registry import Registry
 from hybrid.train.losses import hidden_mse, kl_div, weighted_ce
 
-__all__ = ["Stage", "STAGES", "register_stage", "Term", "new_parameter_names", "decoder_layers", "FUSED_LOSS",
-           "use_fused_loss", "final_hidden"]
+__all__ = ["Stage", "STAGES", "register_stage", "Term", "new_parameter_names", "gdn_qkv_parameter_names",
+           "decoder_layers", "FUSED_LOSS", "use_fused_loss", "final_hidden"]
 
 Term = tuple[str, float, torch.Tensor, torch.Tensor]  # (name, weight, sum, count)
 
@@ -33,7 +34,7 @@ class Stage:
     number: int | None  # its place in the three-stage transfer (1, 2, 3), None for "pretrain"
     hybrid: bool  # trains a hybrid built from the teacher and the mask
     uses_teacher: bool  # runs the teacher on every batch
-    trains: str  # "new" (only the hybrid's new parameters) or "all"
+    trains: str  # "new" (the hybrid's new parameters; + the GDN q/k/v with train_gdn_qkv) or "all"
     loss: Callable[..., list[Term]]  # loss(stage_cfg, student, teacher, ids, w, autocast) -> terms
     doc: str = ""
 
@@ -45,6 +46,23 @@ def new_parameter_names(model: nn.Module) -> set[str]:
     if hasattr(m, "new_parameters"):
         return set(m.new_parameters())
     return {n for n, p in m.named_parameters() if getattr(p, "_hybrid_new", False)}
+
+
+def gdn_qkv_parameter_names(model: nn.Module) -> set[str]:
+    """Names of the GDN heads' reused query/key/value parameters: each Gated DeltaNet branch's q/k/v projections
+    (weights and biases) and its q/k norms, copied from the teacher by the conversion (the branch's new beta / decay
+    parameters and convolutions are ``new_parameter_names``'). "align" trains them with ``train_gdn_qkv``."""
+    from hybrid.layers.hybrid_attention import GatedDeltaNetBranch
+
+    m = getattr(model, "module", model)  # DDP
+    out = set()
+    for name, module in m.named_modules():
+        if isinstance(module, GatedDeltaNetBranch):
+            for part in ("q_proj", "k_proj", "v_proj", "q_norm", "k_norm"):
+                sub = getattr(module, part, None)
+                if sub is not None:
+                    out |= {f"{name}.{part}.{p}" for p, _ in sub.named_parameters()}
+    return out
 
 
 def decoder_layers(model: nn.Module) -> nn.ModuleList:

@@ -95,6 +95,10 @@ def test_older_field_names_are_read_and_keep_the_fingerprint():
     ({"device": "tpu"}, r"run\.device='tpu'"),
     ({"eval": "nope"}, "not a registered evaluation"),
     ({"stages": []}, "at least one"),
+    ({"stages": [stage("align", schedule="linear")]}, r"stages\[align\]\.schedule='linear': must be one of"),
+    ({"stages": [stage("align", schedule="constant", decay_steps=5)]}, r"decay_steps=5: a constant schedule"),
+    ({"stages": [stage("distill", train_gdn_qkv=False)]}, r"train_gdn_qkv=False: stage 'distill' trains every"),
+    ({"stages": [stage("align", train_gdn_qkv="no")]}, r"train_gdn_qkv='no': must be true or false"),
 ])
 def test_bad_configs_are_refused_naming_the_field(patch, match):
     with pytest.raises(TrainConfigError, match=match):
@@ -121,6 +125,46 @@ def test_schedule_warmup_cosine_then_constant():
     assert all(a >= b for a, b in zip(lrs[10:60], lrs[11:61]))  # cosine decay
     assert lrs[60:] == [pytest.approx(0.1)] * 40  # then constant
     assert lrs[35] == pytest.approx(0.1 + 0.9 * 0.5)  # half-way through the cosine
+
+
+def test_constant_schedule_is_warmup_then_lr_to_the_end():
+    s = StageConfig(name="long", steps=100, lr=2.0, warmup_steps=4, schedule="constant")
+    lrs = [s.lr_at(i) for i in range(100)]
+    assert lrs[:4] == [pytest.approx(0.5), pytest.approx(1.0), pytest.approx(1.5), pytest.approx(2.0)]
+    assert lrs[4:] == [2.0] * 96 and s.lr_at(10_000) == 2.0  # max_minutes: the schedule follows progress * steps
+    assert StageConfig(name="long", steps=10, lr=1.0, schedule="constant").lr_at(0) == 1.0  # no warm-up
+    assert StageConfig(name="long", steps=10, lr=1.0).schedule == "cosine"  # the default: existing recipes as before
+
+
+def test_the_later_stage_fields_keep_the_fingerprints_of_runs_made_before_them():
+    """schedule (default "cosine") and train_gdn_qkv: a config that keeps the former behaviour (cosine; align with
+    train_gdn_qkv = false, as every stage 1 before the field) hashes as before the fields existed, so its runs
+    resume; the new default of align (true) and a constant schedule are changes of the run."""
+    import hashlib
+    import json
+
+    def former_fingerprint(cfg) -> str:  # fingerprint() as it was: to_dict() before the two fields existed
+        ignore = ("out", "device", "threads", "progress", "log_every", "distributed", "compile", "compile_teacher")
+        d = {k: v for k, v in cfg.to_dict().items() if k not in ignore and k not in ("working_dtype", "teacher_dtype")}
+        d["stages"] = [{k: v for k, v in st.items() if k not in ("fused_loss", "schedule", "train_gdn_qkv")}
+                       for st in d["stages"]]
+        d["calibrate_fusion"] = d.pop("calibrate_merge")  # hashed under its older name
+        return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
+
+    pinned = TrainConfig.from_dict(base(stages=[stage("align", train_gdn_qkv=False), stage("distill"),
+                                                stage("long", seq_len=256)]))
+    assert pinned.fingerprint() == former_fingerprint(pinned)
+    d = pinned.to_dict()
+    assert [st.get("train_gdn_qkv") for st in d["stages"]] == [False, None, None]  # kept where it has an effect
+    assert not any("schedule" in st for st in d["stages"])  # the default cosine, as before
+    assert TrainConfig.from_dict(d) == pinned
+    new = TrainConfig.from_dict(base())  # align with the new default: trains the GDN q/k/v, another run
+    assert new.to_dict()["stages"][0]["train_gdn_qkv"] is True and TrainConfig.from_dict(new.to_dict()) == new
+    assert new.fingerprint() != pinned.fingerprint()
+    const = TrainConfig.from_dict(base(stages=[stage("align", train_gdn_qkv=False), stage("distill"),
+                                               stage("long", seq_len=256, schedule="constant")]))
+    assert const.to_dict()["stages"][2]["schedule"] == "constant" and TrainConfig.from_dict(const.to_dict()) == const
+    assert const.fingerprint() != pinned.fingerprint()
 
 
 def test_compile_is_a_bool_not_with_fsdp_and_not_in_the_fingerprint(tmp_path):

@@ -114,19 +114,30 @@ def test_a_run_folder_written_under_the_older_merge_names_resumes_bit_identical(
         assert torch.equal(resumed[k], full[k]), k
 
 
-def test_align_trains_exactly_the_new_parameters(tmp_path, tiny_teacher_dir, tiny_mask):
+@pytest.mark.parametrize("train_gdn_qkv", [False, True])
+def test_align_trains_the_new_parameters_and_by_default_the_gdn_qkv(tmp_path, tiny_teacher_dir, tiny_mask,
+                                                                    train_gdn_qkv):
+    """Stage 1 changes exactly the parameters the hybrid adds, plus (train_gdn_qkv, the default) the GDN heads'
+    q/k/v copied from the teacher; never the FA heads' q/k/v, o_proj, the MLPs, norms or embeddings."""
     from headscope.reference import load_model
     from hybrid.convert import from_mask
-    from hybrid.train.stages import new_parameter_names
+    from hybrid.train.stages import gdn_qkv_parameter_names, new_parameter_names
 
     teacher, _ = load_model(str(tiny_teacher_dir))
     before = from_mask(teacher, tiny_mask).state_dict()
-    res = run(tiny_config(tmp_path / "o", tiny_teacher_dir, tiny_mask, stages=[stage("align", steps=3, lr=1e-2)]))
-    new = new_parameter_names(res.model)
+    res = run(tiny_config(tmp_path / "o", tiny_teacher_dir, tiny_mask,
+                          stages=[stage("align", steps=3, lr=1e-2, train_gdn_qkv=train_gdn_qkv)]))
+    new, qkv = new_parameter_names(res.model), gdn_qkv_parameter_names(res.model)
     assert new and not any(".mlp." in n for n in new)  # the teacher's MLP gate_proj is not new
+    # Qwen3: q/k/v projections and q/k norms of every layer's GDN branch (2 layers), none of them new
+    assert qkv and not qkv & new and all(".self_attn.la." in n for n in qkv)
+    assert {n.rsplit(".", 2)[-2] for n in qkv} == {"q_proj", "k_proj", "v_proj", "q_norm", "k_norm"}
     after = dict(res.model.named_parameters())
     changed = {n for n, p in after.items() if not torch.equal(p.detach(), before[n])}
-    assert changed == new
+    assert changed == (new | qkv if train_gdn_qkv else new)
+    log = [json.loads(l) for l in (tmp_path / "o" / "log.jsonl").read_text().splitlines()]
+    n_trained = next(r["trainable_params"] for r in log if r.get("event") == "stage_start")
+    assert n_trained == sum(after[n].numel() for n in (new | qkv if train_gdn_qkv else new))
 
 
 @pytest.mark.parametrize("calibrate", [True, False])
