@@ -131,7 +131,7 @@ ENGINES = ("static", "hf")
 
 def run(model_name: str, n: int, out: Path, seed: int = 0, temperature: float = 1.0, top_p: float = 0.95,
         max_new_tokens: int = 512, batch_size: int = 0, device: str = "auto", progress: bool = True,
-        log=print, engine: str = "static") -> dict:
+        log=print, engine: str = "static", max_minutes: float = 0.0) -> dict:
     """Generate (or resume, or find finished) the self-distilled text in ``out``; returns the teacher.json record."""
     import torch
 
@@ -198,9 +198,14 @@ def run(model_name: str, n: int, out: Path, seed: int = 0, temperature: float = 
     n_chunks = -(-n // batch_size)
     from tqdm.auto import tqdm
 
-    t_gen, new_gen = 0.0, 0
+    t_gen, new_gen, t_start = 0.0, 0, time.time()
     bar = tqdm(total=n, desc=f"self-distill ({dev.type})", unit="sample", disable=not progress)
     for k in range(n_chunks):
+        if k and max_minutes and time.time() - t_start > max_minutes * 60:
+            log(f"self_distill: --max-minutes {max_minutes:g} used after {k} of {n_chunks} chunks; the text holds "
+                f"those (run again with a larger budget to add the rest: done chunks are kept)")
+            n_chunks, n = k, k * batch_size
+            break
         rows = order[k * batch_size:(k + 1) * batch_size]
         ptxt, pjson = parts / f"part-{k:05d}.txt", parts / f"part-{k:05d}.json"
         if ptxt.exists() and pjson.exists() and json.loads(pjson.read_text())["rows"] == len(rows):
@@ -250,13 +255,16 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--max-new-tokens", type=int, default=512)
     ap.add_argument("--batch-size", type=int, default=0, help="rows per generate call (default: 2048 CUDA, 8 CPU)")
     ap.add_argument("--device", default="auto", help="auto (CUDA when there is one), cpu or cuda")
+    ap.add_argument("--max-minutes", type=float, default=0.0,
+                    help="stop starting chunks after this many minutes and write the text of the chunks done")
     ap.add_argument("--engine", default="static", choices=ENGINES,
                     help="static: hybrid.decoding's static cache (CUDA graphs on a GPU); hf: transformers' generate()")
     ap.add_argument("--no-progress", action="store_true")
     a = ap.parse_args(argv)
     try:
         run(a.model, a.n, Path(a.out), a.seed, a.temperature, a.top_p, a.max_new_tokens, a.batch_size, a.device,
-            progress=not a.no_progress, engine=a.engine)
+            progress=not a.no_progress, engine=a.engine,
+            max_minutes=a.max_minutes)
     except ValueError as err:
         sys.exit(f"self_distill: {err}")
 

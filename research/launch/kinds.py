@@ -174,7 +174,8 @@ def _train_hybrid_steps(job: "Job", ctx: Context) -> list[Step]:
                                                          *job.args),
                   done="results.json", resume=lambda c: ("--resume",) if _has_checkpoint(c.out / "run") else (),
                   stop_flag="--stop-after", continue_codes=(CONTINUE,))]
-    if ctx.device == "cuda":  # the trained hybrid under each precision and kernel backend (same function?)
+    if ctx.device == "cuda" and "--no-parity" not in job.args:  # the trained hybrid under each precision and
+        #                                                              kernel backend (the same function?)
         steps.append(Step("backend_parity", "research.train_hybrid.backend_parity",
                           ("--model", str(out / "run" / "hybrid"), "--out", str(out / "backend_parity.json")),
                           done="backend_parity.json", main_only=True, optional=True,

@@ -118,6 +118,13 @@ def main(argv: list[str] | None = None) -> dict:
                          "continue with --resume): a GPU call that ends cleanly instead of being killed")
     ap.add_argument("--max-eval-length", type=int, default=None,
                     help="longest NIAH length of the evaluation (default 16384)")
+    ap.add_argument("--seed", type=int, default=None, help="override the config's seed (the mask is the seed's own "
+                    "unless --mask gives one)")
+    ap.add_argument("--suite", default=None, help="also run this headscope.evaluate suite on the trained hybrid "
+                    "against the teacher (e.g. fidelity): OUT/fidelity/ and results.json's \"suite\"")
+    ap.add_argument("--mask-only", action="store_true", help="write OUT/mask.json (and OUT/scores.json) and stop")
+    ap.add_argument("--no-parity", action="store_true", help="(read by python -m research.launch) leave out the "
+                    "backend-parity step after training")
     ap.add_argument("--eval-only", action="store_true",
                     help="no training: evaluate the hybrid a finished run left in OUT/run (OUT/run/hybrid, "
                          "OUT/run/log.jsonl, OUT/mask.json), e.g. one trained on the GPU and brought back")
@@ -140,7 +147,8 @@ def main(argv: list[str] | None = None) -> dict:
     from research.studies.variants import make_mask
 
     a.out.mkdir(parents=True, exist_ok=True)
-    overrides = {"out": str(a.out / "run")} | ({"device": a.device} if a.device else {})
+    overrides = {"out": str(a.out / "run")} | ({"device": a.device} if a.device else {}) | \
+        ({"seed": a.seed} if a.seed is not None else {})
     base = TrainConfig.from_file(a.config, mask=a.mask or str(a.out / "mask.json"), **overrides)
     device = torch.device("cuda" if base.device == "cuda" or (base.device == "auto" and torch.cuda.is_available())
                           else "cpu")
@@ -172,6 +180,8 @@ def main(argv: list[str] | None = None) -> dict:
     left_out = reasoning_left_out(a.out / "scores.json")
     if left_out:
         print(f"[run.py] the mask's scores are NIAH alone: {left_out}", flush=True)
+    if a.mask_only:
+        return {"mask": str(a.out / "mask.json"), "seconds": round(mask_seconds, 1)}
 
     if a.throughput_only:
         return throughput_only(a, base, teacher, device, L0, mask)
@@ -223,6 +233,21 @@ def main(argv: list[str] | None = None) -> dict:
     checks = {k: bool(table.loc[k, "hybrid"] >= v * table.loc[k, "teacher"]) for k, v in targets.items()}
     checks[f"ppl@{L0} <= 1.2x"] = bool(table.loc[f"ppl@{L0}", "hybrid"] <= 1.2 * table.loc[f"ppl@{L0}", "teacher"])
 
+    suite = None
+    if a.suite:
+        from headscope.evaluate import evaluate, save_results
+
+        t_suite = time.time()
+        rows_s = evaluate(hyb, suite=a.suite, tokenizer=tok, teacher=teacher, progress=True)
+        save_results(rows_s, a.out / a.suite)
+        done = rows_s[rows_s["status"] == "ok"] if "status" in rows_s else rows_s
+        keys = [c for c in ("evaluation", "metric", "family", "phrasing", "context_length") if c in done]
+        suite = {"name": a.suite, "seconds": round(time.time() - t_suite, 1), "folder": a.suite,
+                 "values": {" / ".join(str(r[c]) for c in keys if r[c] == r[c] and r[c] is not None): r["value"]
+                            for _, r in done.iterrows()}}
+        print(f"[run.py] suite {a.suite} done in {suite['seconds']:.0f} s", flush=True)
+        print(done[keys + ["value"]].to_string(index=False), flush=True)
+
     throughput = None
     if not a.no_throughput:
         B, T = (2, 64) if a.tiny else (16, L0)
@@ -239,7 +264,7 @@ def main(argv: list[str] | None = None) -> dict:
                      "config": base.to_dict()},
            "eval": {"length": L0, "long_lengths": list(long_lengths), "n": n,
                     "table": json.loads(table.to_json(orient="index")), "checks": checks},
-           "throughput": throughput}
+           "suite": suite, "throughput": throughput}
     write_text(a.out / "results.json", json.dumps(out, indent=1, default=str))
     print(table.to_string(float_format=lambda x: f"{x:.3f}"))
     print(f"KV cache: hybrid {kv['fa_kv'] / teacher_kv:.3f} of the teacher's at {L0} tokens "

@@ -102,3 +102,11 @@ def read_documents_of(docs: list[str]) -> list[str]:
         f = Path(d) / "t.txt"
         f.write_text(DOC_SEP.join(docs), encoding="utf-8")
         return read_documents(f)
+
+
+def test_max_minutes_keeps_the_chunks_done(tiny_teacher_dir, tmp_path):
+    rec = sd.run(str(tiny_teacher_dir), 6, tmp_path / "t", max_new_tokens=3, batch_size=2, max_minutes=1e-9, **QUIET)
+    assert rec["counts"]["samples"] == rec["settings"]["n"] == 2  # the first chunk always runs, then the budget ends
+    assert len(read_documents(tmp_path / "t" / "teacher.txt")) == 2
+    full = sd.run(str(tiny_teacher_dir), 6, tmp_path / "t", max_new_tokens=3, batch_size=2, **QUIET)
+    assert full["counts"]["samples"] == 6 and len(read_documents(tmp_path / "t" / "teacher.txt")) == 6
