@@ -92,6 +92,10 @@ class DataConfig:
     extra_queries: int = 0
     reasoning_families: tuple[str, ...] = ("arithmetic", "binding", "comparison", "two_hop")
     workers: int = 0  # DataLoader worker processes building batches (0: in the training process)
+    # text rows: "random" (a window at a random token of a source) or "documents" (for long rows: a window from a
+    # document's start, inside the document when it is long enough, else through the source's next documents;
+    # hybrid.train.data.MixtureStream.document_window); windows never leave their source either way
+    text_windows: str = "random"
 
     def __post_init__(self) -> None:
         weights = {k: getattr(self, k) for k in ("text", "niah", "multikey", "reasoning", "copy", "teacher")}
@@ -125,6 +129,11 @@ class DataConfig:
         share = self.teacher_corpus_share
         if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0.0 <= share <= 1.0:
             _bad("data", "teacher_corpus_share", share, "must be a fraction in [0, 1]")
+        from hybrid.train.data import TEXT_WINDOWS
+
+        if self.text_windows not in TEXT_WINDOWS:
+            _bad("data", "text_windows", self.text_windows, f"must be one of {TEXT_WINDOWS} (\"documents\": long "
+                 "rows from a document's start)")
 
     def weights(self) -> dict[str, float]:
         return {k: float(getattr(self, k)) for k in ("text", "niah", "multikey", "reasoning", "copy", "teacher")}
@@ -264,7 +273,7 @@ DISTRIBUTED = ("auto", "ddp", "fsdp")
 # TrainConfig fields added after runs were made: left out of the fingerprint at these values (resume stays valid)
 _LATER_DEFAULTS = {"working_dtype": "float32", "teacher_dtype": "float32"}
 # DataConfig fields added later: left out of to_dict (so of the fingerprint) at these values, as JSON writes them
-_LATER_DATA_DEFAULTS = {"sources": [], "teacher_corpus": "", "teacher_corpus_share": 0.5}
+_LATER_DATA_DEFAULTS = {"sources": [], "teacher_corpus": "", "teacher_corpus_share": 0.5, "text_windows": "random"}
 # StageConfig fields added later: left out of to_dict (so of the fingerprint) at these values
 _LATER_STAGE_DEFAULTS = {"schedule": "cosine"}
 # train_gdn_qkv: stages before it trained the GDN q/k/v in every stage but "align" (where they stayed frozen). So

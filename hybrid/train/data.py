@@ -7,7 +7,9 @@ DataLoader workers (``StepBatches``) build whole batches of interleaved steps. `
 length ``T`` (the length curriculum picks T per batch), each row drawn from the mixture:
 - "text":      a random window of the pre-tokenized training corpus, or, for a corpus manifest
                (research.corpus.build, docs/corpus.md), of one of its sources drawn by weight (``TextSources``,
-               ``load_text``; the teacher's cached text, ``teacher_corpus``, can be one more);
+               ``load_text``; the teacher's cached text, ``teacher_corpus``, can be one more); a window never
+               leaves its source. ``text_windows="documents"`` (long rows): the window starts at a document's
+               start, inside the document when it is long enough, else through the source's next documents;
 - "niah":      one single-key NIAH prompt + answer (haystack cfg.haystack, by default the training split;
                context ~T, depth uniform 0..1);
 - "multikey":  one multi-key NIAH prompt + answer (2..6 keys), or with ``multikey_min_len`` > 0 several
@@ -34,6 +36,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 KINDS = ("text", "niah", "multikey", "reasoning", "copy", "teacher")
 DOC_SEP = "<|endoftext|>\n"  # between documents in a corpus source file (research.corpus.build writes them)
 HELDOUT_MODULUS = 7  # NIAH values divisible by 7 are never asked in training (eval reports them separately)
+TEXT_WINDOWS = ("random", "documents")  # MixtureConfig.text_windows / DataConfig.text_windows
 
 
 def is_heldout_value(answer: str) -> bool:
@@ -65,6 +68,9 @@ class MixtureConfig:
     fast_niah: bool = False  # build NIAH prompts from token windows of the corpus (~length) instead of the task's
     #                          exact-length fitting (same templates; several times cheaper; stages 1-3 used False)
     text_only: bool = False
+    # text rows: "random" (a window at a random token of the source) or "documents" (a window from a document's start:
+    # long documents alone, short ones joined with the source's next documents; MixtureStream.document_window)
+    text_windows: str = "random"
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -93,6 +99,8 @@ class MixtureConfig:
         if self.multikey_min_len and not 64 <= self.multikey_min_len <= self.seq_len:
             raise ValueError(f"MixtureConfig.multikey_min_len={self.multikey_min_len}: give 0 (one prompt per row) "
                              f"or a length in [64, seq_len={self.seq_len}]")
+        if self.text_windows not in TEXT_WINDOWS:
+            raise ValueError(f"MixtureConfig.text_windows={self.text_windows!r}: give one of {TEXT_WINDOWS}")
         from headscope.tasks.reasoning import FAMILIES
 
         fams = self.reasoning_families
@@ -213,6 +221,7 @@ class MixtureStream:
             self._tok_bytes = torch.frombuffer(bytearray(pickle.dumps(self.tok)), dtype=torch.uint8).clone()  # [S]
         state = self.__dict__.copy()
         state["tok"], state["_tasks"] = None, {}  # the tasks: a cache, rebuilt on first use
+        state["_docs"] = None  # the document starts: rebuilt on first use
         return state
 
     def __setstate__(self, state: dict) -> None:
@@ -239,6 +248,10 @@ class MixtureStream:
         raise RuntimeError(f"{task!r}: no valid pair in 50 attempts")
 
     def text_row(self, T: int, rng: random.Random, source: torch.Tensor | None = None) -> tuple[list[int], list[float]]:
+        if source is None and self.cfg.text_windows == "documents":
+            lo, hi = self.sources.span(self.sources.pick(rng)) if self.sources is not None else (0, len(self.text_ids))
+            start = self.document_window(lo, hi, T, rng)
+            return self.text_ids[start:start + T].tolist(), [1.0] * T
         if source is None and self.sources is not None:  # a source by weight, then a window inside it
             lo, hi = self.sources.span(self.sources.pick(rng))
             start = rng.randrange(lo, hi - T - 1)
@@ -246,6 +259,39 @@ class MixtureStream:
         ids = self.text_ids if source is None else source  # [N]
         start = rng.randrange(0, len(ids) - T - 1)
         return ids[start:start + T].tolist(), [1.0] * T
+
+    def document_starts(self) -> list[int]:
+        """The positions in ``text_ids`` where a document starts, sorted: each source's start and every position
+        after an end-of-text token (a source's documents each end with one, ``tokenize_documents``); a corpus
+        without end-of-text tokens is one document. Made once per process (a few ms for tens of millions of ids)."""
+        if self.__dict__.get("_docs") is None:
+            ids = self.text_ids  # [N]
+            after_eos = ((ids == self.eos).nonzero().flatten() + 1).tolist() if self.eos is not None else []  # [E]
+            bounds = self.sources.bounds[:-1] if self.sources is not None else (0,)
+            starts = set(after_eos) | set(bounds)
+            self._docs = sorted(p for p in starts if p < len(ids))
+        return self._docs
+
+    def document_window(self, lo: int, hi: int, T: int, rng: random.Random) -> int:
+        """The start of a ``T``-token window of the source ``text_ids[lo:hi]`` for long rows
+        (``text_windows="documents"``): the document holding a token drawn uniformly from the source (so a document
+        is drawn as often as its length: long documents most), then the window inside that document at a random
+        offset when it has at least ``T`` tokens, else from the document's start on through the documents that
+        follow it in the source (joined by their end-of-text tokens). Near the source's end the window starts at
+        the last document start that leaves room for it. The window ``[start, start + T)`` stays inside ``[lo, hi)``
+        (needs ``hi - lo >= T``)."""
+        import bisect
+
+        starts = self.document_starts()
+        i = bisect.bisect_right(starts, rng.randrange(lo, hi)) - 1  # the drawn token's document
+        s = starts[i]
+        e = min(hi, starts[i + 1] if i + 1 < len(starts) else len(self.text_ids))  # [s, e): the document
+        if e - s >= T:  # a long document: a window inside it
+            return rng.randrange(s, e - T + 1)
+        last = hi - T  # the latest start that keeps the window in the source
+        if s <= last:
+            return s
+        return max(lo, starts[bisect.bisect_right(starts, last) - 1])
 
     def copy_row(self, T: int, rng: random.Random) -> tuple[list[int], list[float]]:
         n = rng.randint(16, min(128, max(16, T // 3)))
@@ -463,7 +509,8 @@ def mixture_config(data, stage, seed: int) -> MixtureConfig:
         answer_weight=data.answer_weight, min_len=min_len, ramp=data.ramp if data.min_len else 0.0,
         max_keys=data.max_keys, binding_vars=tuple(data.binding_vars), haystack_weight=data.haystack_weight,
         multikey_min_len=data.multikey_min_len, reasoning_families=tuple(data.reasoning_families),
-        extra_queries=data.extra_queries, haystack=data.haystack, fast_niah=data.fast_niah, seed=seed)
+        extra_queries=data.extra_queries, haystack=data.haystack, fast_niah=data.fast_niah,
+        text_windows=getattr(data, "text_windows", "random"), seed=seed)
 
 
 _CORPUS_CACHE: dict[tuple, torch.Tensor] = {}

@@ -340,3 +340,94 @@ def test_weighted_sources_survive_a_spawned_worker(ref_tokenizer):
     assert len(buf.getvalue()) < 16_384  # the ids travel through shared memory
     copy = ForkingPickler.loads(buf.getvalue()).stream
     assert copy.sources.names == ("a", "b") and torch.equal(copy.batch(2)["ids"], stream.batch(2)["ids"])
+
+
+# ---- long rows: windows from documents (text_windows = "documents") -------------------------------------------------
+def synthetic_sources(eos: int):
+    """Three sources, their documents ended by ``eos``: "long" (documents of 20K-45K tokens), "short" (400-3000),
+    "mixed" (both); token id 1_000_000 * (source + 1) + its position in the source, so a row names where it lies."""
+    import random
+
+    rng = random.Random(0)
+    parts = []
+    for k, (name, sizes) in enumerate((("long", (20_000, 45_000)), ("short", (400, 3_000)),
+                                       ("mixed", (400, 45_000)))):
+        docs, n = [], 0
+        while n < 150_000:
+            size = rng.randint(*sizes)
+            docs.append(torch.cat([1_000_000 * (k + 1) + torch.arange(n, n + size - 1), torch.tensor([eos])]))
+            n += size
+        parts.append((name, 1.0, torch.cat(docs)))
+    return data.TextSources.join(parts)
+
+
+@pytest.mark.parametrize("T,windows", [(16_384, "documents"), (32_768, "documents"), (32_768, "random")])
+def test_long_rows_start_at_documents_and_never_leave_their_source(ref_tokenizer, T, windows):
+    """Rows longer than most documents: a source's documents joined by their end-of-text tokens, never a token of
+    another source. "documents": from a document's start, or inside one long document; "random" (the default):
+    anywhere in the source."""
+    eos = ref_tokenizer.eos_token_id
+    sources = synthetic_sources(eos)
+    cfg = data.MixtureConfig(seq_len=T, tokens_per_batch=T * 4, min_len=T, text_only=True, text_windows=windows)
+    stream = data.MixtureStream(cfg, ref_tokenizer, sources, stage="3:long")
+    starts = set(stream.document_starts())
+    assert starts >= set(sources.bounds[:-1]) and len(starts) == int((sources.ids == eos).sum())
+    seen = {"inside": 0, "joined": 0}
+    for step in range(12):
+        batch = stream.batch(step)
+        assert batch["ids"].shape == (4, T)
+        for row in batch["ids"]:
+            words = row[row != eos]
+            k = {int(t) // 1_000_000 - 1 for t in words}
+            assert len(k) == 1  # one source: never a token of another (nor of a held-out one, absent from sources)
+            k = k.pop()
+            lo, hi = sources.span(k)
+            start = lo + int(row[0]) - 1_000_000 * (k + 1)  # where the row lies in the concatenated ids
+            assert lo <= start and start + T <= hi and torch.equal(sources.ids[start:start + T].long(), row)
+            if (row[:-1] == eos).any():  # documents joined with the source's next ones
+                assert start in starts or windows == "random"  # "documents": from a document's start
+                seen["joined"] += 1
+            else:  # inside one document
+                seen["inside"] += 1
+    assert seen["inside"] and seen["joined"]
+    if windows == "documents":
+        assert not hasattr(stream, "_docs") or stream.__getstate__()["_docs"] is None  # rebuilt in a worker
+
+
+def test_document_windows_near_a_source_end_and_in_a_corpus_without_documents(ref_tokenizer):
+    import random
+
+    eos = ref_tokenizer.eos_token_id
+    ids = torch.cat([torch.full((90,), 11), torch.tensor([eos]), torch.full((29,), 12), torch.tensor([eos])])  # [121]
+    sources = data.TextSources.join([("a", 1.0, ids), ("b", 1.0, torch.full((200,), 13))])
+    cfg = data.MixtureConfig(seq_len=64, tokens_per_batch=64, min_len=64, text_only=True, text_windows="documents")
+    stream = data.MixtureStream(cfg, ref_tokenizer, sources)
+    assert stream.document_starts() == [0, 91, 121]
+    rng = random.Random(0)
+    got = {stream.document_window(0, 121, 64, rng) for _ in range(200)}
+    # the 91-token document: inside it (0..27); the 30-token one (start 91): too late for 64 tokens, so the window
+    # starts at the last document start that leaves room, 0
+    assert got <= set(range(0, 28)) and 0 in got
+    assert {stream.document_window(121, 321, 64, rng) for _ in range(100)} <= set(range(121, 258))  # one document
+    plain = data.MixtureStream(cfg, ref_tokenizer, torch.arange(1000, 2000))  # no end-of-text: one document
+    assert plain.document_starts() == [0]
+    row = plain.batch(0)["ids"][0]  # [64]
+    assert torch.equal(row, torch.arange(int(row[0]), int(row[0]) + 64))
+
+
+def test_text_windows_field_is_checked_and_leaves_old_fingerprints_alone(tmp_path):
+    from hybrid.train.config import DataConfig, TrainConfig, TrainConfigError
+
+    with pytest.raises(TrainConfigError, match=r"data\.text_windows='docs': must be one of \('random', 'documents'\)"):
+        DataConfig(text_windows="docs")
+    with pytest.raises(ValueError, match="text_windows"):
+        data.MixtureConfig(text_windows="docs")
+    base = {"out": str(tmp_path), "mask": "m.json", "stages": [{"name": "align", "steps": 1, "lr": 1e-3}]}
+    cfg = TrainConfig.from_dict(base)
+    assert cfg.data.text_windows == "random" and "text_windows" not in cfg.to_dict()["data"]  # as before
+    long = TrainConfig.from_dict({**base, "data": {"text_windows": "documents"}})
+    assert long.to_dict()["data"]["text_windows"] == "documents" and TrainConfig.from_dict(long.to_dict()) == long
+    assert long.fingerprint() != cfg.fingerprint()
+    stage = long.stages[0]
+    assert data.mixture_config(long.data, stage, 0).text_windows == "documents"
+    assert data.mixture_config(cfg.data, stage, 0).text_windows == "random"
