@@ -16,7 +16,7 @@ import torch
 from headscope.results import HeadScores
 
 __all__ = ["heatmap", "knockout_plot", "stability_plot", "similarity_plot", "save", "check_figure_path",
-           "FIGURE_SUFFIXES", "PNG_HINT", "PngExportError"]
+           "check_png_export", "FIGURE_SUFFIXES", "PNG_HINT", "PngExportError"]
 
 PNG_HINT = "pip install kaleido  (and a Chrome/Chromium for it, e.g. apt-get install chromium)"
 
@@ -169,9 +169,30 @@ def _is_figure(path: Path) -> bool:
     return head.startswith(b"\x89PNG") or (b"<html" in head.lower() and b"plotly" in head.lower())
 
 
-def check_figure_path(path: str | Path, *, overwrite: bool = False, flag: str = "--plot") -> Path:
+def check_png_export(flag: str = "--plot", path: str | Path | None = None, *, probe: bool = True) -> None:
+    """Raise PngExportError unless a PNG can be written: kaleido is installed and, with ``probe``, exports a
+    blank figure (kaleido 1.x needs a Chrome/Chromium; about a second). Call it before long work."""
+    where = f"{flag} {path}" if path is not None else flag
+    try:
+        import kaleido  # noqa: F401
+    except ImportError:
+        raise PngExportError(f"{where}: PNG export needs kaleido, which is not installed: {PNG_HINT}; or give a "
+                             ".html path (nothing was computed)") from None
+    if probe:
+        go = _go()
+        try:
+            go.Figure().to_image(format="png", width=10, height=10)
+        except Exception as err:  # kaleido without a browser, etc.
+            msg = str(err).splitlines()[0] if str(err) else type(err).__name__
+            raise PngExportError(f"{where}: PNG export does not work here ({msg}): {PNG_HINT}; or give a .html "
+                                 "path (nothing was computed)") from None
+
+
+def check_figure_path(path: str | Path, *, overwrite: bool = False, flag: str = "--plot",
+                      check_exporter: bool = True) -> Path:
     """Refuse a figure path that ``save`` cannot or should not write, before long work starts: a folder, a
-    suffix other than .html/.png, an existing file that is not a figure (unless ``overwrite``)."""
+    suffix other than .html/.png, an existing file that is not a figure (unless ``overwrite``), and, with
+    ``check_exporter``, a .png when the PNG exporter (kaleido and its browser) does not work."""
     from headscope.io import OutputExistsError, check_output_path
 
     p = Path(path)
@@ -180,7 +201,10 @@ def check_figure_path(path: str | Path, *, overwrite: bool = False, flag: str = 
     if p.exists() and not p.is_dir() and not overwrite and not _is_figure(p):
         raise OutputExistsError(f"{flag} {p} exists and is not a figure; refusing to overwrite it (pass "
                                 "--overwrite / overwrite=True, or choose another path)")
-    return check_output_path(p, kind=None, overwrite=True, flag=flag)
+    out = check_output_path(p, kind=None, overwrite=True, flag=flag)
+    if check_exporter and p.suffix.lower() == ".png":
+        check_png_export(flag, p)
+    return out
 
 
 def save(fig, path: str | Path, *, include_plotlyjs: "bool | str" = True) -> Path:
