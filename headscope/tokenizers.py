@@ -6,11 +6,15 @@
     find_tokenizer(model)                              # loaded from that folder, offline, then cached
 
 ``find_tokenizer(model, tokenizer=None)`` returns, in this order: ``tokenizer`` when given (an explicit
-tokenizer always wins); the tokenizer the model carries (a TransformerLens ``TransformerBridge``, an
-nnsight ``LanguageModel``); the one ``headscope.load_model`` loaded with it; one loaded offline
-(``local_files_only=True``) from the folder the model was loaded from (its ``name_or_path`` /
-``config._name_or_path``). A loaded tokenizer is cached per model object. If none is found, the error
-says what to pass.
+tokenizer always wins); the tokenizer the model carries (an nnsight ``LanguageModel``); the one
+``headscope.load_model`` loaded with it; one loaded offline (``local_files_only=True``) from the folder the
+model was loaded from (its ``name_or_path`` / ``config._name_or_path``). A loaded tokenizer is cached per model
+object. If none is found, the error says what to pass.
+
+A TransformerLens ``TransformerBridge`` is scored as its plain model: with the tokenizer given to
+``bridge_from_hf``, else the plain model's own (remembered or saved beside it), not TransformerLens's
+``bridge.tokenizer``, which prepends BOS where the model's tokenizer may not (that would change every prompt and
+every score). Only when no other is found is ``bridge.tokenizer`` used, with a warning if it prepends BOS.
 """
 from __future__ import annotations
 
@@ -94,12 +98,18 @@ def find_tokenizer(model: Any, tokenizer: Any = None, *, required: bool = True) 
     """The tokenizer to use with ``model`` (see the module docstring); None only when not ``required``."""
     if tokenizer is not None:
         return tokenizer
-    from headscope.patching.tl import bridge_tokenizer, is_transformer_bridge
+    from headscope.patching.tl import is_transformer_bridge
 
-    # a bridge from bridge_from_hf: the HF tokenizer it was built with, not TransformerLens's BOS-prepending copy
-    carried = bridge_tokenizer(model) if is_transformer_bridge(model) else getattr(model, "tokenizer", None)
+    if is_transformer_bridge(model):
+        return _bridge_tokenizer(model, required)
+    carried = getattr(model, "tokenizer", None)
     if carried is not None:
         return carried
+    return _plain_tokenizer(model, required)
+
+
+def _plain_tokenizer(model: Any, required: bool) -> Any:
+    """The tokenizer remembered for (or saved beside) the model inside ``model``."""
     inner = unwrap(model)
     try:
         if inner in _CACHE:
@@ -126,3 +136,37 @@ def find_tokenizer(model: Any, tokenizer: Any = None, *, required: bool = True) 
         "folder it came from (config._name_or_path is empty). Pass tokenizer=<its tokenizer>, e.g. "
         "`model, tok = headscope.load_model(path)` then tokenizer=tok, or "
         "tokenizer=AutoTokenizer.from_pretrained(<model folder>)")
+
+
+def _bridge_tokenizer(bridge: Any, required: bool) -> Any:
+    """A TransformerBridge is scored as its plain model: with the HF tokenizer given to ``bridge_from_hf``, else
+    the plain model's own (remembered, or saved beside it). TransformerLens's ``bridge.tokenizer`` prepends BOS
+    where the model's tokenizer may not, which changes every prompt and so every score: it is used only when no
+    other is found, with a warning when it does prepend one."""
+    import warnings
+
+    from headscope.patching.tl import _TOKENIZER_ATTR
+
+    given = getattr(bridge, _TOKENIZER_ATTR, None)
+    if given is not None:
+        return given
+    try:
+        plain = _plain_tokenizer(bridge, required=False)
+    except TokenizerNotFound:
+        plain = None
+    if plain is not None:
+        return plain
+    carried = getattr(bridge, "tokenizer", None)
+    if carried is None:
+        return _plain_tokenizer(bridge, required)  # raises the usual "pass tokenizer=..." when required
+    from headscope.tasks.base import bos_id
+
+    bos = bos_id(carried)
+    if bos is not None:
+        warnings.warn(
+            f"this TransformerBridge's tokenizer (TransformerLens's) prepends BOS (id {bos}) to every prompt, and "
+            "the plain model's own tokenizer was not found to check whether it does too: the scores can differ "
+            "from the plain model's. Pass tokenizer=<the model's tokenizer> (or build the bridge with "
+            "headscope.patching.tl.bridge_from_hf(model, tokenizer)) to score it exactly as the plain model",
+            UserWarning, stacklevel=3)
+    return carried

@@ -56,9 +56,12 @@ def bridge_from_hf(model: Any, tokenizer: Any) -> Any:
 
 def bridge_tokenizer(bridge: Any) -> Any:
     """The tokenizer to build scoring pairs with for a bridge: the HF tokenizer given to ``bridge_from_hf``;
-    for a bridge built elsewhere, ``bridge.tokenizer`` (TransformerLens's, which may prepend a BOS token the
-    plain model's tokenizer does not: pass ``tokenizer=`` the model's own tokenizer to score as the plain model)."""
-    return getattr(bridge, _TOKENIZER_ATTR, None) or getattr(bridge, "tokenizer", None)
+    for a bridge built elsewhere, the plain model's own tokenizer when it is remembered or saved beside the
+    model, else ``bridge.tokenizer`` (TransformerLens's, which may prepend a BOS token the plain model's
+    tokenizer does not; ``headscope.tokenizers.find_tokenizer`` warns then)."""
+    from headscope.tokenizers import find_tokenizer
+
+    return find_tokenizer(bridge, required=False)
 
 
 def is_transformer_bridge(obj: Any) -> bool:

@@ -64,3 +64,42 @@ def test_bridge_scores_like_the_plain_model_and_leaves_it_intact():
     # the bridge shares the parameters (no copy of the weights)
     shared = {p.data_ptr() for p in model.parameters()}
     assert all(p.data_ptr() in shared for p in bridge.original_model.parameters())
+
+
+def test_a_bridge_booted_by_transformer_lens_scores_like_the_plain_model(tmp_path):
+    """A bridge built with TransformerLens's own boot_transformers (whose tokenizer prepends BOS) is scored with
+    the plain model's tokenizer found beside it: no BOS added, the same prompts and scores as the plain model."""
+    pytest.importorskip("transformer_lens")
+    from transformer_lens.model_bridge import TransformerBridge
+    from transformers import AutoModelForCausalLM
+
+    from headscope.tokenizers import find_tokenizer
+
+    model = tiny_model("qwen3", attn_implementation="eager", initializer_range=0.2)
+    tok = bos_word_tokenizer()
+    model.save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    before = _score(model, tok)
+    hf = AutoModelForCausalLM.from_pretrained(tmp_path, attn_implementation="eager")
+    bridge = TransformerBridge.boot_transformers(str(tmp_path), hf_model=hf)
+    assert bridge.tokenizer("t10 t11").input_ids[0] == 3  # TransformerLens's tokenizer prepends BOS
+    assert find_tokenizer(bridge)("t10 t11").input_ids == [10, 11]  # the model's own does not
+    on_bridge = _score(bridge)
+    assert on_bridge.settings["seq_lens"] == before.settings["seq_lens"]  # no BOS added
+    assert (on_bridge.per_sample_raw - before.per_sample_raw).abs().max() < 1e-4
+
+
+def test_a_bridge_without_the_plain_tokenizer_warns_that_it_adds_bos():
+    pytest.importorskip("transformer_lens")
+    from headscope.patching.tl import _TOKENIZER_ATTR, bridge_from_hf
+    from headscope.tokenizers import find_tokenizer
+
+    model = tiny_model("qwen3", attn_implementation="eager")
+    bridge = bridge_from_hf(model, bos_word_tokenizer())
+    delattr(bridge, _TOKENIZER_ATTR)  # as a bridge built elsewhere, from a model that names no folder
+    bridge.original_model.config._name_or_path = ""
+    with pytest.warns(UserWarning, match=r"prepends BOS \(id 3\).*tokenizer=<the model's tokenizer>"):
+        found = find_tokenizer(bridge)
+    assert found is bridge.tokenizer
+    explicit = bos_word_tokenizer()
+    assert find_tokenizer(bridge, explicit) is explicit  # an explicit tokenizer still wins, silently
