@@ -753,13 +753,13 @@ def _add_score_opts(p: argparse.ArgumentParser) -> None:
 
 def _add_selection(p: argparse.ArgumentParser) -> None:
     from headscope.fusion import COMBINE_RULES, DEFAULT_THRESHOLD, STABILITY_METHODS
-    from headscope.selection import STRATEGIES
+    from headscope.selection import DEFAULT_STRATEGY, STRATEGIES
 
     g = p.add_mutually_exclusive_group()
     g.add_argument("--k", type=int, help="number of full-attention heads")
     g.add_argument("--fraction", type=float, help="fraction of heads kept as full attention, in (0, 1]")
     g.add_argument("--ratio", help="LA:FA ratio, e.g. 7:1 (the default when no budget is given)")
-    p.add_argument("--strategy", default="global_per_layer_min", choices=STRATEGIES,
+    p.add_argument("--strategy", default=DEFAULT_STRATEGY, choices=STRATEGIES,
                    help="global top-K; global top-K with >= 1 FA head per layer (default); top-K/L per layer")
     p.add_argument("--stability", default="frac", choices=STABILITY_METHODS,
                    help="per-task stability weighting (default frac: mean x fraction of samples > threshold)")
@@ -815,8 +815,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--scores", nargs="+", required=True, help="scores JSON files (from `headscope score`)")
     _add_selection(p)
     p.add_argument("--seed", dest="tie_seed", type=int, default=None, help="random tie-breaking among equal scores")
-    p.add_argument("--model", default=None, help="'default' or a local folder: record its shape and fingerprint (default: the "
-                        "model the scores record, when they record one)")
+    p.add_argument("--model", default=None, help="'default' or a local folder: record its shape and fingerprint "
+                                                 "(default: the model the scores record, when they record one)")
     p.add_argument("--out", required=True, help="head-mask JSON to write")
     _add_overwrite(p)
     p.set_defaults(func=cmd_select)

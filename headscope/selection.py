@@ -13,10 +13,11 @@ layer) or a whole key/value group (``unit="kv_group"``, G = n_kv_heads per layer
 teacher's KV cache).
 
 Strategies (the registry ``STRATEGIES``; add one with ``register_strategy(name, fn)``):
-- "global": the K best units of the whole model.
-- "global_per_layer_min": global top-K, then every layer without an FA unit gets that layer's best
+- "global_per_layer_min" (``DEFAULT_STRATEGY``: the method's, the default of ``select`` and of the command
+  line): global top-K, then every layer without an FA unit gets that layer's best
   unit by the UNWEIGHTED receiver score (then the unweighted sender score, then the ranking score)
   and, to keep K, the lowest-ranked units of layers that hold more than one are dropped (K >= L).
+- "global": the K best units of the whole model (may leave layers without an FA unit; any K).
 - "per_layer": K // L best units in every layer; the K mod L leftovers go to the layers whose
   next-best unit ranks highest.
 - baselines (they ignore the scores): "random_global", "random_per_layer", "fixed_ratio" (the
@@ -40,9 +41,13 @@ from headscope.registry import Registry
 from headscope.results import HeadScores, require_finite
 
 __all__ = ["select", "random_per_layer", "random_global", "fixed_ratio", "layerwise", "kv_group_scores",
-           "parse_ratio", "budget", "register_strategy", "Strategy", "SelectionInput", "STRATEGIES", "UNITS"]
+           "parse_ratio", "budget", "register_strategy", "Strategy", "SelectionInput", "STRATEGIES", "UNITS",
+           "DEFAULT_STRATEGY"]
 
 UNITS = ("head", "kv_group")
+# the method's selection (docs/method.md): global top-K with at least one FA unit per layer; select() and the
+# command line's --strategy default to it
+DEFAULT_STRATEGY = "global_per_layer_min"
 
 
 def parse_ratio(ratio: str | float | int) -> float:
@@ -395,15 +400,16 @@ def _run(strategy: str, *, L: int, H: int, kv: int | None, model: Any, k: Any, f
 
 
 def select(scores: HeadScores | torch.Tensor, *, k: int | None = None, fraction: float | None = None,
-           ratio: str | float | None = None, strategy: str = "global", seed: int | None = None,
+           ratio: str | float | None = None, strategy: str = DEFAULT_STRATEGY, seed: int | None = None,
            model: Any = None, unit: str = "head", n_kv_heads: int | None = None, kv_reduce: str = "max",
            **options: Any) -> HeadMask:
     """Keep the best units as FA; see the module docstring for budgets, units and strategies.
 
     ``scores``: HeadScores (its ``.scores``, e.g. a fused map; its unweighted receiver / sender maps
-    break ties and fill per-layer minimums) or a finite ``[L, H]`` tensor. ``strategy``: any name in
-    ``STRATEGIES``, the baselines included (``seed`` seeds the random ones, default 0; for the others
-    it breaks exact ties randomly). ``unit``: "head" (default) or "kv_group" (groups ranked by
+    break ties and fill per-layer minimums) or a finite ``[L, H]`` tensor. ``strategy``: the method's
+    "global_per_layer_min" by default (``DEFAULT_STRATEGY``, as ``headscope run`` / ``select``: it needs
+    K >= L, else use "global"), or any name in ``STRATEGIES``, the baselines included (``seed`` seeds the
+    random ones, default 0; for the others it breaks exact ties randomly). ``unit``: "head" (default) or "kv_group" (groups ranked by
     ``kv_group_scores(..., reduce=kv_reduce)``). ``model`` (or its config) makes the mask carry the
     model's shape, KV heads and config fingerprint; ``n_kv_heads`` gives the KV heads without a model.
     ``options``: a strategy's own keywords (fixed_ratio: ``heads=[...]``; layerwise: ``layers=[...]``).

@@ -426,4 +426,4 @@ def make_mask(teacher, tokenizer, fraction: float, n_samples: int, context_lengt
 
     scores = selection_scores(teacher, tokenizer, n_samples=n_samples, context_length=context_length, device=device,
                               path=scores_path, sender_rounds=sender_rounds)
-    return select(scores, fraction=fraction, unit="kv_group", model=teacher)
+    return select(scores, fraction=fraction, unit="kv_group", model=teacher, strategy="global")

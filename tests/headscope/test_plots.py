@@ -15,7 +15,7 @@ def _scores():
 
 def test_heatmap_hover_has_layer_head_score_rank_group():
     s = _scores()
-    mask = select(s, k=3)
+    mask = select(s, k=3, strategy="global")
     fig = plots.heatmap(s, mask=mask)
     hm, marks = fig.data
     assert hm.type == "heatmap" and np.asarray(hm.z).shape == (3, 4)

@@ -21,7 +21,7 @@ def _map(L=4, H=4, seed=0):
 
 def test_global_top_k():
     s = _map()
-    mask = select(s, k=5)
+    mask = select(s, k=5, strategy="global")
     order = sorted(((float(s[l, h]), Head(l, h)) for l in range(4) for h in range(4)), reverse=True)
     assert set(mask.fa_heads) == {h for _, h in order[:5]}
     assert mask.settings["strategy"] == "global" and mask.settings["k"] == 5
@@ -33,7 +33,7 @@ def test_global_per_layer_min_fills_empty_layers_and_keeps_k():
     s[0] = torch.tensor([0.9, 0.8, 0.7, 0.6])
     s[1] = torch.tensor([0.5, 0.4, 0.01, 0.0])
     s[2] = torch.tensor([0.0, 0.03, 0.02, 0.0])  # never in the global top-4
-    assert select(s, k=4).per_layer_counts() == [4, 0, 0]
+    assert select(s, k=4, strategy="global").per_layer_counts() == [4, 0, 0]
     mask = select(s, k=4, strategy="global_per_layer_min")
     assert len(mask) == 4 and min(mask.per_layer_counts()) >= 1
     assert set(mask.fa_heads) == {Head(0, 0), Head(0, 1), Head(1, 0), Head(2, 1)}  # 0.7, 0.6 dropped for L1, L2
@@ -54,7 +54,7 @@ def test_budgets():
     assert parse_ratio("7:1") == 7.0 and parse_ratio("3:2") == 1.5 and parse_ratio(3) == 3.0
     assert budget(448, ratio="7:1") == 56
     assert budget(448, fraction=0.065) == 29
-    assert len(select(_map(8, 16), ratio="7:1")) == 16
+    assert len(select(_map(8, 16), ratio="7:1", strategy="global")) == 16
     for kw, msg in [({"k": 17}, "outside"), ({"k": 0}, "outside"), ({"fraction": 0.0}, "fraction"),
                     ({"fraction": 1.5}, "fraction"), ({"ratio": "seven"}, "LA:FA"), ({"ratio": "7:0"}, "FA part"),
                     ({}, "exactly one"), ({"k": 2, "ratio": "1:1"}, "exactly one")]:
@@ -69,8 +69,8 @@ def test_budgets():
 @pytest.mark.filterwarnings("ignore:select. .* carry no causal signal")
 def test_seed_breaks_ties_randomly_but_reproducibly():
     flat = torch.zeros(4, 4, dtype=torch.float64)
-    assert select(flat, k=3).fa_heads == (Head(0, 0), Head(0, 1), Head(0, 2))
-    a, b = select(flat, k=3, seed=1), select(flat, k=3, seed=1)
+    assert select(flat, k=3, strategy="global").fa_heads == (Head(0, 0), Head(0, 1), Head(0, 2))
+    a, b = select(flat, k=3, seed=1, strategy="global"), select(flat, k=3, seed=1, strategy="global")
     assert a.fa_heads == b.fa_heads and a.settings["seed"] == 1
 
 
@@ -98,7 +98,7 @@ def test_masks_for_a_model_carry_the_fingerprint(tiny_qwen3):
     assert back.fa_heads == mask.fa_heads and back.settings["strategy"] == "global_per_layer_min"
     assert random_per_layer(tiny_qwen3, k=3).fingerprint == mask.fingerprint
     with pytest.raises(MaskError, match="score this model"):
-        select(torch.rand(2, 4), k=2, model=tiny_qwen3)
+        select(torch.rand(2, 4), k=2, model=tiny_qwen3, strategy="global")
 
 
 def test_kv_group_scores():
@@ -212,7 +212,7 @@ def test_a_new_strategy_is_one_registry_entry():
 def test_mask_records_the_kv_heads_and_cache_share():
     s = torch.zeros(2, 8, dtype=torch.float64)  # 2 layers x 8 heads, 4 KV heads (groups of 2)
     s[0, 0], s[0, 1], s[1, 5] = 0.9, 0.8, 0.7
-    mask = select(s, k=3, n_kv_heads=4)
+    mask = select(s, k=3, n_kv_heads=4, strategy="global")
     assert mask.fa_kv_heads == ((0,), (2,)) and mask.n_fa_kv == 2 and mask.kv_cache_share == pytest.approx(2 / 8)
     data = mask.to_dict()
     assert data["fa_kv_heads"] == [[0], [2]] and data["kv_cache_share"] == pytest.approx(0.25)
@@ -221,14 +221,15 @@ def test_mask_records_the_kv_heads_and_cache_share():
 def test_kv_group_unit_keeps_whole_groups_ranked_by_kv_group_scores():
     s = torch.rand(4, 8, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
     scores = HeadScores("niah", s[None], n_kv_heads=4)
-    mask = select(scores, fraction=1 / 8, unit="kv_group")  # 1/8 of 16 groups = 2 groups = 4 query heads
+    # 1/8 of 16 groups = 2 groups = 4 query heads
+    mask = select(scores, fraction=1 / 8, unit="kv_group", strategy="global")
     groups = kv_group_scores(scores)  # [4, 4], max over each pair of query heads
     best = sorted(range(16), key=lambda i: -float(groups.flatten()[i]))[:2]
     assert set(mask.fa_heads) == {Head(i // 4, 2 * (i % 4) + j) for i in best for j in (0, 1)}
     assert mask.kv_cache_share == pytest.approx(1 / 8) and len(mask) == 4
     assert mask.settings["unit"] == "kv_group" and mask.settings["k"] == 2 and mask.settings["n_fa_heads"] == 4
-    assert select(scores, ratio="7:1", unit="kv_group").fa_heads == mask.fa_heads
-    summed = select(scores, k=2, unit="kv_group", kv_reduce="sum")
+    assert select(scores, ratio="7:1", unit="kv_group", strategy="global").fa_heads == mask.fa_heads
+    summed = select(scores, k=2, unit="kv_group", kv_reduce="sum", strategy="global")
     best_sum = sorted(range(16), key=lambda i: -float(kv_group_scores(scores, reduce="sum").flatten()[i]))[:2]
     assert {(h.layer, h.head // 2) for h in summed.fa_heads} == {(i // 4, i % 4) for i in best_sum}
     per_layer = select(scores, k=4, unit="kv_group", strategy="global_per_layer_min")
@@ -256,7 +257,7 @@ def test_head_unit_on_a_model_records_the_teacher_share(tiny_qwen3):
 ])
 def test_select_refuses_non_finite_scores(scores, message):
     with pytest.raises(ValueError, match=f"select: .*{message}"):
-        select(scores, k=1)
+        select(scores, k=1, strategy="global")
     with pytest.raises(ValueError, match=message):
         kv_group_scores(scores, n_kv_heads=1)
 
@@ -278,4 +279,30 @@ def test_select_refuses_bad_arguments(kw, error, message):
 
 def test_select_refuses_kv_heads_that_disagree(tiny_qwen3):
     with pytest.raises(ValueError, match="disagrees"):
-        select(HeadScores("niah", torch.rand(2, 3, 4), n_kv_heads=4), k=3, model=tiny_qwen3)
+        select(HeadScores("niah", torch.rand(2, 3, 4), n_kv_heads=4), k=3, model=tiny_qwen3, strategy="global")
+
+
+def test_the_api_and_the_command_line_default_to_the_methods_strategy():
+    """One default: select() without strategy= is the method's global top-K with >= 1 FA head per layer, as the
+    command line's --strategy, and the one docs/method.md names as the method's default."""
+    import inspect
+    from pathlib import Path
+
+    from headscope.cli import build_parser
+    from headscope.selection import DEFAULT_STRATEGY
+
+    assert DEFAULT_STRATEGY == "global_per_layer_min"
+    assert inspect.signature(select).parameters["strategy"].default == DEFAULT_STRATEGY
+    parser = build_parser()
+    for command in (["run"], ["select", "--scores", "s.json", "--out", "m.json"]):
+        assert parser.parse_args(command).strategy == DEFAULT_STRATEGY
+    s = _map(L=3, H=4)
+    s[0] = 10.0  # layer 0 holds every top head: the default still gives each layer one
+    mask = select(s, k=3)
+    assert mask.settings["strategy"] == DEFAULT_STRATEGY and mask.per_layer_counts() == [1, 1, 1]
+    assert select(s, k=3, strategy="global").per_layer_counts() == [3, 0, 0]
+    with pytest.raises(ValueError, match="k >= n_layers.*strategy='global'"):  # the fix is named
+        select(s, k=2)
+    method = (Path(__file__).resolve().parents[2] / "docs" / "method.md").read_text()
+    row = next(line for line in method.splitlines() if line.startswith("| global top-K with >= 1 FA head per layer"))
+    assert "default" in row

@@ -167,7 +167,7 @@ def test_reasoning_the_teacher_cannot_do_is_left_out_of_the_mask(tmp_path, monke
     assert scores.settings["reasoning_left_out"].startswith("the model answers only 60%")
     assert scores.settings["tasks"] == ["niah"]
     assert [c[0] for c in calls] == ["niah", "reasoning"]
-    mask = select(scores, fraction=2 / 12, unit="kv_group", model=teacher)  # 2 of 4 x 3 KV groups
+    mask = select(scores, fraction=2 / 12, unit="kv_group", model=teacher, strategy="global")  # 2 of 4 x 3 KV groups
     assert sorted(h.to_list() for h in mask.fa_heads) == [[1, 2], [1, 3], [3, 4], [3, 5]]
     # make_mask (run.py's path) on the GQA teacher: whole KV groups, the cached scores reused
     again = make_mask(teacher, None, 2 / 12, n_samples=2, context_length=64, device="cpu",
@@ -183,7 +183,7 @@ def test_reasoning_the_teacher_solves_is_fused(tmp_path, monkeypatch):
     monkeypatch.setattr(headscope.api, "score", fake_score(teacher, 1.0, calls))
     scores = selection_scores(teacher, None, n_samples=2, context_length=64, progress=False, sender_rounds=0)
     assert scores.settings["reasoning_left_out"] is None and scores.settings["tasks"] == ["niah", "reasoning"]
-    mask = select(scores, fraction=1 / 12, unit="kv_group", model=teacher)
+    mask = select(scores, fraction=1 / 12, unit="kv_group", model=teacher, strategy="global")
     assert sorted(h.to_list() for h in mask.fa_heads) == [[0, 0], [0, 1]]  # reasoning's group (0.9 x 0.5 > 0.8 x 0.5)
 
 
@@ -209,7 +209,7 @@ def test_sender_scores_enter_the_fusion(tmp_path, monkeypatch):
         scores = selection_scores(teacher, None, n_samples=2, context_length=64, path=tmp_path / "s.json",
                                   progress=False, sender_rounds=2)
     assert rounds == [("niah", 2, 64)] and scores.settings["study_key"]["sender_rounds"] == 2
-    mask = select(scores, fraction=1 / 12, unit="kv_group", model=teacher)
+    mask = select(scores, fraction=1 / 12, unit="kv_group", model=teacher, strategy="global")
     assert sorted(h.to_list() for h in mask.fa_heads) == [[2, 0], [2, 1]]
 
 
