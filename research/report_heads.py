@@ -1,8 +1,13 @@
 """Head report of any model headscope can load: one command, JSON + figures + a markdown report.
 
-    python research/report_heads.py --model default                      # the reference model, CPU
-    python research/report_heads.py --model smollm2-135m --device cuda --dtype bfloat16 \
-        --md docs/smollm2_135m_heads.md     # H200: <= 6 min (GPU defaults); --out-dir default docs/results/<model>
+    python -m research.report_heads --model default       # the reference model, CPU
+    python -m research.report_heads --model smollm2-135m --device cuda --dtype bfloat16   # H200: <= 6 min
+    python -m research.report_heads --model default --into-docs   # rewrite the tracked report in docs/
+
+Where it writes: by default one results folder, runs/<date>_report_heads_<model>/ (heads.json, mask_7to1.json,
+heads.md, figures/), so a run leaves the checkout's tracked files alone. --into-docs writes where the published
+report lives instead: docs/results/<model>/, docs/<model>_heads.md and docs/figures/. --out-dir, --md and
+--figures set each place explicitly (the job launcher passes all three).
 
 Sections: NIAH receiver scores (retrieval-critical fraction at thresholds 0.05 / 0.1 / 0.2, per-layer counts,
 top 10 with KV groups), iterated path patching (sender scores per round, combined score), receiver scores
@@ -59,9 +64,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--path-rounds", type=int, default=None)
     p.add_argument("--n-path", type=int, default=None, help="pairs for path patching (default: all NIAH pairs)")
     p.add_argument("--n-boot", type=int, default=20, help="random subsets per n for the stability curve")
-    p.add_argument("--out-dir", default=None, help="default docs/results/<model>")
-    p.add_argument("--md", default=None, help="markdown report (default docs/<model>_heads.md; '' = none)")
-    p.add_argument("--figures", default=str(ROOT / "docs/figures"), help="folder for the HTML figures ('' = none)")
+    p.add_argument("--out-dir", default=None,
+                   help="results folder (default runs/<date>_report_heads_<model>; with --into-docs "
+                        "docs/results/<model>)")
+    p.add_argument("--md", default=None, help="markdown report (default <out-dir>/heads.md; with --into-docs "
+                                              "docs/<model>_heads.md; '' = none)")
+    p.add_argument("--figures", default=None, help="folder for the HTML figures (default <out-dir>/figures; with "
+                                                   "--into-docs docs/figures; '' = none)")
+    p.add_argument("--into-docs", action="store_true",
+                   help="write into the checkout's tracked docs (docs/results/<model>, docs/<model>_heads.md, "
+                        "docs/figures) instead of a results folder under runs/")
     p.add_argument("--progress", action="store_true", help="show tqdm bars")
     a = p.parse_args(argv)
     sizes = SIZES["cuda" if str(a.device).startswith("cuda") else "cpu"]
@@ -80,8 +92,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     if bad:
         raise SystemExit(f"--families: unknown {bad}; choose from {ALL_FAMILIES}")
     a.slug = slug(a.model)
-    a.out_dir = Path(a.out_dir or ROOT / "docs/results" / a.slug)
-    a.md = ROOT / "docs" / f"{a.slug}_heads.md" if a.md is None else (Path(a.md) if a.md else None)
+    if a.into_docs:
+        out_dir, md = ROOT / "docs/results" / a.slug, ROOT / "docs" / f"{a.slug}_heads.md"
+        figures = ROOT / "docs/figures"
+    else:
+        out_dir = Path("runs") / f"{time.strftime('%Y-%m-%d')}_report_heads_{a.slug}"
+        out_dir = Path(a.out_dir) if a.out_dir else out_dir
+        md, figures = out_dir / "heads.md", out_dir / "figures"
+    a.out_dir = Path(a.out_dir) if a.out_dir else out_dir
+    a.md = md if a.md is None else (Path(a.md) if a.md else None)
+    a.figures = str(figures) if a.figures is None else a.figures
     return a
 
 

@@ -80,7 +80,48 @@ def test_bad_arguments_are_refused():
         report["parse_args"](["--n-niah", "1"])
     a = report["parse_args"](["--device", "cuda", "--model", "smollm2-135m"])
     assert (a.n_niah, a.context) == report["SIZES"]["cuda"][:2] and a.slug == "smollm2_135m"
-    assert a.md.name == "smollm2_135m_heads.md"
+
+
+def test_it_writes_a_results_folder_unless_asked_for_the_docs():
+    """By default every output goes into one results folder under runs/ (the tracked docs are left alone);
+    --into-docs writes where the published report lives; explicit paths win either way."""
+    import time
+
+    report = runpy.run_path(str(SCRIPT), run_name="report_heads")
+    root = report["ROOT"]
+    a = report["parse_args"](["--model", "smollm2-135m"])
+    folder = Path("runs") / f"{time.strftime('%Y-%m-%d')}_report_heads_smollm2_135m"
+    assert (a.out_dir, a.md, Path(a.figures)) == (folder, folder / "heads.md", folder / "figures")
+    d = report["parse_args"](["--model", "smollm2-135m", "--into-docs"])
+    assert (d.out_dir, d.md, Path(d.figures)) == (root / "docs/results/smollm2_135m", root / "docs/smollm2_135m_heads.md",
+                                                  root / "docs/figures")
+    e = report["parse_args"](["--out-dir", "x", "--md", "", "--figures", "f"])
+    assert (e.out_dir, e.md, e.figures) == (Path("x"), None, "f")
+    o = report["parse_args"](["--out-dir", "x"])
+    assert (o.md, Path(o.figures)) == (Path("x/heads.md"), Path("x/figures"))
+
+
+def test_a_default_run_leaves_the_checkout_alone(tiny_folder, tmp_path, monkeypatch):
+    import time
+
+    report = runpy.run_path(str(SCRIPT), run_name="report_heads")
+    g = report["main"].__globals__
+    real_save = g["save"]
+
+    def save_then_stop(a, out):
+        real_save(a, out)
+        raise KeyboardInterrupt  # the first section is written; stop here
+
+    g["save"] = save_then_stop
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(KeyboardInterrupt):
+        report["main"](["--model", str(tiny_folder), "--threads", "1", "--n-niah", "2", "--context", "200",
+                        "--families", ""])
+    folder = tmp_path / "runs" / f"{time.strftime('%Y-%m-%d')}_report_heads_{tiny_folder.name.lower()}"
+    assert (folder / "heads.json").is_file() and (folder / "README.md").is_file()
+    docs, slug = report["ROOT"] / "docs", tiny_folder.name.lower()
+    assert not (docs / "results" / slug).exists() and not (docs / f"{slug}_heads.md").exists()
+    assert not list((docs / "figures").glob(f"{slug}_*")) and not list(folder.parent.glob("*/figures/*"))
 
 
 def test_task_accuracy_dry_run(tiny_folder, tmp_path, capsys):
