@@ -6,10 +6,12 @@
     default    everything at full settings (= "full"): lengths from 1/8 to 8x the training length
     fidelity   a student against its teacher (teacher=...) on held-out text, continuations, chat and NIAH;
                fidelity_smoke: the same at tiny settings (the reference model against itself: CPU, < 3 min)
+    fidelity_long  past the teacher's context: held-out perplexity at 8K-32K and NIAH at 16K-64K, the teacher's
+               rows "not_applicable" past its positions (headscope.evaluate.fidelity_long)
 """
 from __future__ import annotations
 
-from headscope.evaluate import fidelity, measures, retrieval
+from headscope.evaluate import fidelity, fidelity_long, measures, retrieval
 from headscope.evaluate.registry import register_evaluation, register_suite
 
 register_evaluation("niah", retrieval.niah, retrieval.NiahEvalConfig,
@@ -63,3 +65,12 @@ register_suite("fidelity_smoke", [  # the reference model against itself: 2 CPU 
     # 4088 tokens exceed the reference model's 2048 positions: rows "skipped" with a note
     ("fidelity_niah", {"sources": _SMOKE_SOURCES, "lengths": (1024 - 8, 4096 - 8), "n": 1}),
 ])
+
+# past the teacher's context (headscope.evaluate.fidelity_long): evaluate(student, "fidelity_long", teacher=teacher)
+register_evaluation("fidelity_long_text", fidelity_long.fidelity_long_text, fidelity_long.FidelityLongTextConfig,
+                    "held-out perplexity at 8K-32K; the teacher's where it has the positions, in chunks past them",
+                    needs_teacher=True)
+register_evaluation("fidelity_long_niah", fidelity_long.fidelity_long_niah, fidelity_long.FidelityLongNiahConfig,
+                    "NIAH in held-out phrasings and haystacks at 16K-64K; the teacher where it has the positions",
+                    needs_teacher=True)
+register_suite("fidelity_long", ["fidelity_long_text", "fidelity_long_niah"])
