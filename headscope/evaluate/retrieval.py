@@ -4,7 +4,9 @@ Lengths run from short to ``8 x`` the training length; a length past the model's
 prompt cannot be built (the needles alone overflow it) or one that runs out of memory gives rows with
 ``status`` "skipped" / "stopped" and a ``note`` saying why (after an out-of-memory stop, longer lengths
 are not tried), and so does a length that the evaluation's time budget does not reach ("skipped", the note
-starting with "budget:").
+starting with "budget:"). Lengths past a RoPE model's ``max_position_embeddings`` run, and are said before they
+do with an estimate of their time: a warning when they were asked for explicitly or lie far past the training
+length (``headscope.evaluate.lengths``).
 """
 from __future__ import annotations
 
@@ -180,6 +182,15 @@ def _score_or_retry(model, tokenizer, pairs: list, ctx: EvalContext, generate: b
                              pairs[0].seq_len, next(model.parameters()).device)
 
 
+def _say_past_positions(model, evaluation: str, lengths: list[int], cells: Callable[[int], list[Cell]], cfg,
+                        ctx: EvalContext) -> None:
+    """Lengths past the model's positions, said before they run with an estimate (headscope.evaluate.lengths)."""
+    from headscope.evaluate.lengths import check_positions
+
+    check_positions(model, evaluation, lengths, lambda L: sum(c[3] for c in cells(L)), explicit=bool(cfg.lengths),
+                    log=ctx.log)
+
+
 def _cell_seed(seed: int, length: int, index: int) -> int:
     return seed * 1_000_003 + length * 101 + index
 
@@ -202,6 +213,7 @@ def niah(model, tokenizer, cfg: NiahEvalConfig, ctx: EvalContext) -> list[dict]:
                     context_length=L, note="values divisible by 7: never asked in the reference model's training")]
 
     lengths = context_lengths(model, cfg.lengths, cfg.multiples)
+    _say_past_positions(model, "niah", lengths, cells, cfg, ctx)
     return by_length(model, tokenizer, ctx, "niah", lengths, cells, cfg.generate, extra=unseen)
 
 
@@ -213,6 +225,7 @@ def niah_multikey(model, tokenizer, cfg: MultikeyEvalConfig, ctx: EvalContext) -
                  cfg.n, _cell_seed(ctx.seed, L, 50 + k)) for k in cfg.n_keys]
 
     lengths = context_lengths(model, cfg.lengths, cfg.multiples)
+    _say_past_positions(model, "niah_multikey", lengths, cells, cfg, ctx)
     return by_length(model, tokenizer, ctx, "niah_multikey", lengths, cells, cfg.generate)
 
 
@@ -224,4 +237,5 @@ def template_transfer(model, tokenizer, cfg: TemplateTransferConfig, ctx: EvalCo
                  cfg.n, _cell_seed(ctx.seed, L, 80 + i)) for i, p in enumerate(cfg.phrasings)]
 
     lengths = context_lengths(model, cfg.lengths, cfg.multiples)
+    _say_past_positions(model, "template_transfer", lengths, cells, cfg, ctx)
     return by_length(model, tokenizer, ctx, "template_transfer", lengths, cells, cfg.generate)
