@@ -17,8 +17,8 @@ Two evaluations (registered with ``needs_teacher=True``), on the held-out data o
   student reads the long context better than a teacher that must forget it every ``positions`` tokens.
 - ``fidelity_long_niah``: single-key NIAH in the fidelity suite's held-out phrasings and haystack sources at 16K, 32K
   and 64K (prompt lengths 16376, 32760, 65528: 8 positions left for the answer). The haystack of a source that holds
-  fewer than 9/8 of the prompt length in tokens goes on with the other held-out sources, in order, until it does
-  (the row's note names them). ``accuracy_student`` at every length (a student with learned position embeddings
+  fewer than 9/8 of the prompt length in tokens goes on with the held-out sources after it (manifest order, wrapping
+  around) until it does (the row's note names them). ``accuracy_student`` at every length (a student with learned position embeddings
   stops at its positions); ``accuracy_teacher`` where the prompt fits the teacher's positions, else status
   "not_applicable" (``teacher_beyond_positions=True`` runs the teacher there anyway, noted).
 
@@ -77,7 +77,7 @@ class FidelityLongNiahConfig:
     sources: tuple[str, ...] = ()  # haystack sources; (): every shipped one
     phrasings: tuple[str, ...] = ("code", "pin", "plain")  # needle phrasings (headscope.evaluate.phrasings)
     lengths: tuple[int, ...] = (16384 - ANSWER_ROOM, 32768 - ANSWER_ROOM, 65536 - ANSWER_ROOM)  # prompt lengths
-    n: int = 4  # prompts per (length, phrasing, source), needle depths spread evenly
+    n: int = 2  # prompts per (length, phrasing, source), needle depths spread evenly (42 prompts a length by default)
     teacher_beyond_positions: bool = False  # True: the teacher also runs past its positions (RoPE teachers), noted
 
     def __post_init__(self):
@@ -216,17 +216,18 @@ def fidelity_long_text(model, tokenizer, cfg: FidelityLongTextConfig, ctx: EvalC
 def long_haystack(name: str, order: list[tuple[str, str]], tokens: dict[str, int], length: int,
                   margin: float = HAYSTACK_MARGIN) -> tuple[str, list[str]]:
     """(haystack text, the sources it holds) for a ``length``-token prompt on source ``name``: the source alone when
-    it holds ``margin`` x ``length`` tokens, else followed by the other sources of ``order`` (``[(name, text)]``, all
-    held-out text) in that order until it does, joined by blank lines (all of them if even that is short: the task
-    then wraps around). ``tokens``: each source's token count."""
+    it holds ``margin`` x ``length`` tokens, else followed by the sources after it in ``order`` (``[(name, text)]``,
+    all held-out text; wrapping around to the first) until it does, joined by blank lines (all of them if even that
+    is short: the task then wraps around the text). ``tokens``: each source's token count."""
+    names = [n for n, _ in order]
     texts = dict(order)
+    k = names.index(name)
     used, total = [name], tokens[name]
-    for other, _ in order:
+    for other in names[k + 1:] + names[:k]:
         if total >= margin * length:
             break
-        if other not in used:
-            used.append(other)
-            total += tokens[other]
+        used.append(other)
+        total += tokens[other]
     return "\n\n".join(texts[n].strip() for n in used) + "\n", used
 
 

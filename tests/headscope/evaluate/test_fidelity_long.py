@@ -66,6 +66,7 @@ def test_the_suite_is_registered_with_the_teacher_flag_and_long_defaults():
     assert get_evaluation("fidelity_long_text").needs_teacher and get_evaluation("fidelity_long_niah").needs_teacher
     assert FidelityLongTextConfig().lengths == (8192, 16384, 32768)
     assert FidelityLongNiahConfig().lengths == (16376, 32760, 65528)  # 8 positions left for the answer
+    assert FidelityLongNiahConfig().n == 2
     with pytest.raises(ValueError, match="lengths"):
         FidelityLongTextConfig(lengths=(16,))
     with pytest.raises(ValueError, match="phrasings"):
@@ -113,9 +114,10 @@ def test_niah_rows_past_the_teachers_positions_and_extended_haystacks(student, t
     past = teach[teach.context_length == 400]
     assert len(past) == 2 and (past.status == NOT_APPLICABLE).all() and past.value.isna().all()
     assert past.note.str.contains("past the teacher's 256 positions").all()
-    # the 400-character source is extended with the other held-out text for a 400-token prompt (9/8 x 400 = 450)
+    # the 400-character source is extended with the held-out text after it (the sources given, then the other
+    # shipped ones: shakespeare) for a 400-token prompt (9/8 x 400 = 450)
     short = stud[stud.family == "code+short"].set_index("context_length").note
-    assert short[400].startswith("haystack: short + prose") and "fewer than 1.125 x 400" in short[400]
+    assert short[400].startswith("haystack: short + shakespeare") and "fewer than 1.125 x 400" in short[400]
     assert not isinstance(short[200], str)  # long enough alone for 200 tokens
     assert stud[stud.family == "code+prose"].note.isna().all()
     cfg["fidelity_long_niah"]["teacher_beyond_positions"] = True
@@ -128,9 +130,10 @@ def test_long_haystack_appends_other_sources_in_order():
     order = [("a", "A text"), ("b", "B text"), ("c", "C text"), ("d", "D text")]
     tokens = {"a": 100, "b": 50, "c": 30, "d": 500}
     assert long_haystack("a", order, tokens, 80) == ("A text\n", ["a"])  # 100 >= 90
-    assert long_haystack("b", order, tokens, 80) == ("B text\n\nA text\n", ["b", "a"])  # 150 >= 90
-    assert long_haystack("c", order, tokens, 200)[1] == ["c", "a", "b", "d"]
-    assert long_haystack("c", order, tokens, 10_000)[1] == ["c", "a", "b", "d"]  # all there is
+    assert long_haystack("b", order, tokens, 80) == ("B text\n\nC text\n\nD text\n", ["b", "c", "d"])  # 580 >= 90
+    assert long_haystack("c", order, tokens, 200)[1] == ["c", "d"]
+    assert long_haystack("d", order, tokens, 500)[1] == ["d", "a"]  # wrapping around
+    assert long_haystack("c", order, tokens, 10_000)[1] == ["c", "d", "a", "b"]  # all there is
 
 
 def test_the_shipped_heldout_haystacks_reach_64k_smollm2_tokens():
