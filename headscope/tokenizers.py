@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["find_tokenizer", "remember_tokenizer", "unwrap", "prepare_tokenizer", "TokenizerNotFound",
-           "TOKENIZER_FILES"]
+           "TOKENIZER_FILES", "bos_id"]
 
 # Files one of which a folder holds when it holds a tokenizer (fast, sentencepiece, BPE / WordPiece vocab).
 # tokenizer_config.json alone is not one: from it (or from config.json alone) transformers silently builds a
@@ -32,6 +32,27 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt
                    "sentencepiece.bpe.model")
 
 _CACHE: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
+
+
+_BOS_CACHE: "weakref.WeakKeyDictionary[Any, int | None]" = weakref.WeakKeyDictionary()
+
+
+def bos_id(tokenizer) -> int | None:
+    """The BOS id the tokenizer prepends by default, or None if it adds nothing at the start."""
+    try:
+        return _BOS_CACHE[tokenizer]
+    except (KeyError, TypeError):
+        pass
+    with_special = tokenizer("x y").input_ids
+    plain = tokenizer("x y", add_special_tokens=False).input_ids
+    bos = None
+    if len(with_special) > len(plain) and with_special[1: 1 + len(plain)] == plain:
+        bos = with_special[0]
+    try:
+        _BOS_CACHE[tokenizer] = bos
+    except TypeError:
+        pass
+    return bos
 
 
 class TokenizerNotFound(ValueError):
@@ -159,8 +180,6 @@ def _bridge_tokenizer(bridge: Any, required: bool) -> Any:
     carried = getattr(bridge, "tokenizer", None)
     if carried is None:
         return _plain_tokenizer(bridge, required)  # raises the usual "pass tokenizer=..." when required
-    from headscope.tasks.base import bos_id
-
     bos = bos_id(carried)
     if bos is not None:
         warnings.warn(

@@ -55,13 +55,10 @@ def bridge_from_hf(model: Any, tokenizer: Any) -> Any:
 
 
 def bridge_tokenizer(bridge: Any) -> Any:
-    """The tokenizer to build scoring pairs with for a bridge: the HF tokenizer given to ``bridge_from_hf``;
-    for a bridge built elsewhere, the plain model's own tokenizer when it is remembered or saved beside the
-    model, else ``bridge.tokenizer`` (TransformerLens's, which may prepend a BOS token the plain model's
-    tokenizer does not; ``headscope.tokenizers.find_tokenizer`` warns then)."""
-    from headscope.tokenizers import find_tokenizer
-
-    return find_tokenizer(bridge, required=False)
+    """The HF tokenizer given to ``bridge_from_hf``, else ``bridge.tokenizer`` (TransformerLens's, which may prepend
+    a BOS token the plain model's tokenizer does not). Scoring picks a bridge's tokenizer with
+    ``headscope.tokenizers.find_tokenizer``, which prefers the plain model's own to ``bridge.tokenizer``."""
+    return getattr(bridge, _TOKENIZER_ATTR, None) or getattr(bridge, "tokenizer", None)
 
 
 def is_transformer_bridge(obj: Any) -> bool:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import difflib
 import random
-import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -23,6 +22,7 @@ import torch
 
 from headscope.configs import from_dict
 from headscope.registry import Registry
+from headscope.tokenizers import bos_id  # noqa: F401  (re-exported: tasks import it from here)
 
 Span = tuple[int, int]
 
@@ -82,26 +82,6 @@ class TokenizedPair:
 
 
 # ----------------------------------------------------------------------------- tokenization helpers
-
-_BOS_CACHE: "weakref.WeakKeyDictionary[Any, int | None]" = weakref.WeakKeyDictionary()
-
-
-def bos_id(tokenizer) -> int | None:
-    """The BOS id the tokenizer prepends by default, or None if it adds nothing at the start."""
-    try:
-        return _BOS_CACHE[tokenizer]
-    except (KeyError, TypeError):
-        pass
-    with_special = tokenizer("x y").input_ids
-    plain = tokenizer("x y", add_special_tokens=False).input_ids
-    bos = None
-    if len(with_special) > len(plain) and with_special[1: 1 + len(plain)] == plain:
-        bos = with_special[0]
-    try:
-        _BOS_CACHE[tokenizer] = bos
-    except TypeError:
-        pass
-    return bos
 
 
 def encode(tokenizer, text: str, offsets: bool = False) -> tuple[list[int], list[Span] | None]:

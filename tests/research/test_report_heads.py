@@ -93,8 +93,9 @@ def test_it_writes_a_results_folder_unless_asked_for_the_docs():
     folder = Path("runs") / f"{time.strftime('%Y-%m-%d')}_report_heads_smollm2_135m"
     assert (a.out_dir, a.md, Path(a.figures)) == (folder, folder / "heads.md", folder / "figures")
     d = report["parse_args"](["--model", "smollm2-135m", "--into-docs"])
-    assert (d.out_dir, d.md, Path(d.figures)) == (root / "docs/results/smollm2_135m", root / "docs/smollm2_135m_heads.md",
-                                                  root / "docs/figures")
+    docs = root / "docs"
+    assert (d.out_dir, d.md, Path(d.figures)) == (docs / "results" / "smollm2_135m", docs / "smollm2_135m_heads.md",
+                                                  docs / "figures")
     e = report["parse_args"](["--out-dir", "x", "--md", "", "--figures", "f"])
     assert (e.out_dir, e.md, e.figures) == (Path("x"), None, "f")
     o = report["parse_args"](["--out-dir", "x"])
