@@ -3,6 +3,7 @@ snippet run as written (e2e), and no user doc narrates how the project was built
 repository."""
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -46,30 +47,78 @@ def readme_block(word: str) -> list[str]:
     return command_lines(found[0])
 
 
+SETUP, TEST = "scripts/setup.sh", "scripts/test.sh"
+
+
 def quick_start_blocks() -> list[str]:
-    """Every ```bash block of the README except the install and the test blocks."""
-    return [b for b in blocks(README.read_text(), "bash") if "pip install" not in b and "pytest" not in b]
+    """Every ```bash block of the README except the setup, the by-hand install and the test blocks."""
+    return [b for b in blocks(README.read_text(), "bash")
+            if not any(w in b for w in ("pip install", "pytest", SETUP, TEST))]
 
 
-def test_readme_install_block_is_what_ci_runs():
+def test_readme_setup_command_is_what_ci_runs():
+    """One setup command in the README, run by CI as written; CI may add --no-run (install only), which the README
+    documents: the main job it skips is the README's first quick start, which the end-to-end lane runs."""
     before, sections = ci_lines()
-    venv = [s for s in before if ".venv" in s]
-    assert venv, ".ci/run no longer creates a virtual environment before its install section"
-    assert readme_block("pip install") == [" && ".join(venv)] + sections["install"]
+    extra = [c for c in before if c not in ("set -euo pipefail", 'cd "$(dirname "$0")/.."')]
+    assert not extra, f".ci/run runs {extra} before the README's setup command"
+    assert readme_block(SETUP) == [SETUP]
+    ci = sections.get("setup")
+    assert ci in ([SETUP], [f"{SETUP} --no-run"]), f".ci/run's setup section is {ci}"
+    if ci != [SETUP]:
+        assert f"`{SETUP} --no-run` installs only" in README.read_text()
+        assert "headscope run --model default --out mask.json" in command_lines(quick_start_blocks()[0])
 
 
-def test_readme_test_commands_are_what_ci_runs():
+def test_readme_test_command_is_what_ci_runs():
     _, sections = ci_lines()
     assert sections.get("test"), ".ci/run has no '# --- test (README) ---' section"
-    assert readme_block("pytest") == sections["test"]
+    assert readme_block(TEST) == sections["test"] == [TEST]
 
 
-def test_readme_has_quick_starts():
-    commands = [c for b in quick_start_blocks() for c in command_lines(b)]
-    for expected in ("headscope run --model default --out mask.json",
-                     "hybrid-train --config research/train_hybrid/tiny.toml",
-                     "headscope eval --model default --suite smoke --out results/smoke"):
-        assert expected in commands, expected
+def test_the_test_script_runs_the_two_lanes_the_readme_names():
+    lanes = [line.strip() for line in (ROOT / TEST).read_text().splitlines() if line.strip().startswith("pytest")]
+    assert lanes == ['pytest -q -n 2 --dist worksteal -m "not gpu and not slow and not e2e"',
+                     'pytest -q -n 2 --dist worksteal -m "e2e and not gpu and not slow"']
+    text = " ".join(README.read_text().split())  # the README's prose, line breaks aside
+    for lane in lanes:
+        assert f"`{lane}" in text, lane
+
+
+@contextlib.contextmanager
+def serve_index(folder: Path):
+    """A package index on 127.0.0.1 that holds a torch/ page: what the setup script probes PyTorch's CPU index for."""
+    import functools
+    import http.server
+    import threading
+
+    (folder / "torch").mkdir(parents=True, exist_ok=True)
+    (folder / "torch" / "index.html").write_text("<html></html>")
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(folder))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_readme_install_steps_by_hand_are_what_the_setup_script_runs(tmp_path):
+    """The by-hand block is the setup script's commands on a CPU-only machine (its --dry-run, with PyTorch's CPU
+    index served locally), and says how to set up: clone, cd, which torch for a CPU and for a GPU machine."""
+    by_hand = readme_block("pip install")
+    with serve_index(tmp_path) as url:
+        out = subprocess.run([str(ROOT / SETUP), "--dry-run", "--cpu"], cwd=ROOT, capture_output=True, text=True,
+                             env={**os.environ, "TORCH_CPU_INDEX": url}, timeout=60)
+    assert out.returncode == 0, out.stderr
+    ran = [line[2:].replace(url, "https://download.pytorch.org/whl/cpu") for line in out.stderr.splitlines()
+           if line.startswith("+ ")]
+    assert [c.replace('"', "") for c in by_hand] == ran
+    text = " ".join(README.read_text().split())
+    for phrase in ("clone the repository and `cd` into it", "--index-url https://download.pytorch.org/whl/cpu",
+                   "a machine with an NVIDIA GPU takes PyPI's `pip install torch==2.13.0`", "On 2 CPU cores it takes"):
+        assert phrase in text, phrase
 
 
 def _user_docs() -> list[Path]:
