@@ -56,11 +56,24 @@ def evaluate_both(models: dict, tok, L0: int, long_lengths: tuple[int, ...], n: 
                "niah_multikey": {"lengths": (L0 - 8,), "n_keys": (4,), "n": n, "haystack": "heldout"},
                "reasoning": {"n": n_reasoning, "forms": forms or {}},
                "perplexity": {"lengths": (L0,), "n_windows": ppl_windows, "text": "heldout"}}
-    table, frames = {}, []
+    frames = []
     for name, model in models.items():
         df = headscope.evaluate(model, list(configs), tok, configs=configs, seed=12_345)
         df["model"] = name
         frames.append(df)
+    rows = pd.concat(frames, ignore_index=True)
+    return headline_table(rows, L0, long_lengths), rows
+
+
+def headline_table(rows, L0: int, long_lengths: tuple[int, ...]):
+    """``evaluate_both``'s table from its rows (one column per model)."""
+    import pandas as pd
+
+    from research.studies.metrics import headline
+
+    totals = (L0, *long_lengths)
+    table = {}
+    for name, df in rows.groupby("model", sort=False):
         h = headline(df.to_dict("records"), L0)
         niah = [h["niah"].get(str(L - 8)) for L in totals]
         col = {f"niah@{L}": v for L, v in zip(totals, niah)}
@@ -68,7 +81,52 @@ def evaluate_both(models: dict, tok, L0: int, long_lengths: tuple[int, ...], n: 
         col |= {f"reasoning_{f}": v for f, v in h["reasoning_by_family"].items()}
         col[f"ppl@{L0}"] = h["perplexity"].get(str(L0))
         table[name] = {k: float("nan") if v is None else float(v) for k, v in col.items()}
-    return pd.DataFrame(table), pd.concat(frames, ignore_index=True)
+    return pd.DataFrame(table)
+
+
+def run_suite(model, tok, teacher, suite: str, out: Path, model_key: str | None = None):
+    """``headscope.evaluate(model, suite, teacher=teacher)`` one evaluation at a time, each saved to
+    OUT/<suite>_parts/<evaluation>/ as soon as it is done; an evaluation already saved there (a call cut short)
+    is read back, not run again. All rows then go to OUT/<suite>/ (with the parts' side files, e.g. the chat
+    answers). ``model_key`` (the weights' hash) ties the parts to the model: parts of another model are
+    dropped. Returns the rows."""
+    import shutil
+
+    import pandas as pd
+
+    from headscope.evaluate import evaluate, save_results
+    from headscope.evaluate.api import resolve_suite
+    from headscope.evaluate.output import read_results
+
+    parts_dir = out / f"{suite}_parts"
+    key_file = parts_dir / "model_key.txt"
+    if parts_dir.is_dir() and (model_key is None or not key_file.is_file()
+                               or key_file.read_text().strip() != model_key):
+        shutil.rmtree(parts_dir)  # another model's (or unknown) parts
+    if model_key is not None:
+        parts_dir.mkdir(parents=True, exist_ok=True)
+        key_file.write_text(model_key + "\n")
+    frames = []
+    for name, over in resolve_suite(suite)[1]:
+        part = parts_dir / name
+        if (part / "results.json").is_file():
+            print(f"[run.py] suite {suite}: {name} already done ({part}); read back", flush=True)
+            frames.append(read_results(part))
+            continue
+        t0 = time.time()
+        df = evaluate(model, [name], tok, configs={name: dict(over)}, teacher=teacher, progress=True)
+        df["suite"] = suite
+        save_results(df, part, overwrite=True, figures=False)
+        frames.append(df)
+        ok = df[df["status"] == "ok"]
+        keys = [c for c in ("metric", "family", "phrasing", "context_length") if ok[c].notna().any()]
+        print(f"[run.py] suite {suite}: {name} done in {time.time() - t0:.0f} s\n"
+              + ok.groupby(keys, dropna=False)["value"].mean().to_string(), flush=True)
+    rows = pd.concat(frames, ignore_index=True)
+    save_results(rows, out / suite, overwrite=True)
+    for f in parts_dir.glob("*/*.jsonl"):
+        shutil.copy2(f, out / suite / f.name)
+    return rows
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -224,9 +282,24 @@ def main(argv: list[str] | None = None) -> dict:
     from headscope.zoo import task_defaults
 
     forms = {f: task_defaults(base.teacher, f) for f in FAMILIES}  # the teacher's prompt forms, for both models
-    table, rows = evaluate_both({"teacher": teacher, "hybrid": hyb}, tok, L0, long_lengths, n,
-                                n_reasoning=4 if a.tiny else 100, ppl_windows=4 if a.tiny else 32, forms=forms)
-    write_text(a.out / "eval_rows.csv", rows.to_csv(index=False))  # every harness row of both models
+    from headscope.io import file_sha256
+
+    weights = Path(result.model_path) / "model.safetensors"
+    model_key = file_sha256(weights) if weights.is_file() else None
+    key_file = a.out / "eval_rows.model_key.txt"
+    if model_key and (a.out / "eval_rows.csv").is_file() and key_file.is_file() and \
+            key_file.read_text().strip() == model_key:  # a call cut short after this evaluation: read it back
+        import pandas as pd
+
+        rows = pd.read_csv(a.out / "eval_rows.csv")
+        table = headline_table(rows, L0, long_lengths)
+        print(f"[run.py] evaluation of this hybrid already in {a.out / 'eval_rows.csv'}; read back", flush=True)
+    else:
+        table, rows = evaluate_both({"teacher": teacher, "hybrid": hyb}, tok, L0, long_lengths, n,
+                                    n_reasoning=4 if a.tiny else 100, ppl_windows=4 if a.tiny else 32, forms=forms)
+        write_text(a.out / "eval_rows.csv", rows.to_csv(index=False))  # every harness row of both models
+        if model_key:
+            write_text(key_file, model_key + "\n")
     table["hybrid / teacher"] = table["hybrid"] / table["teacher"].where(table["teacher"] != 0)
     print(f"[run.py] evaluation done in {time.time() - t_eval:.1f} s", flush=True)
     targets = {f"niah@{L0}": 0.9, f"multikey@{L0}": 0.8, **{i: 0.9 for i in table.index if i.startswith("reasoning_")}}
@@ -235,18 +308,14 @@ def main(argv: list[str] | None = None) -> dict:
 
     suite = None
     if a.suite:
-        from headscope.evaluate import evaluate, save_results
-
         t_suite = time.time()
-        rows_s = evaluate(hyb, suite=a.suite, tokenizer=tok, teacher=teacher, progress=True)
-        save_results(rows_s, a.out / a.suite)
-        done = rows_s[rows_s["status"] == "ok"] if "status" in rows_s else rows_s
+        rows_s = run_suite(hyb, tok, teacher, a.suite, a.out, model_key)
+        done = rows_s[rows_s["status"] == "ok"]
         keys = [c for c in ("evaluation", "metric", "family", "phrasing", "context_length") if c in done]
         suite = {"name": a.suite, "seconds": round(time.time() - t_suite, 1), "folder": a.suite,
                  "values": {" / ".join(str(r[c]) for c in keys if r[c] == r[c] and r[c] is not None): r["value"]
                             for _, r in done.iterrows()}}
         print(f"[run.py] suite {a.suite} done in {suite['seconds']:.0f} s", flush=True)
-        print(done[keys + ["value"]].to_string(index=False), flush=True)
 
     throughput = None
     if not a.no_throughput:
