@@ -58,17 +58,40 @@ def compile_decoder_layers(model: nn.Module, mode: str = "default") -> int:
     checkpoints are unchanged; fla's Triton kernels, the GDN prologue's Triton launcher and flash-attn are
     compiler-disabled, so graph breaks). ``mode``: torch.compile's ("reduce-overhead": CUDA graphs of the
     compiled regions, for a step whose GPU waits on the host; on CPU it compiles without graphs). Layers of one
-    structure share their compiled code; returns how many layers were compiled."""
+    structure share their compiled code; returns how many layers were compiled.
+
+    Each distinct layer structure (a hybrid's layers differ in their FA / GDN head counts) is one more variant of
+    the same code object for torch.compile, and training, evaluation and other lengths add variants of each: past
+    dynamo's recompile limit (8 by default) the remaining variants run eagerly, slowly and without a word. The limit
+    is raised to 16 per structure (``recompile_limit_for``)."""
     if mode not in COMPILE_MODES:
         raise ValueError(f"compile mode={mode!r}: give one of {', '.join(COMPILE_MODES)}")
     layers = getattr(getattr(model, "model", None), "layers", None)
     if layers is None:
         raise TypeError(f"compile: {type(model).__name__} has no .model.layers (a transformers decoder or a "
                         "hybrid); set compile = false")
+    raise_recompile_limit(recompile_limit_for(layers))
     for layer in layers:
         layer.compile(mode=mode)
         layer._compile_mode = mode  # copy_model compiles a copy the same way
     return len(layers)
+
+
+def recompile_limit_for(layers) -> int:
+    """16 compiled variants per distinct layer structure (parameter names and shapes)."""
+    structures = {tuple((n, tuple(p.shape)) for n, p in layer.named_parameters()) for layer in layers}
+    return 16 * len(structures)
+
+
+def raise_recompile_limit(n: int) -> int:
+    """dynamo's recompile limit raised to at least ``n`` (never lowered); returns the limit now in force."""
+    import torch._dynamo
+
+    cfg = torch._dynamo.config
+    name = "recompile_limit" if hasattr(cfg, "recompile_limit") else "cache_size_limit"
+    if getattr(cfg, name) < n:
+        setattr(cfg, name, n)
+    return getattr(cfg, name)
 
 
 def compiled_submodules(model: nn.Module) -> list[str]:
@@ -117,13 +140,17 @@ def build_pretrain_model(mcfg, tokenizer, device: torch.device) -> nn.Module:
 
 
 def identity(config, teacher: nn.Module | None, mask, tokenizer) -> dict[str, Any]:
-    """What a checkpoint folder must match to belong to this run."""
-    from headscope.mask import config_fingerprint
+    """What a checkpoint folder must match to belong to this run (a hybrid's also carries the teacher's legacy
+    fingerprint, which ``check_run_folder`` accepts in place of its current one)."""
+    from headscope.mask import config_fingerprint, legacy_config_fingerprint
 
     if config.is_hybrid:
         from hybrid.config import HybridOptions
 
+        # "teacher_legacy": the fingerprint run folders started before RoPE settings were hashed recorded for this
+        # teacher; check_run_folder accepts it, and run.json leaves it out (hybrid.train.checkpoint.LEGACY_TEACHER)
         return {"kind": "hybrid", "teacher": config_fingerprint(teacher),
+                "teacher_legacy": legacy_config_fingerprint(teacher),
                 "mask": {"fa_heads": [h.to_list() for h in mask.fa_heads], "fingerprint": mask.fingerprint},
                 "hybrid": HybridOptions.from_dict(config.hybrid).to_dict(),
                 "stages": [s.name for s in config.stages]}
