@@ -27,6 +27,9 @@ __all__ = ["CheckpointError", "Checkpoint", "RunRecord", "save_checkpoint", "lat
 
 SCHEMA = "hybrid.train.checkpoint"
 RUN_SCHEMA = "hybrid.train.run"
+# identity key: the teacher's legacy_config_fingerprint (the one run folders started before RoPE settings were
+# hashed recorded); compared in place of the current one, never written to run.json
+LEGACY_TEACHER = "teacher_legacy"
 
 
 class CheckpointError(RuntimeError):
@@ -58,8 +61,9 @@ class RunRecord:
     config: dict[str, Any]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"schema": RUN_SCHEMA, "identity": self.identity, "fingerprint": self.fingerprint,
-                "config": self.config}
+        identity = {k: v for k, v in self.identity.items() if k != LEGACY_TEACHER} \
+            if isinstance(self.identity, dict) else self.identity
+        return {"schema": RUN_SCHEMA, "identity": identity, "fingerprint": self.fingerprint, "config": self.config}
 
 
 def rng_state() -> dict[str, Any]:
@@ -247,9 +251,36 @@ def _upgrade_identity(identity: Any) -> Any:
     return {**identity, "hybrid": upgrade_options(identity["hybrid"])}
 
 
+def _comparable(old: Any, new: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+    """(old, new) identities as compared: the old one's hybrid options under their current names, and the
+    teacher's legacy fingerprint (``LEGACY_TEACHER``), where either records it as the teacher's or its mask's,
+    read as the teacher's current one: a folder started before RoPE settings were hashed is the same run."""
+    old = _upgrade_identity(old)
+    new = dict(new)
+    legacy = new.pop(LEGACY_TEACHER, None)
+    if not isinstance(old, dict):
+        return old, new
+    old = {k: v for k, v in old.items() if k != LEGACY_TEACHER}
+    current = new.get("teacher")
+    if legacy is None or current is None or legacy == current:
+        return old, new
+
+    def read(identity: dict[str, Any]) -> dict[str, Any]:
+        if identity.get("teacher") == legacy:
+            identity = {**identity, "teacher": current}
+        mask = identity.get("mask")
+        if isinstance(mask, dict) and mask.get("fingerprint") == legacy:
+            identity = {**identity, "mask": {**mask, "fingerprint": current}}
+        return identity
+
+    return read(old), read(new)
+
+
 def check_run_folder(out: Path, record: RunRecord, resume: bool, allow_config_change: bool) -> Checkpoint | None:
     """Refuse an output folder of a different run, a fresh start over existing checkpoints and (unless
-    ``allow_config_change``) a resume with a changed config. Returns the checkpoint to resume from (or None)."""
+    ``allow_config_change``) a resume with a changed config. Returns the checkpoint to resume from (or None).
+    A folder that records the teacher's legacy fingerprint (started before RoPE settings were hashed) is the
+    same run."""
     out = Path(out)
     run_file = out / "run.json"
     old = None
@@ -260,8 +291,9 @@ def check_run_folder(out: Path, record: RunRecord, resume: bool, allow_config_ch
             raise CheckpointError(f"{run_file} is not valid JSON; delete it or choose another output folder") from None
         if old.get("schema") != RUN_SCHEMA:
             raise CheckpointError(f"{out} holds a run.json that is not a hybrid.train run; choose another folder")
-        if _upgrade_identity(old.get("identity")) != record.identity:
-            changed = _diff(_upgrade_identity(old.get("identity")) or {}, record.identity)
+        was, now = _comparable(old.get("identity"), record.identity)
+        if was != now:
+            changed = _diff(was or {}, now)
             raise CheckpointError(f"{out} belongs to a different run ({'; '.join(changed)}): its checkpoints do not "
                                   "fit this teacher/mask/model; choose another output folder")
     ckpt = latest_checkpoint(out)

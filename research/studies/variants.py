@@ -224,6 +224,14 @@ def _tuned_teacher(spec: VariantSpec, teacher, scores, seed: int, context=None):
     return teacher_mask(teacher, settings={"strategy": "all_fa"}), dict(TEACHER_OPTIONS)
 
 
+def _same_key(cached: Any, key: dict[str, Any], teacher) -> bool:
+    """A cache key recorded for this teacher: ``key``, or ``key`` with the teacher's legacy fingerprint (caches
+    written before the fingerprint hashed RoPE settings are reused)."""
+    from headscope.mask import legacy_config_fingerprint
+
+    return cached == key or cached == {**key, "teacher": legacy_config_fingerprint(teacher)}
+
+
 SELECTOR_FILE = "selector.json"  # the learned gates, in the variant's folder (reused while the key matches)
 
 
@@ -255,7 +263,7 @@ def _learned(spec: VariantSpec, teacher, scores, seed: int, context=None):
     result = None
     if path is not None and path.exists():
         cached = json.loads(path.read_text())
-        if cached.get("key") == key:
+        if _same_key(cached.get("key"), key, teacher):
             result = SelectorResult.from_dict(cached["result"])
             print(f"[selector] {spec.name}: gates reused from {path}", flush=True)
     if result is None:
@@ -389,7 +397,7 @@ def selection_scores(teacher, tokenizer, *, n_samples: int = 16, context_length:
            "sender_rounds": sender_rounds}
     if path is not None and Path(path).exists():
         cached = HeadScores.from_json(path)
-        if cached.settings.get("study_key") == key:
+        if _same_key(cached.settings.get("study_key"), key, teacher):
             return cached
     tasks = {"niah": score(teacher, "niah", tokenizer=tokenizer, n_samples=n_samples, device=device,
                            context_length=context_length, haystack=haystack, progress=progress)}
