@@ -63,8 +63,9 @@ def base_config(a, out: Path) -> dict:
             "teacher_samples": a.teacher_samples, "teacher_sample_len": a.teacher_sample_len, "extra_queries": 2,
             "workers": 0}
     stages = [
+        # train_gdn_qkv = false: stage 1 trains only the new parameters, as it did for the published numbers
         {"name": "align", "steps": a.align_steps, "lr": 2e-3, "seq_len": a.short, "batch_size": a.batch,
-         "warmup_steps": max(1, a.align_steps // 30)},
+         "warmup_steps": max(1, a.align_steps // 30), "train_gdn_qkv": False},
         {"name": "distill", "steps": a.distill_steps, "lr": a.distill_lr, "seq_len": a.short, "batch_size": a.batch,
          "warmup_steps": max(1, a.distill_steps // 75), "weight_decay": 0.01, "kl_weight": 1.0, "ce_weight": 0.2,
          "temperature": 1.0},
