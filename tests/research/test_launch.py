@@ -99,11 +99,15 @@ def test_dry_run_of_every_job_resolves_its_configs(name, tmp_path, capsys):
 
 def test_steps_write_into_the_results_folder():
     """Every program of a job reads its config copy and writes under the results folder (the old GPU call's
-    report paths, docs/results and docs/figures, are gone)."""
+    report paths, docs/results and docs/figures, are gone); the one exception is the teacher's text, a cache that
+    the jobs of one recipe share, written where the config's [data] teacher_corpus says."""
     out = Path("/tmp/r")
     for name, job in load_jobs().items():
         ctx, steps = launcher.plan(job, out, "cuda" if job.device != "cpu" else "cpu")
         for s in steps:
+            if s.name == "teacher_text":
+                assert s.module == "research.corpus.self_distill"
+                continue
             if s.module:
                 args = list(s.args)
                 for flag in ("--out", "--json", "--out-dir", "--md", "--figures", "--run"):
@@ -300,3 +304,18 @@ def test_program_output_is_logged_as_it_arrives(tmp_path, capsys):
     lines = (tmp_path / "x.log").read_text().splitlines()
     assert [line.split(maxsplit=1)[1] for line in lines] == ["bar 0", "done", "no newline at the end"]
     assert all(float(line.split()[0]) >= 0 for line in lines)
+
+
+def test_a_recipe_with_teacher_text_makes_it_first_when_missing(tmp_path):
+    from research.launch import get_job
+    from research.launch import kinds
+
+    steps = kinds._teacher_text_steps(get_job("smollm2_broad_hybrid"))
+    assert [s.name for s in steps] == ["teacher_text"] and steps[0].module == "research.corpus.self_distill"
+    assert steps[0].args[:4] == ("--model", "smollm2-135m", "--out", "data/corpus/teacher")
+    assert "--max-minutes" in steps[0].args and kinds._teacher_text_steps(get_job("smollm2_hybrid")) == []
+    steps = kinds._teacher_text_steps(get_job("smollm2_broad_hybrid"), root=tmp_path)
+    assert steps[0].when(None) is True  # no teacher.txt under this root: made first
+    (tmp_path / "data" / "corpus" / "teacher").mkdir(parents=True)
+    (tmp_path / "data" / "corpus" / "teacher" / "teacher.txt").write_text("x")
+    assert steps[0].when(None) is False

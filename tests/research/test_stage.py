@@ -146,3 +146,36 @@ def test_the_corpus_travels_compressed(tmp_path):
     assert (corpus / "train.txt").read_text() == "train text\n" * 100
     with pytest.raises(FileNotFoundError, match="python -m research.prepare_corpus"):
         ensure_corpus(tmp_path / "none", tmp_path / "nogz")
+
+
+def test_the_broad_corpus_travels_in_parts(tmp_path, capsys):
+    repo, there = tmp_path / "here", tmp_path / "there"
+    src = repo / "data" / "corpus"
+    (src / "sources").mkdir(parents=True)
+    (src / "sources" / "a.txt").write_bytes(os.urandom(300_000))  # incompressible: several parts
+    (src / "sources" / "held.txt").write_text("held out\n")
+    (src / "manifest.json").write_text(json.dumps({"sources": {
+        "a": {"file": "sources/a.txt", "split": "train"}, "held": {"file": "sources/held.txt", "split": "heldout"}}}))
+    parts = stage.split_corpus(part_mb=0.1, out=tmp_path / "stage_out", repo=repo)
+    assert [p.name for p in parts] == [f"corpus.tar.xz.part{k}of{len(parts)}" for k in range(1, len(parts) + 1)]
+    assert len(parts) >= 3
+    for p in parts[:-1]:
+        assert stage.put_corpus(p, tmp_path / "st", repo=there) is False  # waits for the others
+    assert stage.put_corpus(parts[-1], tmp_path / "st", repo=there) is True
+    got = there / "data" / "corpus"
+    assert (got / "sources" / "a.txt").read_bytes() == (src / "sources" / "a.txt").read_bytes()
+    assert (got / "manifest.json").is_file() and not (got / "sources" / "held.txt").exists()  # training only
+    assert list((tmp_path / "st").glob("corpus.*")) == []  # the parts are dropped once extracted
+    with pytest.raises(stage.StageError, match="not a corpus part"):
+        stage.put_corpus(tmp_path / "x.bin", tmp_path / "st", repo=there)
+    with pytest.raises(stage.StageError, match="research.corpus.build"):
+        stage.split_corpus(out=tmp_path / "o", repo=tmp_path / "empty")
+
+
+def test_carry_of_the_broad_recipe_stages_its_corpus():
+    c = stage.carry("smollm2_broad_hybrid")
+    if any("corpus.tar.xz" in p for p in c["stage_once"]):
+        assert all(stage.CORPUS_RE.match(Path(p).name) or ".gguf.part" in p for p in c["stage_once"])
+    else:
+        assert "python -m research.stage split-corpus" in c["missing"].values()
+    assert "data/gz" in c["every_call"]  # its NIAH haystack "train" is research.prepare_corpus's train.txt
