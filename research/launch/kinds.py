@@ -183,9 +183,8 @@ def _teacher_text_steps(job: "Job", root: Path | None = None) -> list[Step]:
     if not folder or folder.endswith(".txt"):
         return []
     from hybrid.train.data import TEACHER_TEXT
-    from research.launch.jobs import REPO
 
-    root = REPO if root is None else root  # where the steps run (the checkout)
+    root = Path(__file__).resolve().parents[2] if root is None else root  # where the steps run (the checkout)
     text = Path(folder) / TEACHER_TEXT
     return [Step("teacher_text", "research.corpus.self_distill",
                  ("--model", str(cfg.get("teacher", "default")), "--out", folder, *SELF_DISTILL_ARGS),

@@ -178,8 +178,9 @@ def main(argv: list[str] | None = None) -> dict:
                     help="longest NIAH length of the evaluation (default 16384)")
     ap.add_argument("--seed", type=int, default=None, help="override the config's seed (the mask is the seed's own "
                     "unless --mask gives one)")
-    ap.add_argument("--suite", default=None, help="also run this headscope.evaluate suite on the trained hybrid "
-                    "against the teacher (e.g. fidelity): OUT/fidelity/ and results.json's \"suite\"")
+    ap.add_argument("--suite", default=None, help="also run these headscope.evaluate suites (comma-separated, e.g. "
+                    "fidelity,fidelity_long) on the trained hybrid against the teacher: OUT/<suite>/ and results.json's "
+                    "\"suites\"")
     ap.add_argument("--mask-only", action="store_true", help="write OUT/mask.json (and OUT/scores.json) and stop")
     ap.add_argument("--no-parity", action="store_true", help="(read by python -m research.launch) leave out the "
                     "backend-parity step after training")
@@ -306,16 +307,16 @@ def main(argv: list[str] | None = None) -> dict:
     checks = {k: bool(table.loc[k, "hybrid"] >= v * table.loc[k, "teacher"]) for k, v in targets.items()}
     checks[f"ppl@{L0} <= 1.2x"] = bool(table.loc[f"ppl@{L0}", "hybrid"] <= 1.2 * table.loc[f"ppl@{L0}", "teacher"])
 
-    suite = None
-    if a.suite:
+    suites = {}
+    for name in [x for x in (a.suite or "").split(",") if x]:
         t_suite = time.time()
-        rows_s = run_suite(hyb, tok, teacher, a.suite, a.out, model_key)
+        rows_s = run_suite(hyb, tok, teacher, name, a.out, model_key)
         done = rows_s[rows_s["status"] == "ok"]
         keys = [c for c in ("evaluation", "metric", "family", "phrasing", "context_length") if c in done]
-        suite = {"name": a.suite, "seconds": round(time.time() - t_suite, 1), "folder": a.suite,
-                 "values": {" / ".join(str(r[c]) for c in keys if r[c] == r[c] and r[c] is not None): r["value"]
-                            for _, r in done.iterrows()}}
-        print(f"[run.py] suite {a.suite} done in {suite['seconds']:.0f} s", flush=True)
+        suites[name] = {"seconds": round(time.time() - t_suite, 1), "folder": name,
+                        "values": {" / ".join(str(r[c]) for c in keys if r[c] == r[c] and r[c] is not None): r["value"]
+                                   for _, r in done.iterrows()}}
+        print(f"[run.py] suite {name} done in {suites[name]['seconds']:.0f} s", flush=True)
 
     throughput = None
     if not a.no_throughput:
@@ -333,7 +334,7 @@ def main(argv: list[str] | None = None) -> dict:
                      "config": base.to_dict()},
            "eval": {"length": L0, "long_lengths": list(long_lengths), "n": n,
                     "table": json.loads(table.to_json(orient="index")), "checks": checks},
-           "suite": suite, "throughput": throughput}
+           "suites": suites, "throughput": throughput}
     write_text(a.out / "results.json", json.dumps(out, indent=1, default=str))
     print(table.to_string(float_format=lambda x: f"{x:.3f}"))
     print(f"KV cache: hybrid {kv['fa_kv'] / teacher_kv:.3f} of the teacher's at {L0} tokens "
