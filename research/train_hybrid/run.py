@@ -181,6 +181,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--suite", default=None, help="also run these headscope.evaluate suites (comma-separated, e.g. "
                     "fidelity,fidelity_long) on the trained hybrid against the teacher: OUT/<suite>/ and results.json's "
                     "\"suites\"")
+    ap.add_argument("--scores", type=Path, default=None, help="the teacher's fused scores for the mask: read when the "
+                    "file holds this teacher's scores with these settings, else computed and written there (default "
+                    "OUT/scores.json); the jobs of one recipe share one file")
     ap.add_argument("--mask-only", action="store_true", help="write OUT/mask.json (and OUT/scores.json) and stop")
     ap.add_argument("--no-parity", action="store_true", help="(read by python -m research.launch) leave out the "
                     "backend-parity step after training")
@@ -229,14 +232,15 @@ def main(argv: list[str] | None = None) -> dict:
     if a.mask is None and not (a.out / "mask.json").exists():
         rounds = a.sender_rounds if a.sender_rounds is not None else (1 if a.tiny else 3)
         mask = make_mask(teacher, tok, a.fraction, n_samples=2 if a.tiny else 16,
-                         context_length=120 if a.tiny else 1024, device=device, scores_path=a.out / "scores.json",
+                         context_length=120 if a.tiny else 1024, device=device,
+                         scores_path=a.scores or a.out / "scores.json",
                          sender_rounds=rounds)
         write_text(a.out / "mask.json", mask.to_json())
     mask = HeadMask.from_json(base.mask)
     mask_seconds = time.time() - t0
     print(f"[run.py] mask ready in {mask_seconds:.1f} s: {len(mask.fa_heads)} FA query heads of "
           f"{mask.n_layers * mask.n_heads}, {mask.ratio} LA:FA", flush=True)  # phase times: where a call's time goes
-    left_out = reasoning_left_out(a.out / "scores.json")
+    left_out = reasoning_left_out(a.scores or a.out / "scores.json")
     if left_out:
         print(f"[run.py] the mask's scores are NIAH alone: {left_out}", flush=True)
     if a.mask_only:

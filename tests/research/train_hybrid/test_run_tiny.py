@@ -206,3 +206,18 @@ def test_smollm2_pipeline_on_the_real_weights(tmp_path):
     assert out["mask"]["reasoning_left_out"]
     assert out["eval"]["long_lengths"] == [256, 512, 1024]
     assert set(out["train"]["minutes_by_stage"]) == {"align", "distill", "long"}
+
+
+def test_mask_only_and_a_shared_scores_file(tmp_path):
+    """--mask-only writes the mask and stops; a second job given the same --scores file reads the teacher's scores
+    back instead of scoring again, and selects the same mask."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    shared = tmp_path / "cache" / "scores.json"
+    for out in ("a", "b"):
+        p = subprocess.run([sys.executable, str(SCRIPT), "--config", str(ROOT / "research/train_hybrid/tiny.toml"),
+                            "--out", str(tmp_path / out), "--tiny", "--mask-only", "--scores", str(shared)],
+                           check=True, env=env, cwd=ROOT, capture_output=True, text=True)
+        assert "mask ready" in p.stdout and not (tmp_path / out / "results.json").exists()
+    assert "mask ready in 0.0 s" in p.stdout  # the second read the shared scores back
+    assert (tmp_path / "a" / "mask.json").read_text() == (tmp_path / "b" / "mask.json").read_text()
+    assert shared.is_file() and not (tmp_path / "a" / "scores.json").exists()
