@@ -201,6 +201,29 @@ class StaticHybridCache(HybridCache):
         self.host_lengths[row] = n
         self.seen_tokens = max(self.host_lengths)
 
+    def load_rows(self, rows: Sequence[int], cache: HybridCache) -> None:
+        """``load_row`` for several rows at once: row ``rows[j]`` <- row j of ``cache`` (an ordinary prefill of
+        ``len(rows)`` equal-length prompts), one copy per tensor instead of one per row."""
+        n, k = cache.seen_tokens, len(rows)
+        if n > self.capacity:
+            raise ValueError(f"prompt of {n} positions does not fit capacity {self.capacity}")
+        idx = torch.tensor(list(rows), dtype=torch.long, device=self.lengths.device)  # [k]
+        for dst, src in zip(self.layers, cache.layers):
+            if src.keys is not None:
+                a = src.key_start
+                S = src.keys.shape[1]
+                dst.keys[idx, a:a + S] = src.keys[:k].to(dst.keys.dtype)  # [k, S, K_F, D]
+                dst.values[idx, a:a + S] = src.values[:k].to(dst.values.dtype)
+            if src.state is not None:
+                dst.state[idx] = src.state[:k].to(dst.state.dtype)  # [k, H_L, D, D]
+            if src.conv is not None:
+                for d, c in zip(dst.conv, src.conv):
+                    d[idx] = c[:k].to(d.dtype)  # [k, W-1, H_L*D]
+        self.lengths[idx] = n
+        for r in rows:
+            self.host_lengths[r] = n
+        self.seen_tokens = max(self.host_lengths)
+
     def snapshot(self) -> dict:
         """The parts a step changes besides KV rows past each length (states, conv states, lengths)."""
         return dict(lengths=self.lengths.clone(), host=list(self.host_lengths),
@@ -224,19 +247,25 @@ class StaticHybridCache(HybridCache):
 
 @torch.no_grad()
 def prefill(model, prompts: Sequence[torch.Tensor], max_new_tokens: int, capacity: int | None = None,
-            group: int = 1):
+            group: int = 1, cache: StaticHybridCache | None = None):
     """Prefill each prompt (1-d token ids, any lengths) into its own row of a new StaticHybridCache.
 
     ``group`` > 1: prompts of the same length go through one forward, up to ``group`` at a time (no padding,
-    so the result is the per-prompt prefill's up to the batched matmuls' rounding). Returns (cache, logits
-    [B, V] of each prompt's last position)."""
+    so the result is the per-prompt prefill's up to the batched matmuls' rounding). ``cache``: fill this
+    StaticHybridCache instead of allocating one (one row per prompt; every row is overwritten, and what a row
+    held past its new length is masked); a captured ``Decoder`` on it replays on the new rows. Returns (cache,
+    logits [B, V] of each prompt's last position)."""
     if not prompts:
         raise ValueError("prefill needs at least one prompt")
     for i, p in enumerate(prompts):
         if p.dim() != 1 or p.numel() == 0:
             raise ValueError(f"prompt {i} must be a non-empty 1-d tensor of token ids, got shape {tuple(p.shape)}")
     need = max(p.numel() for p in prompts) + max_new_tokens
-    cache = StaticHybridCache.allocate(model, len(prompts), capacity or need)
+    if cache is None:
+        cache = StaticHybridCache.allocate(model, len(prompts), capacity or need)
+    elif cache.batch != len(prompts) or cache.capacity < need:
+        raise ValueError(f"prefill: the given cache holds {cache.batch} rows of {cache.capacity} positions; "
+                         f"{len(prompts)} prompts and {need} positions (prompt + max_new_tokens) are needed")
     if group < 1:
         raise ValueError(f"prefill: group={group} must be >= 1")
     by_len: dict[int, list[int]] = {}
@@ -248,8 +277,8 @@ def prefill(model, prompts: Sequence[torch.Tensor], max_new_tokens: int, capacit
             chunk = rows[a:a + group]
             ids = torch.stack([prompts[i] for i in chunk])  # [b, P]
             out = model(ids, use_cache=True, logits_to_keep=1)
+            cache.load_rows(chunk, out.hybrid_cache)
             for j, i in enumerate(chunk):
-                cache.load_row(i, out.hybrid_cache, src_row=j)
                 last[i] = out.logits[j, -1]  # [V]
             del out
     return cache, torch.stack(last)  # [B, V]

@@ -3,13 +3,16 @@
 Everything but the attention mixer is the teacher's (embeddings, RMSNorms, gated MLPs, lm_head). The mixer
 is ``HybridAttention`` (granularity "head" or "layer") or ``TokenHybridAttention`` ("token").
 
-Generation: the model keeps its own ``HybridCache`` under the keyword ``hybrid_cache`` (input and output),
-and overrides ``prepare_inputs_for_generation`` / ``_update_model_kwargs_for_generation`` so ``generate``
-never builds a ``DynamicCache`` (works the same on transformers 5.17 and 5.24). Greedy, sampling and beam
-search are supported: before each step the cache's rows are aligned to the beams' sequences
-(``HybridCache.align``), which reorders the FA keys/values, the GDN states and the conv states together.
-Padding is not supported: ``attention_mask`` must be all ones (a GDN state would absorb pad tokens), and a
-batch whose rows start or end with different numbers of pad tokens is refused when no mask says otherwise.
+Generation: ``generate`` runs greedy decoding and sampling on the fused decode path (``hybrid.generation``: the
+static cache, a CUDA graph on CUDA, padded batches with their ``attention_mask``); beam search,
+``static_cache=False`` and what the fast path does not run take the eager path: the model keeps its own
+``HybridCache`` under the keyword ``hybrid_cache`` (input and output), and overrides
+``prepare_inputs_for_generation`` / ``_update_model_kwargs_for_generation`` so ``generate`` never builds a
+``DynamicCache`` (works the same on transformers 5.17 and 5.24). Greedy, sampling and beam search are supported
+there: before each step the cache's rows are aligned to the beams' sequences (``HybridCache.align``), which
+reorders the FA keys/values, the GDN states and the conv states together. The eager path takes no padding:
+``attention_mask`` must be all ones (a GDN state would absorb pad tokens), and a batch whose rows start or end
+with different numbers of pad tokens is refused when no mask says otherwise.
 
 Saving: ``save_pretrained(path, tokenizer=tok)`` also writes the tokenizer; ``from_pretrained`` checks the
 folder first (``hybrid.folders.check_folder``: names a missing or truncated file and the fix).
@@ -273,7 +276,28 @@ class HybridForCausalLM(HybridPreTrainedModel, GenerationMixin):
         return HybridOutput(loss=loss, logits=logits, last_hidden_state=h, hybrid_cache=out.hybrid_cache,
                             hidden_states=out.hidden_states)
 
-    # ---- generation: thread our own cache through generate() ---------------------------
+    # ---- generation: the fused decode path (hybrid.generation), else our own cache through generate() ----
+    def generate(self, *args: Any, static_cache: bool | None = None, **kwargs: Any):
+        """transformers' ``generate``; greedy decoding and sampling run on the fused decode path (the static
+        cache, a CUDA graph on CUDA; the default on CUDA and the CPU): ``hybrid.generation``. ``static_cache=False``
+        (or ``generation_config.static_cache = False``) keeps transformers' loop on the dynamic ``HybridCache``."""
+        from hybrid.generation import generate
+
+        return generate(self, *args, static_cache=static_cache, **kwargs)
+
+    def _sample(self, input_ids: torch.LongTensor, logits_processor: Any, stopping_criteria: Any,
+                generation_config: Any, synced_gpus: bool = False, streamer: Any = None, **model_kwargs: Any):
+        from hybrid.generation import sample
+
+        return sample(self, input_ids, logits_processor, stopping_criteria, generation_config,
+                      synced_gpus=synced_gpus, streamer=streamer, **model_kwargs)
+
+    def _beam_search(self, *args: Any, **kwargs: Any):
+        from hybrid.generation import beam_search
+
+        return beam_search(self, *args, **kwargs)
+
+    # ---- eager generation: thread our own cache through generate() ---------------------------
     def prepare_inputs_for_generation(self, input_ids: torch.LongTensor, hybrid_cache: HybridCache | None = None,
                                       attention_mask: torch.Tensor | None = None, use_cache: bool | None = True,
                                       inputs_embeds: torch.Tensor | None = None, **kwargs: Any) -> dict[str, Any]:

@@ -1,0 +1,212 @@
+"""Speed of a hybrid's ``generate()``: the fast path (hybrid.generation: static cache, a CUDA graph on CUDA) vs
+transformers' loop (``static_cache=False``), next to the bare decode step (``hybrid.decoding.Decoder``, timed as
+research/bench_whole_model_gpu.py times it) and the teacher's own ``generate`` (dynamic cache, and transformers'
+static cache, whose forward transformers compiles on CUDA: ``compiled`` in its row).
+
+    python -m research.perf.generate_speed                      # CPU: the shipped reference model, its 7:1 mask
+    python -m research.perf.generate_speed --device cuda --model smollm2-135m --prompt 8192 --new 128 --batch 1,32
+
+Per batch size and path: ``tok_s`` = B * new / the whole call (prefill included; the median of --repeats calls
+after one untimed call, which captures the graph), ``step_ms`` = (call with ``new`` tokens - call with 1) /
+(new - 1), the per-token cost without the prefill (CUDA: wall-clock; CPU: this process's CPU time, see
+``clock``). ``fast_vs_step`` = the fast path's step_ms / the bare step
+(target <= 1.10), ``fast_vs_eager`` = eager step_ms / fast step_ms (> 1: the fast path is faster). Prompts are
+random token ids of --prompt tokens, greedy, EOS off, so every call makes exactly --new tokens. Writes the rows
+to --out (default $OUT/generate_speed.json when $OUT is set).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from research.perf.benchmark import bench_ms, sync
+
+ROOT = Path(__file__).resolve().parents[2]
+SHIPPED_MASKS = {  # the published 7:1 masks of the named models (docs/results/)
+    "default": ROOT / "docs/results/2026-11-29_reference_head_report/reference_mask_7to1.json",
+    "smollm2-135m": ROOT / "docs/results/2026-12-01_smollm2_head_report/mask_7to1.json",
+}
+GREEDY = dict(do_sample=False, eos_token_id=None, pad_token_id=0)
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="default", help="headscope.load_model name or folder (default: default)")
+    p.add_argument("--mask", default=None, help="head-mask JSON (default: the model's shipped 7:1 mask, else a "
+                                                "random 7:1 mask per layer, seed 0)")
+    p.add_argument("--prompt", type=int, default=64, help="prompt tokens per row (default 64)")
+    p.add_argument("--new", type=int, default=32, help="new tokens per row (default 32)")
+    p.add_argument("--batch", default="1,4", help="comma-separated batch sizes (default 1,4)")
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    p.add_argument("--dtype", default=None, choices=("float32", "bfloat16", "float16"),
+                   help="default: bfloat16 on cuda, float32 on the CPU")
+    p.add_argument("--repeats", type=int, default=3, help="timed calls per measurement (median; default 3)")
+    p.add_argument("--no-teacher", action="store_true", help="skip the teacher's generate")
+    p.add_argument("--out", default=None, help="JSON path (default $OUT/generate_speed.json when $OUT is set)")
+    a = p.parse_args(argv)
+    a.batches = [int(b) for b in a.batch.split(",") if b.strip()]
+    if not a.batches or min(a.batches) < 1 or a.prompt < 1 or a.new < 2 or a.repeats < 1:
+        p.error("--batch sizes, --prompt and --repeats must be >= 1 and --new >= 2")
+    if a.device == "cuda" and not torch.cuda.is_available():
+        p.error("--device cuda: no CUDA device here")
+    return a
+
+
+def build(model_name: str, mask_path: str | None, device: str, dtype: torch.dtype):
+    """(teacher, hybrid, the mask's description): the teacher and its hybrid, in eval mode on ``device``."""
+    import headscope
+    import hybrid
+
+    teacher, _ = headscope.load_model(model_name)
+    teacher = teacher.to(device=device, dtype=dtype).eval()
+    path = mask_path or SHIPPED_MASKS.get(model_name)
+    mask, what = None, None
+    if path is not None and Path(path).exists():
+        try:
+            model = hybrid.from_mask(teacher, str(path))
+            mask, what = path, str(Path(path).relative_to(ROOT) if Path(path).is_relative_to(ROOT) else path)
+        except Exception as e:  # a mask for another model: say so and fall back to a random one
+            if mask_path is not None:
+                raise
+            print(f"shipped mask {path} does not fit: {type(e).__name__}: {str(e)[:160]}", file=sys.stderr)
+    if mask is None:
+        model = hybrid.from_mask(teacher, headscope.random_per_layer(teacher, ratio="7:1", seed=0))
+        what = "random_per_layer 7:1 seed 0"
+    return teacher, model.to(device=device, dtype=dtype).eval(), what
+
+
+def clock(device: str):
+    """Wall-clock on CUDA; on the CPU this process's CPU seconds (other processes' load does not count; with
+    several intra-op threads their times add up, so compare runs with the same OMP_NUM_THREADS)."""
+    return time.perf_counter if device == "cuda" else time.process_time
+
+
+def timed_s(fn, device: str, repeats: int) -> float:
+    """Median seconds of fn() over ``repeats`` calls, after one untimed call."""
+    fn()
+    now, times = clock(device), []
+    for _ in range(repeats):
+        sync(device)
+        t = now()
+        fn()
+        sync(device)
+        times.append(now() - t)
+    return statistics.median(times)
+
+
+def generate_row(model, ids: torch.Tensor, new: int, device: str, repeats: int, **kw) -> dict:
+    """tok_s and step_ms of model.generate(ids, **kw) (see the module docstring)."""
+    def call(n):
+        out = model.generate(ids, max_new_tokens=n, min_new_tokens=n, **GREEDY, **kw)
+        if out.shape[1] != ids.shape[1] + n:
+            raise RuntimeError(f"generate made {out.shape[1] - ids.shape[1]} tokens, not {n}")
+        return out
+
+    full = timed_s(lambda: call(new), device, repeats)
+    one = timed_s(lambda: call(1), device, repeats)
+    B = ids.shape[0]
+    return dict(tok_s=round(B * new / full, 1), call_s=round(full, 4), prefill_s=round(one, 4),
+                step_ms=round(1e3 * max(full - one, 0.0) / (new - 1), 3))
+
+
+def bare_step_ms(model, ids: torch.Tensor, new: int, device: str) -> float:
+    """Median ms of one Decoder.step (CUDA graph on CUDA) on the prefilled rows: on CUDA timed as the
+    whole-model benchmark (research.perf.benchmark.bench_ms), on the CPU with ``clock``."""
+    from hybrid.decoding import Decoder, prefill
+
+    reps = max(new, 8)
+    cache, logits = prefill(model, list(ids), reps + 8, group=ids.shape[0])
+    dec = Decoder(model, cache)
+    nxt = logits.argmax(-1, keepdim=True)  # [B, 1]
+    if device == "cuda":
+        return bench_ms(lambda: dec.step(nxt), device, target_ms=100.0, max_reps=reps, warmup=2)
+    for _ in range(2):
+        dec.step(nxt)
+    now, times = clock(device), []
+    for _ in range(reps):
+        t = now()
+        dec.step(nxt)
+        times.append(1e3 * (now() - t))
+    return statistics.median(times)
+
+
+def teacher_rows(teacher, ids: torch.Tensor, new: int, device: str, repeats: int) -> dict:
+    """The teacher's generate with its dynamic cache and with transformers' static cache (sized once for both
+    calls of generate_row through max_cache_len where transformers has it, so one compiled graph serves both)."""
+    from transformers import GenerationConfig
+
+    rows = {"teacher_dynamic": generate_row(teacher, ids, new, device, repeats)}
+    static = dict(cache_implementation="static")
+    if hasattr(GenerationConfig(), "max_cache_len"):
+        static["max_cache_len"] = ids.shape[1] + new
+    try:
+        rows["teacher_static"] = generate_row(teacher, ids, new, device, repeats, **static)
+        # transformers compiles the static-cache forward itself where it can (on CUDA)
+        rows["teacher_static"]["compiled"] = getattr(teacher, "_compiled_call", None) is not None
+    except Exception as e:  # not every transformers / torch build compiles every model: recorded, not fatal
+        rows["teacher_static"] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+    return rows
+
+
+def run(args: argparse.Namespace) -> dict:
+    dtype = getattr(torch, args.dtype or ("bfloat16" if args.device == "cuda" else "float32"))
+    torch.manual_seed(0)
+    teacher, model, mask = build(args.model, args.mask, args.device, dtype)
+    vocab = model.config.vocab_size
+    result = dict(model=args.model, mask=mask, device=args.device, dtype=str(dtype).replace("torch.", ""),
+                  prompt=args.prompt, new=args.new, repeats=args.repeats, threads=torch.get_num_threads(),
+                  torch=torch.__version__, rows=[])
+    if args.device == "cuda":
+        result["gpu"] = torch.cuda.get_device_name()
+    for B in args.batches:
+        ids = torch.randint(3, vocab, (B, args.prompt), generator=torch.Generator().manual_seed(B)).to(args.device)
+        row = dict(batch=B)
+        with torch.no_grad():
+            row["bare_step_ms"] = round(bare_step_ms(model, ids, args.new, args.device), 3)
+        row["fast"] = generate_row(model, ids, args.new, args.device, args.repeats)
+        row["eager"] = generate_row(model, ids, args.new, args.device, args.repeats, static_cache=False)
+        if not args.no_teacher:
+            row.update(teacher_rows(teacher, ids, args.new, args.device, args.repeats))
+        fast, eager = row["fast"]["step_ms"], row["eager"]["step_ms"]
+        row["fast_vs_step"] = round(fast / row["bare_step_ms"], 3) if row["bare_step_ms"] else None
+        row["fast_vs_eager"] = round(eager / fast, 3) if fast else None
+        row["tok_s_fast_vs_eager"] = round(row["fast"]["tok_s"] / row["eager"]["tok_s"], 3)
+        result["rows"].append(row)
+        print(line(row), flush=True)
+    return result
+
+
+def line(row: dict) -> str:
+    parts = [f"B={row['batch']}: bare step {row['bare_step_ms']:.3f} ms"]
+    for name in ("fast", "eager", "teacher_dynamic", "teacher_static"):
+        r = row.get(name)
+        if r is None:
+            continue
+        parts.append(f"{name} {r['tok_s']:.0f} tok/s, {r['step_ms']:.3f} ms/step" if "tok_s" in r
+                     else f"{name} {r['error'][:80]}")
+    parts.append(f"fast/bare step {row['fast_vs_step']}, eager/fast step {row['fast_vs_eager']}, "
+                 f"fast/eager tok/s {row['tok_s_fast_vs_eager']}")
+    return "; ".join(parts)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    result = run(args)
+    out = args.out or (str(Path(os.environ["OUT"]) / "generate_speed.json") if os.environ.get("OUT") else None)
+    if out:
+        from headscope.io import write_text
+
+        write_text(Path(out), json.dumps(result, indent=1))
+        print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,34 @@
+"""research.perf.generate_speed on the CPU with the shipped reference model: the rows and ratios it writes, and
+its argument checks."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from headscope.reference import has_default_weights
+from research.perf import generate_speed
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.mark.skipif(not has_default_weights(), reason="the reference model's weights are not on disk")
+def test_generate_speed_writes_fast_eager_and_teacher_rows(tmp_path, capsys):
+    out = tmp_path / "speed.json"
+    assert generate_speed.main(["--prompt", "8", "--new", "3", "--batch", "1,2", "--repeats", "1",
+                                "--out", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert data["model"] == "default" and data["mask"].endswith("reference_mask_7to1.json")
+    assert [r["batch"] for r in data["rows"]] == [1, 2]
+    for row in data["rows"]:
+        for path in ("fast", "eager", "teacher_dynamic", "teacher_static"):
+            assert row[path]["tok_s"] > 0 and row[path]["step_ms"] >= 0, (path, row[path])
+        assert row["bare_step_ms"] > 0 and row["fast_vs_eager"] > 0 and row["tok_s_fast_vs_eager"] > 0
+    printed = capsys.readouterr().out
+    assert "B=1: bare step" in printed and "fast/eager tok/s" in printed
+
+
+@pytest.mark.parametrize("argv", [["--new", "1"], ["--batch", "0"], ["--prompt", "0"], ["--repeats", "0"]])
+def test_bad_arguments_are_refused(argv):
+    with pytest.raises(SystemExit):
+        generate_speed.parse_args(argv)
