@@ -26,7 +26,8 @@ padding (transformers passes it the mask's padding lengths); processors that rea
 
 The cache and the captured decode graph are kept for the next call with the same batch size, capacity (prompt +
 new tokens, rounded up to ``CAPACITY_STEP``), dtype and device, unless a weight or a hook changed in between:
-``release(model)`` frees them.
+``release(model)`` frees them. A model with forward hooks (headscope's interventions) steps without the graph, so
+its hooks run at every step.
 
 On the eager path instead (transformers' loop with the dynamic ``HybridCache``), each time with one
 ``logger.info`` line naming why: beam search and beam sampling, ``inputs_embeds``, a cache passed in,
@@ -159,12 +160,15 @@ class _PromptAsGiven:
 
 
 # ---- the decoding loop ------------------------------------------------------------------------------------
-def _requested(generation_config, device: torch.device) -> bool:
+def _requested(model, generation_config) -> bool:
+    """generate(static_cache=...), else the call's generation config's ``static_cache``, else the model's
+    (transformers versions differ in carrying custom entries into the merged config), else the default."""
     req = _CALL.get().static_cache
+    for cfg in (generation_config, getattr(model, "generation_config", None)):
+        if req is None:
+            req = getattr(cfg, "static_cache", None)
     if req is None:
-        req = getattr(generation_config, "static_cache", None)
-    if req is None:
-        return device.type == "cuda" or STATIC_CACHE_ON_CPU
+        return model.device.type == "cuda" or STATIC_CACHE_ON_CPU
     return bool(req)
 
 
@@ -184,7 +188,7 @@ def _eager_reason(model, input_ids: torch.Tensor, logits_processor, generation_c
                   model_kwargs: dict) -> str | None:
     """None: the fast path runs. Otherwise why transformers' loop runs ('' when asked for: not logged)."""
     device = model.device
-    if not _requested(generation_config, device):
+    if not _requested(model, generation_config):
         return ""
     checks = (
         (synced_gpus, "synced_gpus (generation in step across processes)"),
@@ -232,7 +236,7 @@ def sample(model, input_ids: torch.Tensor, logits_processor, stopping_criteria, 
 def beam_search(model, *args: Any, **kwargs: Any):
     """``HybridForCausalLM._beam_search``: transformers' beam search on the dynamic cache (the static cache does
     not reorder rows), said once per call."""
-    if _requested(kwargs.get("generation_config"), model.device):
+    if _requested(model, kwargs.get("generation_config")):
         logger.info("hybrid generate(): transformers' decoding loop (not the static cache) because of beam "
                     "search (its rows are reordered every step)")
     return GenerationMixin._beam_search(model, *args, **kwargs)
@@ -338,11 +342,14 @@ def _model_key(model) -> tuple:
     return params, hooks
 
 
-def _take(model, batch: int, need: int, cuda_graph: bool) -> _Kept:
-    """The kept cache and Decoder when they fit this call, else new ones (kept in place of the old)."""
+def _take(model, batch: int, need: int, cuda: bool) -> _Kept:
+    """The kept cache and Decoder when they fit this call, else new ones (kept in place of the old). On CUDA the
+    step is a CUDA graph, unless the model carries forward hooks (they must run at every step)."""
     p = next(model.parameters())
     capacity = -(-need // CAPACITY_STEP) * CAPACITY_STEP
-    key = (batch, capacity, p.dtype, p.device, cuda_graph, _model_key(model))
+    model_key = _model_key(model)
+    cuda_graph = cuda and not model_key[1]
+    key = (batch, capacity, p.dtype, p.device, cuda_graph, model_key)
     kept = _KEPT.get(model)
     if kept is not None and not kept.busy and kept.key == key:
         kept.busy = True

@@ -430,6 +430,31 @@ def test_the_kept_cache_is_reused_and_dropped_when_a_weight_changes(models):
     assert model not in generation._KEPT
 
 
+def test_forward_hooks_run_at_every_step(models):
+    """A hook (headscope's interventions) sees every forward of the fast path, as on the eager path, and its
+    output change is honoured; adding it gives a new kept cache (no CUDA graph with hooks on CUDA)."""
+    model = models["head"]
+    ids = torch.stack(_rows((5, 5), seed=16))
+    model.generate(ids, max_new_tokens=4, **GREEDY)
+    before = generation._KEPT[model]
+    seen = {True: 0, False: 0}
+    path = [True]
+
+    def hook(module, args, out):
+        seen[path[0]] += 1
+        return out * 0.5
+
+    handle = model.lm_head.register_forward_hook(hook)
+    try:
+        fast = model.generate(ids, max_new_tokens=4, **GREEDY)
+        assert generation._KEPT[model] is not before
+        path[0] = False
+        eager = model.generate(ids, max_new_tokens=4, static_cache=False, **GREEDY)
+    finally:
+        handle.remove()
+    assert seen == {True: 4, False: 4} and torch.equal(fast, eager)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("name", ["head", "teacher"])
@@ -447,4 +472,11 @@ def test_gpu_fast_path_replays_a_cuda_graph_and_matches_eager(name, monkeypatch)
     assert generation._KEPT[model] is kept  # the graph replayed, not captured again
     for b, ref in enumerate(_per_row(model, rows, max_new_tokens=12, **GREEDY)):
         assert out[b, ids.shape[1]:].tolist() == ref.tolist(), b
+    handle = model.lm_head.register_forward_hook(lambda m, a, o: None)  # hooks: stepped without the graph
+    try:
+        assert torch.equal(model.generate(ids, attention_mask=mask, max_new_tokens=12, **GREEDY), out)
+        assert not generation._KEPT[model].decoder.use_graph
+    finally:
+        handle.remove()
     generation.release(model)
+    assert model not in generation._KEPT
