@@ -292,7 +292,7 @@ def _fast_sample(model, input_ids: torch.Tensor, logits_processor, stopping_crit
             else:
                 nxt = torch.argmax(next_scores, dim=-1)  # [B]
             if has_eos:
-                nxt = nxt * unfinished + pad * (1 - unfinished)
+                nxt = nxt * unfinished + pad * (1 - unfinished)  # [B] finished rows: the pad token
             ids[:, T + i] = nxt
             n = i + 1
             unfinished = unfinished & ~stopping_criteria(ids[:, :T + n], scores)
