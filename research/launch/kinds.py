@@ -177,9 +177,10 @@ def _run_py_check(job: "Job") -> str | None:
 SELF_DISTILL_ARGS = ("--n", "200000", "--max-minutes", "2.5", "--no-progress")
 
 
-def _teacher_text_steps(job: "Job", root: Path | None = None) -> list[Step]:
+def _teacher_text_steps(job: "Job", root: Path | None = None, data: dict[str, Any] | None = None) -> list[Step]:
+    """``data``: the config's data table (default: its ``[data]``, where a train_hybrid config has it)."""
     cfg = _toml(job.config_paths[0])
-    folder = cfg.get("data", {}).get("teacher_corpus", "")
+    folder = (cfg.get("data", {}) if data is None else data).get("teacher_corpus", "")
     if not folder or folder.endswith(".txt"):
         return []
     from hybrid.train.data import TEACHER_TEXT
@@ -266,7 +267,9 @@ def _studies_steps(job: "Job", ctx: Context) -> list[Step]:
     env = {"TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1",
            # fewer idle blocks held by each worker's caching allocator (the workers share the GPU's memory)
            "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
-    return [Step("study", "research.studies.run_studies",
+    # a study whose [train.data] names a teacher_corpus (the broad recipe's teacher text): made first when missing
+    teacher_text = _teacher_text_steps(job, data=_toml(job.config_paths[0]).get("train", {}).get("data", {}))
+    return teacher_text + [Step("study", "research.studies.run_studies",
                  ("--config", str(ctx.configs[0]), "--out", str(ctx.out / "study"), "--status-every", "30", *job.args),
                  done="study/studies.json", stop_flag="--deadline-s", stop_margin=30.0, continue_codes=(CONTINUE,),
                  env=env, main_only=True, during=_drop_finished_checkpoints),

@@ -15,9 +15,10 @@ from typing import Any
 from headscope.configs import check_fields
 from research.studies.variants import VariantSpec
 
-__all__ = ["StudyConfig", "StudyError", "variant_dir", "eval_items", "EVALUATIONS_USED"]
+__all__ = ["StudyConfig", "StudyError", "variant_dir", "eval_items", "EVALUATIONS_USED", "SUITES_FILE"]
 
 EVALUATIONS_USED = ("niah", "niah_multikey", "reasoning", "perplexity")
+SUITES_FILE = "suites.json"  # in a variant's folder: the suites finished on it, {suite: {seconds_this_call, rows, ok}}
 _EVAL_SCALARS = {"timeout_s": 300.0, "token_budget": 65536, "batch_size": 16, "seed": 0,
                  "evaluations": EVALUATIONS_USED}  # which of them run (a study of perplexity alone: ["perplexity"])
 
@@ -71,6 +72,9 @@ class StudyConfig:
     hybrid: dict = field(default_factory=dict)  # HybridOptions shared by every variant
     eval: dict = field(default_factory=dict)
     selector: dict = field(default_factory=dict)  # SelectorConfig fields shared by the "learned" variants
+    # headscope.evaluate suites (comma-separated, e.g. "fidelity") run on every trained variant against the teacher
+    # after the [eval] items ("": none); the rows go to variants/NAME/seedS/<suite>/ (research.studies.worker)
+    suite: str = ""
 
     def __post_init__(self) -> None:
         vs = tuple(v if isinstance(v, VariantSpec) else VariantSpec.from_dict(v) for v in self.variants)
@@ -105,10 +109,21 @@ class StudyConfig:
         if bad:
             raise StudyError(f"[eval]: unknown field(s) {bad}; give tables {list(EVALUATIONS_USED)} and scalars "
                              f"{sorted(_EVAL_SCALARS)}")
+        if not isinstance(self.suite, str):
+            raise StudyError(f"study.suite={self.suite!r}: give a headscope.evaluate suite name (comma-separated for "
+                             "several, e.g. \"fidelity\"), or leave it out")
+        from headscope.evaluate.api import resolve_suite
+
+        for name in self.suites:
+            try:
+                resolve_suite(name)
+            except (LookupError, ValueError) as err:
+                raise StudyError(f"study.suite: {err}") from None
         chosen = ev.get("evaluations", EVALUATIONS_USED)
-        if (not isinstance(chosen, (list, tuple)) or not chosen
+        if (not isinstance(chosen, (list, tuple)) or (not chosen and not self.suites)
                 or any(not isinstance(e, str) or e not in EVALUATIONS_USED for e in chosen)):
-            raise StudyError(f"[eval].evaluations={chosen!r}: give a non-empty list of {list(EVALUATIONS_USED)}")
+            raise StudyError(f"[eval].evaluations={chosen!r}: give a non-empty list of {list(EVALUATIONS_USED)} "
+                             "(empty only with a suite)")
         from headscope.evaluate.registry import make_config
 
         for name in EVALUATIONS_USED:
@@ -133,6 +148,11 @@ class StudyConfig:
                 raise StudyError(f"[selector]: {err}") from None
 
     # ---- views ---------------------------------------------------------------------------------
+    @property
+    def suites(self) -> tuple[str, ...]:
+        """The suite names of ``suite``, in order."""
+        return tuple(x.strip() for x in self.suite.split(",") if x.strip()) if isinstance(self.suite, str) else ()
+
     def variant(self, name: str) -> VariantSpec:
         for v in self.variants:
             if v.name == name:

@@ -1,5 +1,6 @@
 """A study's numbers as tables and a figure: the headline metrics of each variant (from ``headscope.evaluate``
-rows), one table per study (``study_table``), a plotly figure (NIAH accuracy by length), and the markdown block
+rows), one table per study (``study_table``), the fidelity headline of a study with ``suite`` ("fidelity":
+``fidelity_headline``, ``fidelity_table``), a plotly figure (NIAH accuracy by length), and the markdown block
 that ``docs/results.md`` shows between ``<!-- studies:begin -->`` and ``<!-- studies:end -->``.
 """
 from __future__ import annotations
@@ -10,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["headline", "study_table", "to_markdown", "study_figure", "markdown_block", "update_docs",
-           "STUDY_TITLES", "BEGIN", "END"]
+           "fidelity_headline", "fidelity_table", "STUDY_TITLES", "BEGIN", "END"]
 
 BEGIN, END = "<!-- studies:begin -->", "<!-- studies:end -->"
 STUDY_TITLES = {
@@ -47,6 +48,40 @@ def headline(rows: list[dict], train_length: int) -> dict[str, Any]:
     return {"niah": {str(L): _mean(v) for L, v in sorted(niah.items())}, "multikey": _mean(mk),
             "reasoning": _mean(list(fams.values())), "reasoning_by_family": fams,
             "perplexity": {str(L): v for L, v in sorted(ppl.items())}, "ppl": ppl_head}
+
+
+def fidelity_headline(rows: list[dict]) -> dict[str, Any]:
+    """From the rows of a fidelity suite (``headscope.evaluate.fidelity``; status "ok"): ``perplexity_ratio``,
+    ``kl_to_teacher`` and ``top1_agreement`` per held-out source (``family``) and their means over the sources,
+    ``continuation_agreement`` (mean over sources), ``chat_nll_ratio``, and ``fidelity_niah``'s
+    ``accuracy_student`` / ``accuracy_teacher`` by length (mean over phrasing x source cells). Metrics without rows
+    are None (e.g. chat without a chat template: skipped)."""
+    ok = [r for r in rows if r.get("status") == "ok" and r.get("value") is not None
+          and not (isinstance(r["value"], float) and math.isnan(r["value"]))]
+
+    def per_source(evaluation: str, metric: str) -> dict[str, float]:
+        by: dict[str, list[float]] = {}
+        for r in ok:
+            if r["evaluation"] == evaluation and r["metric"] == metric:
+                by.setdefault(str(r["family"]), []).append(r["value"])
+        return {k: _mean(v) for k, v in by.items()}
+
+    text = {m: per_source("fidelity_text", m) for m in ("perplexity_ratio", "kl_to_teacher", "top1_agreement")}
+    cont = per_source("fidelity_continuation", "continuation_agreement")
+    chat = [r["value"] for r in ok if r["evaluation"] == "fidelity_chat" and r["metric"] == "chat_nll_ratio"]
+    niah: dict[int, dict[str, list[float]]] = {}
+    for r in ok:
+        if r["evaluation"] == "fidelity_niah" and r["metric"] in ("accuracy_student", "accuracy_teacher"):
+            who = r["metric"].split("_")[1]  # student / teacher
+            niah.setdefault(int(r["context_length"]), {}).setdefault(who, []).append(r["value"])
+    return {"perplexity_ratio": text["perplexity_ratio"], "kl_to_teacher": _mean(list(text["kl_to_teacher"].values())),
+            "kl_to_teacher_by_source": text["kl_to_teacher"],
+            "top1_agreement": _mean(list(text["top1_agreement"].values())),
+            "top1_agreement_by_source": text["top1_agreement"],
+            "continuation_agreement": _mean(list(cont.values())), "continuation_agreement_by_source": cont,
+            "chat_nll_ratio": _mean(chat),
+            "niah": {str(L): {w: _mean(v.get(w, [])) for w in ("student", "teacher")} for L, v in sorted(niah.items())},
+            "evaluations": sorted({r["evaluation"] for r in rows})}
 
 
 def _fmt(vals: list[float | None], digits: int = 2) -> str:
@@ -115,6 +150,57 @@ def study_table(collected: dict, study: int):
     return pd.DataFrame(rows)
 
 
+FIDELITY_EVALUATIONS = ("fidelity_text", "fidelity_continuation", "fidelity_chat", "fidelity_niah")
+
+
+def _is_fidelity(suite: str) -> bool:
+    """The suite runs an evaluation of ``fidelity_headline`` (fidelity, fidelity_smoke): it gets a fidelity table."""
+    from headscope.evaluate.api import resolve_suite
+
+    try:
+        return any(name in FIDELITY_EVALUATIONS for name, _ in resolve_suite(suite)[1])
+    except LookupError:
+        return False
+
+
+def fidelity_table(collected: dict, suite: str):
+    """One row per trained variant of a study with ``suite``, mean (± std over seeds when > 1) of its
+    ``fidelity_headline``: perplexity ratio (student / teacher) per held-out source, KL(teacher || student) and top-1
+    agreement (means over the sources), continuation agreement, chat NLL ratio, and held-out NIAH accuracy by length
+    as "student / teacher"; the KV share and the suite's status."""
+    import pandas as pd
+
+    cfg = collected["config"]
+    rows = []
+    runs = [r for r in collected["runs"] if (r.get("fidelity") or {}).get(suite) is not None]
+    sources = list(dict.fromkeys(s for r in runs for s in r["fidelity"][suite]["perplexity_ratio"]))
+    lengths = sorted({int(L) for r in runs for L in r["fidelity"][suite]["niah"]})
+    for v in cfg["variants"]:
+        if v["kind"] == "teacher":
+            continue
+        rs = [r for r in collected["runs"] if r["name"] == v["name"]]
+        hs = [r["fidelity"][suite] for r in rs if (r.get("fidelity") or {}).get(suite) is not None]
+        row: dict[str, Any] = {"variant": v["name"], "what": v.get("label") or _describe(v)}
+        for src in sources:
+            row[f"ppl ratio {src}"] = _fmt([h["perplexity_ratio"].get(src) for h in hs], 3)
+        row["KL to teacher"] = _fmt([h["kl_to_teacher"] for h in hs], 3)
+        row["top-1 agreement"] = _fmt([h["top1_agreement"] for h in hs], 3)
+        row["continuation agreement"] = _fmt([h["continuation_agreement"] for h in hs], 3)
+        row["chat NLL ratio"] = _fmt([h["chat_nll_ratio"] for h in hs], 3)
+        for L in lengths:
+            cells = [h["niah"].get(str(L), {}) for h in hs]
+            row[f"NIAH {L} student / teacher"] = (f"{_fmt([c.get('student') for c in cells])} / "
+                                                  f"{_fmt([c.get('teacher') for c in cells])}")
+        info = next((r["info"] for r in rs if r.get("info")), None)
+        row["KV share"] = f"{info['kv_share']:.3f}" if info else "-"
+        statuses = sorted({r["status"] for r in rs}) or ["not run yet"]
+        finished = sum(1 for r in rs if suite in (r.get("suites") or {}))
+        row["status"] = ", ".join(statuses) + (f" (suite finished on {finished} of {len(rs)} runs)"
+                                               if finished < len(rs) and "infeasible" not in statuses else "")
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
 def to_markdown(df) -> str:
     cols = list(df.columns)
     lines = ["| " + " | ".join(cols) + " |", "|" + "|".join(" --- " for _ in cols) + "|"]
@@ -178,9 +264,19 @@ def markdown_block(collected: dict, *, command: str, figure: str | None = None, 
              "the training length; KV share and FA query share at the training length (hybrid.cache_nbytes)"]
     if figure:
         head.append(f"- figure: `{figure}` (NIAH accuracy by length, one panel per study)")
+    suites = [x.strip() for x in (cfg.get("suite") or "").split(",") if x.strip() and _is_fidelity(x.strip())]
+    if suites:
+        head.append(f"- fidelity to the teacher (suite(s) {', '.join(f'`{x}`' for x in suites)}, headscope.evaluate."
+                    "fidelity, on held-out sources no training row uses; every trained variant against the teacher, "
+                    "float32): perplexity ratio student / teacher per source, KL(teacher || student) and top-1 "
+                    "agreement averaged over the sources, greedy continuation agreement, chat NLL ratio (the "
+                    "teacher's NLL of the student's answer / of its own), held-out NIAH accuracy student / teacher")
     parts = ["\n".join(head)]
     for study in sorted({s for v in cfg["variants"] for s in v["studies"]}):
         parts.append(f"### {STUDY_TITLES.get(study, f'Study {study}')}\n\n{to_markdown(study_table(collected, study))}")
+    for suite in suites:
+        table = to_markdown(fidelity_table(collected, suite))
+        parts.append(f"### Fidelity to the teacher (suite `{suite}`)\n\n{table}")
     return "\n\n".join(parts) + "\n"
 
 

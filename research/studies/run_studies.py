@@ -10,6 +10,9 @@ CPU dry run (tiny settings, 6 variants, minutes; not a result):
 Studies 2-5 on the real teacher SmolLM2-135M-Instruct, 2 seeds (`python -m research.launch studies_smollm2`); its
 dry run uses the real model on the CPU (~4 minutes):
     python -m research.studies.run_studies --config research/studies/smollm2.toml --out /tmp/sd --dry-run
+The selection study's headline rows on SmolLM2's broad recipe, each trained row then judged by the fidelity suite
+against the teacher (`suite = "fidelity"`; `python -m research.launch studies_smollm2_broad`, docs/research.md):
+    python -m research.studies.run_studies --config research/studies/smollm2_broad.toml --out runs/sb [--only ROWS]
 
 Run the same command again after a kill (or after --deadline-s stopped it): finished variants are skipped, training
 resumes from each variant's newest checkpoint, and evaluation from its next item. STEPS_SCALE (or --steps-scale)

@@ -11,12 +11,13 @@ scales every stage's steps alike, so the comparison stays fair), an evaluation p
 ``research.studies.variants.VariantSpec``). Each variant x seed runs in a process of its own
 (``python -m research.studies.worker``), all at once or ``parallel`` at a time: it trains (resuming from its
 newest checkpoint), reloads the saved hybrid, and evaluates it item by item (one JSON per item, so a kill loses
-at most the item in flight). Variants whose ``result.json`` exists are skipped, so the same command run again
-continues a killed study. Folder layout::
+at most the item in flight); a study with ``suite`` (e.g. "fidelity") then runs those ``headscope.evaluate``
+suites on each trained variant against the teacher, one saved evaluation at a time. Variants whose ``result.json``
+exists are skipped, so the same command run again continues a killed study. Folder layout::
 
     OUT/study.json  scores.json  calls.json  studies.json  variants/NAME/seedS/{variant.json, mask.json,
         train.json, run/ (hybrid.train: checkpoints, log.jsonl, hybrid/), train_done.json, eval/ITEM.json,
-        progress.json, worker.log, result.json | infeasible.json}
+        [SUITE_parts/EVALUATION/, SUITE/, suites.json], progress.json, worker.log, result.json | infeasible.json}
 """
 from __future__ import annotations
 
@@ -30,11 +31,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from research.studies.config import EVALUATIONS_USED, StudyConfig, StudyError, eval_items, variant_dir
+from research.studies.config import EVALUATIONS_USED, SUITES_FILE, StudyConfig, StudyError, eval_items, variant_dir
 from research.studies.variants import VariantSpec
 
 __all__ = ["StudyConfig", "StudyError", "run_study", "collect", "variant_dir", "eval_items", "EVALUATIONS_USED",
-           "build_context"]
+           "build_context", "suite_rows"]
 
 SCHEMA = "research.studies.runner"
 
@@ -231,6 +232,8 @@ def _report(job: _Job, out: Path) -> str:
         return f"{phase} {key} {p.get('step')}/{p.get('steps')} {p.get('s_per_step') or 0:.2f}s/step"
     if phase == "eval":
         return f"eval {p.get('item')} ({p.get('done', 0)}/{p.get('items', '?')})"
+    if phase == "suite":
+        return f"suite {p.get('suite')} ({(time.time() - float(p.get('since') or time.time())) / 60:.1f} min)"
     return phase
 
 
@@ -301,8 +304,9 @@ def run_study(cfg: StudyConfig, *, out: str | Path | None = None, only: tuple[st
     n_train = sum(1 for s, _ in todo if s.trains)
     print(f"[studies] {len(todo)} variant run(s) to do of {sum(len(cfg.seeds_of(s)) for s in specs)} on {device}, "
           f"{parallel or 'all'} at a time; stages (steps x rows x tokens, steps scale {cfg.steps_scale:g}): {stages}; "
-          f"{tokens / 1e6:.2f}M training tokens per variant, {n_train * tokens / 1e6:.1f}M for the {n_train} to train",
-          flush=True)
+          f"{tokens / 1e6:.2f}M training tokens per variant, {n_train * tokens / 1e6:.1f}M for the {n_train} to train"
+          + (f"; then suite(s) {', '.join(cfg.suites)} on each trained variant against the teacher" if cfg.suites
+             else ""), flush=True)
     jobs: list[_Job] = []
     queue: list[_Job] = []
 
@@ -401,10 +405,18 @@ def run_study(cfg: StudyConfig, *, out: str | Path | None = None, only: tuple[st
 
 # ---- collecting ---------------------------------------------------------------------------------------------
 
+def suite_rows(folder: Path, suite: str) -> list[dict]:
+    """The rows a variant's suite has so far: every evaluation saved to ``<suite>_parts/`` (a suite cut short
+    included), else ``<suite>/results.json``."""
+    parts = sorted((folder / f"{suite}_parts").glob("*/results.json"))
+    files = parts or [folder / suite / "results.json"]
+    return [r for f in files for r in (_read_json(f) or {}).get("rows", [])]
+
+
 def collect(out: str | Path) -> dict:
     """Everything the study folder holds, as one JSON-able dict: the config, the calls (device seconds) and one
     record per variant x seed with its status, shares, training summary and headline metrics."""
-    from research.studies.metrics import headline
+    from research.studies.metrics import fidelity_headline, headline
 
     out = Path(out)
     cfg_data = _read_json(out / "study.json")
@@ -437,6 +449,9 @@ def collect(out: str | Path) -> dict:
                 rows += item.get("rows", [])
             rec["eval_items"] = items
             rec["metrics"] = headline(rows, cfg.train_length)
+            if cfg.suites and spec.trains:
+                rec["suites"] = _read_json(d / SUITES_FILE) or {}  # the suites finished
+                rec["fidelity"] = {name: fidelity_headline(suite_rows(d, name)) for name in cfg.suites}
             res = _read_json(d / "result.json")
             if res is not None:
                 rec["status"] = "done"

@@ -6,6 +6,12 @@ trains the variant (``hybrid.train.run``, resuming from the newest checkpoint of
 reloads the saved hybrid from disk, and evaluates it (or the teacher) item by item through ``headscope.evaluate``:
 one ``eval/ITEM.json`` per item, items already written are skipped, items past the variant's evaluation time
 budget (``[eval] timeout_s``) are written as "timeout". Step times go to ``progress.json`` and to the log.
+
+A study with ``suite`` (e.g. ``suite = "fidelity"``) then runs each of those ``headscope.evaluate`` suites on the
+trained variant against the teacher (``run_suites``; not on the teacher itself): ``research.train_hybrid.run.run_suite``
+saves each evaluation to ``<suite>_parts/<evaluation>/`` as soon as it is done and reads the finished ones back
+after a kill (tied to the saved weights' sha256), then all rows to ``<suite>/``; ``suites.json`` lists the suites
+finished.
 """
 from __future__ import annotations
 
@@ -19,9 +25,9 @@ from typing import Any
 
 import torch
 
-from research.studies.config import StudyConfig, eval_items, variant_dir
+from research.studies.config import SUITES_FILE, StudyConfig, eval_items, variant_dir
 
-__all__ = ["work", "train_variant", "evaluate_variant", "StepTimer"]
+__all__ = ["work", "train_variant", "evaluate_variant", "run_suites", "StepTimer"]
 
 PRINT_AT = (1, 2, 3, 5, 10, 20)
 
@@ -88,7 +94,8 @@ def train_variant(folder: Path, key: str) -> dict:
 
     done = folder / "train_done.json"
     if done.exists():
-        if (folder / "run" / "hybrid" / "config.json").exists():
+        saved = folder / "run" / "hybrid"  # research.stage pack brings a folder back without the weights
+        if (saved / "config.json").exists() and any(saved.glob("*.safetensors")):
             print(f"[{key}] training done earlier: skipped", flush=True)
             return json.loads(done.read_text())
         print(f"[{key}] trained earlier but the saved hybrid is missing (a folder restored without weights?): "
@@ -173,6 +180,39 @@ def evaluate_variant(cfg: StudyConfig, spec, folder: Path, key: str, device: tor
     return status
 
 
+def run_suites(cfg: StudyConfig, spec, folder: Path, key: str, device: torch.device) -> dict:
+    """Each suite of ``cfg.suite`` not finished yet on the trained variant, against the teacher (see the module
+    docstring), in float32 without autocast, as ``research/train_hybrid/run.py --suite`` evaluates a hybrid; the
+    teacher itself is not compared with itself. Returns (and writes) SUITES_FILE's {suite: summary}."""
+    if not cfg.suites or not spec.trains:
+        return {}
+    done_file = folder / SUITES_FILE
+    done = json.loads(done_file.read_text()) if done_file.exists() else {}
+    todo = [s for s in cfg.suites if s not in done]
+    if not todo:
+        return done
+    from headscope.evaluate.api import load_teacher
+    from headscope.io import file_sha256
+    from research.train_hybrid.run import run_suite
+
+    model, tok = _load(spec, folder, cfg.teacher, device)
+    teacher = load_teacher(cfg.teacher, tok, device=str(device))
+    weights = folder / "run" / "hybrid" / "model.safetensors"
+    model_key = file_sha256(weights) if weights.is_file() else None  # ties the saved parts to these weights
+    for name in todo:
+        now = time.time()
+        _write(folder / "progress.json", {"phase": "suite", "suite": name, "since": now, "time": now})
+        print(f"[{key}] suite {name}: start", flush=True)
+        rows = run_suite(model, tok, teacher, name, folder, model_key)
+        done[name] = {"seconds_this_call": round(time.time() - now, 1), "rows": len(rows),
+                      "ok": int((rows["status"] == "ok").sum())}
+        _write(done_file, done)
+        print(f"[{key}] suite {name}: {done[name]['ok']} of {len(rows)} rows ok in {time.time() - now:.1f} s",
+              flush=True)
+    del model, teacher
+    return done
+
+
 def work(run_dir: Path, name: str, seed: int) -> dict:
     run_dir = Path(run_dir)
     cfg = StudyConfig.from_dict(json.loads((run_dir / "study.json").read_text()))
@@ -186,7 +226,8 @@ def work(run_dir: Path, name: str, seed: int) -> dict:
     t0 = time.time()
     train = train_variant(folder, key) if spec.trains else None
     status = evaluate_variant(cfg, spec, folder, key, device)
-    result = {"variant": spec.to_dict(), "seed": seed, "train": train, "eval_status": status,
+    suites = run_suites(cfg, spec, folder, key, device)
+    result = {"variant": spec.to_dict(), "seed": seed, "train": train, "eval_status": status, "suites": suites,
               "device": str(device), "seconds_this_process": round(time.time() - t0, 1)}
     _write(folder / "result.json", result)
     _write(folder / "progress.json", {"phase": "done", "time": time.time()})
