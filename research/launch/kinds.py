@@ -189,7 +189,9 @@ def _teacher_text_steps(job: "Job", root: Path | None = None, data: dict[str, An
     text = Path(folder) / TEACHER_TEXT
     return [Step("teacher_text", "research.corpus.self_distill",
                  ("--model", str(cfg.get("teacher", "default")), "--out", folder, *SELF_DISTILL_ARGS),
-                 main_only=True, when=lambda c: not (text if text.is_absolute() else root / text).is_file())]
+                 main_only=True, always=True,  # checked on every call: a fresh machine has lost the text a carried
+                 # results folder says was made
+                 when=lambda c: not (text if text.is_absolute() else root / text).is_file())]
 
 
 def _train_hybrid_steps(job: "Job", ctx: Context) -> list[Step]:

@@ -315,6 +315,7 @@ def test_a_recipe_with_teacher_text_makes_it_first_when_missing(tmp_path):
     assert steps[0].args[:4] == ("--model", "smollm2-135m", "--out", "data/corpus/teacher")
     assert "--max-minutes" in steps[0].args and kinds._teacher_text_steps(get_job("smollm2_hybrid")) == []
     steps = kinds._teacher_text_steps(get_job("smollm2_broad_hybrid"), root=tmp_path)
+    assert steps[0].always  # re-checked on every call, also when the results folder records it as done
     assert steps[0].when(None) is True  # no teacher.txt under this root: made first
     (tmp_path / "data" / "corpus" / "teacher").mkdir(parents=True)
     (tmp_path / "data" / "corpus" / "teacher" / "teacher.txt").write_text("x")
