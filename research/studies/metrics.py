@@ -1,7 +1,9 @@
 """A study's numbers as tables and a figure: the headline metrics of each variant (from ``headscope.evaluate``
 rows), one table per study (``study_table``), the fidelity headline of a study with ``suite`` ("fidelity":
-``fidelity_headline``, ``fidelity_table``), a plotly figure (NIAH accuracy by length), and the markdown block
-that ``docs/results.md`` shows between ``<!-- studies:begin -->`` and ``<!-- studies:end -->``.
+``fidelity_headline``, ``fidelity_table``), the numbers past the teacher's length of a study with suite
+"fidelity_long" (``long_headline``, ``long_table``, ``long_perplexity_table``), a plotly figure (NIAH accuracy by
+length), and the markdown block that ``docs/results.md`` shows between ``<!-- studies:begin -->`` and
+``<!-- studies:end -->``.
 """
 from __future__ import annotations
 
@@ -11,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["headline", "study_table", "to_markdown", "study_figure", "markdown_block", "update_docs",
-           "fidelity_headline", "fidelity_table", "STUDY_TITLES", "BEGIN", "END"]
+           "fidelity_headline", "fidelity_table", "long_headline", "long_table", "long_perplexity_table",
+           "LONG_TARGETS", "is_long_suite", "STUDY_TITLES", "BEGIN", "END"]
 
 BEGIN, END = "<!-- studies:begin -->", "<!-- studies:end -->"
 STUDY_TITLES = {
@@ -201,6 +204,182 @@ def fidelity_table(collected: dict, suite: str):
     return pd.DataFrame(rows)
 
 
+LONG_EVALUATIONS = ("fidelity_long_text", "fidelity_long_niah")
+# the long recipe's targets: held-out NIAH (student) by prompt length, perplexity past 8K no worse than at 8K,
+# the fidelity suite's perplexity ratio per held-out source and top-1 agreement within the teacher's 8K
+LONG_TARGETS = {"niah": {32760: 0.8, 65528: 0.5}, "ppl_growth": 1.0, "ppl_ratio": 1.15, "top1": 0.80}
+
+
+def is_long_suite(suite: str) -> bool:
+    """The suite runs an evaluation of ``long_headline`` (fidelity_long): it gets the tables past the teacher's
+    length."""
+    from headscope.evaluate.api import resolve_suite
+
+    try:
+        return any(name in LONG_EVALUATIONS for name, _ in resolve_suite(suite)[1])
+    except LookupError:
+        return False
+
+
+def long_headline(rows: list[dict]) -> dict[str, Any]:
+    """From the rows of a fidelity_long suite (``headscope.evaluate.fidelity_long``; status "ok"):
+    ``perplexity`` (the student's) per held-out source (``family``) and window length, ``perplexity_ratio_chunked``
+    (student / the teacher read in chunks of its positions) the same way, ``perplexity_ratio`` and
+    ``top1_agreement`` per source where the teacher has the positions (8K), and ``niah``: held-out NIAH accuracy by
+    prompt length, student and teacher (mean over phrasing x source cells; the teacher's None past its positions).
+    Lengths are strings (JSON keys)."""
+    def good(r: dict) -> bool:
+        return (r.get("status") == "ok" and r.get("value") is not None
+                and not (isinstance(r["value"], float) and math.isnan(r["value"])))
+
+    ok = [r for r in rows if good(r)]
+
+    def by_source_length(metric: str) -> dict[str, dict[str, float]]:
+        by: dict[str, dict[int, list[float]]] = {}
+        for r in ok:
+            if r["evaluation"] == "fidelity_long_text" and r["metric"] == metric:
+                by.setdefault(str(r["family"]), {}).setdefault(int(r["context_length"]), []).append(r["value"])
+        return {src: {str(L): _mean(v) for L, v in sorted(ls.items())} for src, ls in by.items()}
+
+    niah: dict[int, dict[str, list[float]]] = {}
+    for r in rows:  # the teacher's "not_applicable" lengths kept as None
+        if r.get("evaluation") == "fidelity_long_niah" and r.get("metric") in ("accuracy_student", "accuracy_teacher"):
+            cell = niah.setdefault(int(r["context_length"]), {"student": [], "teacher": []})
+            if good(r):
+                cell[r["metric"].split("_")[1]].append(r["value"])
+    return {"perplexity": by_source_length("perplexity_student"),
+            "perplexity_ratio_chunked": by_source_length("perplexity_ratio_chunked"),
+            "perplexity_ratio": by_source_length("perplexity_ratio"),
+            "top1_agreement": by_source_length("top1_agreement"),
+            "niah": {str(L): {w: _mean(v[w]) for w in ("student", "teacher")} for L, v in sorted(niah.items())},
+            "evaluations": sorted({r["evaluation"] for r in rows})}
+
+
+def _k(L: int) -> str:
+    """8192 -> "8K"; a NIAH prompt length (16376: 8 positions left for the answer) -> its window's "16K"."""
+    return f"{round(L / 1024)}K"
+
+
+def _growth(h: dict, L: int, base: int) -> float | None:
+    """The largest perplexity(L) / perplexity(base) over the held-out sources of one ``long_headline``."""
+    vals = [p[str(L)] / p[str(base)] for p in h["perplexity"].values()
+            if p.get(str(L)) is not None and p.get(str(base))]
+    return max(vals) if vals else None
+
+
+def _targets_met(niah: dict[int, float | None], growth: list[float | None], ratio: float | None,
+                 top1: float | None) -> str:
+    """The long recipe's targets (``LONG_TARGETS``) met, as "k of n: names" (a number not there yet: not met)."""
+    checks = [(f"NIAH {_k(L)} >= {t:g}", niah.get(L) is not None and niah[L] >= t)
+              for L, t in LONG_TARGETS["niah"].items()]
+    checks.append(("ppl past 8K <= at 8K", bool(growth) and all(g is not None and g <= LONG_TARGETS["ppl_growth"]
+                                                               for g in growth)))
+    checks.append((f"ppl ratio <= {LONG_TARGETS['ppl_ratio']:g}", ratio is not None
+                   and ratio <= LONG_TARGETS["ppl_ratio"]))
+    checks.append((f"top-1 >= {LONG_TARGETS['top1']:g}", top1 is not None and top1 >= LONG_TARGETS["top1"]))
+    met = [n for n, good in checks if good]
+    return f"{len(met)} of {len(checks)}" + (f": {', '.join(met)}" if met else "")
+
+
+def long_table(collected: dict, suite: str, fidelity_suite: str | None = None):
+    """One row per trained variant of a study with the fidelity_long ``suite``, mean (± std over seeds when > 1):
+    held-out NIAH accuracy of the student at each prompt length (16K, 32K, 64K: no teacher score past its
+    positions), the student's held-out perplexity at each window length (mean over the sources), the largest growth
+    over the sources from the shortest length (e.g. "ppl 32K / 8K (worst source)": at most 1 is the target), the
+    fidelity headline within the teacher's length (from ``fidelity_suite``'s rows when given: the worst source's
+    perplexity ratio and the mean top-1 agreement; from the suite's own windows within the teacher's positions
+    too), the long recipe's targets met by the seed means (``LONG_TARGETS``), the KV share and the suite's status."""
+    import pandas as pd
+
+    cfg = collected["config"]
+
+    def hs_of(rs, name):
+        return [r[name][suite] for r in rs if (r.get(name) or {}).get(suite) is not None]
+
+    runs = [r for r in collected["runs"] if (r.get("long") or {}).get(suite) is not None]
+    lengths = sorted({int(L) for r in runs for L in r["long"][suite]["niah"]})
+    windows = sorted({int(L) for r in runs for p in r["long"][suite]["perplexity"].values() for L in p})
+    teacher_windows = sorted({int(L) for r in runs for p in r["long"][suite]["perplexity_ratio"].values() for L in p})
+    rows = []
+    for v in cfg["variants"]:
+        if v["kind"] == "teacher":
+            continue
+        rs = [r for r in collected["runs"] if r["name"] == v["name"]]
+        hs = [r["long"][suite] for r in rs if (r.get("long") or {}).get(suite) is not None]
+        fs = [r["fidelity"][fidelity_suite] for r in rs
+              if fidelity_suite and (r.get("fidelity") or {}).get(fidelity_suite) is not None]
+        row: dict[str, Any] = {"variant": v["name"], "what": v.get("label") or _describe(v)}
+        niah = {}
+        for L in lengths:
+            vals = [h["niah"].get(str(L), {}).get("student") for h in hs]
+            niah[L] = _mean(vals)
+            row[f"NIAH {_k(L)}"] = _fmt(vals)
+        for W in windows:
+            row[f"ppl {_k(W)}"] = _fmt([_mean([p.get(str(W)) for p in h["perplexity"].values()]) for h in hs])
+        growth = []
+        for W in windows[1:]:
+            g = [_growth(h, W, windows[0]) for h in hs]
+            growth.append(_mean(g))
+            row[f"ppl {_k(W)} / {_k(windows[0])} (worst source)"] = _fmt(g, 3)
+        ratio = top1 = None
+        if fidelity_suite:
+            worst = [max(f["perplexity_ratio"].values()) if f["perplexity_ratio"] else None for f in fs]
+            ratio, top1 = _mean(worst), _mean([f["top1_agreement"] for f in fs])
+            row["ppl ratio (worst source)"] = _fmt(worst, 3)
+            row["top-1 agreement"] = _fmt([f["top1_agreement"] for f in fs], 3)
+        for W in teacher_windows:
+            worst = [max((p[str(W)] for p in h["perplexity_ratio"].values() if p.get(str(W)) is not None),
+                         default=None) for h in hs]
+            row[f"ppl ratio {_k(W)} (worst source)"] = _fmt(worst, 3)
+            row[f"top-1 {_k(W)}"] = _fmt([_mean([p.get(str(W)) for p in h["top1_agreement"].values()]) for h in hs],
+                                         3)
+            if not fidelity_suite:
+                ratio = _mean(worst)
+                top1 = _mean([_mean([p.get(str(W)) for p in h["top1_agreement"].values()]) for h in hs])
+        measured = any(h["perplexity"] or h["niah"] for h in hs)  # the suite's rows so far: none, no verdict
+        row["targets met"] = _targets_met(niah, growth, ratio, top1) if measured else "-"
+        info = next((r["info"] for r in rs if r.get("info")), None)
+        row["KV share"] = f"{info['kv_share']:.3f}" if info else "-"
+        statuses = sorted({r["status"] for r in rs}) or ["not run yet"]
+        finished = sum(1 for r in rs if suite in (r.get("suites") or {}))
+        row["status"] = ", ".join(statuses) + (f" (suite finished on {finished} of {len(rs)} runs)"
+                                               if finished < len(rs) and "infeasible" not in statuses else "")
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def long_perplexity_table(collected: dict, suite: str):
+    """One row per trained variant x held-out source of a study with the fidelity_long ``suite``: the student's
+    perplexity at each window length (mean ± std over seeds), its growth from the shortest length, and the ratio to
+    the teacher read in chunks of its positions at the longest length (below 1: the long context helps the student
+    more than a teacher that forgets it every 8K tokens)."""
+    import pandas as pd
+
+    runs = [r for r in collected["runs"] if (r.get("long") or {}).get(suite) is not None]
+    sources = list(dict.fromkeys(s for r in runs for s in r["long"][suite]["perplexity"]))
+    windows = sorted({int(L) for r in runs for p in r["long"][suite]["perplexity"].values() for L in p})
+    rows = []
+    for v in collected["config"]["variants"]:
+        hs = [r["long"][suite] for r in runs if r["name"] == v["name"]]
+        if v["kind"] == "teacher" or not any(h["perplexity"] for h in hs):  # no perplexity rows yet: no rows here
+            continue
+        for src in sources:
+            ps = [h["perplexity"].get(src, {}) for h in hs]
+            row: dict[str, Any] = {"variant": v["name"], "source": src}
+            for W in windows:
+                row[f"ppl {_k(W)}"] = _fmt([p.get(str(W)) for p in ps])
+            for W in windows[1:]:
+                row[f"{_k(W)} / {_k(windows[0])}"] = _fmt(
+                    [p[str(W)] / p[str(windows[0])] if p.get(str(W)) and p.get(str(windows[0])) else None
+                     for p in ps], 3)
+            if windows:
+                W = windows[-1]
+                row[f"/ teacher chunked {_k(W)}"] = _fmt(
+                    [h["perplexity_ratio_chunked"].get(src, {}).get(str(W)) for h in hs], 3)
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
 def to_markdown(df) -> str:
     cols = list(df.columns)
     lines = ["| " + " | ".join(cols) + " |", "|" + "|".join(" --- " for _ in cols) + "|"]
@@ -271,12 +450,30 @@ def markdown_block(collected: dict, *, command: str, figure: str | None = None, 
                     "float32): perplexity ratio student / teacher per source, KL(teacher || student) and top-1 "
                     "agreement averaged over the sources, greedy continuation agreement, chat NLL ratio (the "
                     "teacher's NLL of the student's answer / of its own), held-out NIAH accuracy student / teacher")
+    listed = [x.strip() for x in (cfg.get("suite") or "").split(",") if x.strip()]
+    longs = [x for x in listed if is_long_suite(x)]
+    if longs:
+        t = LONG_TARGETS
+        head.append(f"- past the teacher's length (suite(s) {', '.join(f'`{x}`' for x in longs)}, headscope.evaluate."
+                    "fidelity_long, held-out sources, float32): single-key NIAH in held-out phrasings and haystacks "
+                    "(the student's accuracy; the teacher has no score past its positions), the student's perplexity "
+                    "by window length (mean over the sources, and per source below), its growth from the shortest "
+                    "window; targets: NIAH " + ", ".join(f">= {v:g} at {_k(L)}" for L, v in t["niah"].items())
+                    + f", perplexity past 8K no worse than at 8K, perplexity ratio <= {t['ppl_ratio']:g} per source "
+                    f"and top-1 >= {t['top1']:g} within the teacher's positions")
     parts = ["\n".join(head)]
     for study in sorted({s for v in cfg["variants"] for s in v["studies"]}):
         parts.append(f"### {STUDY_TITLES.get(study, f'Study {study}')}\n\n{to_markdown(study_table(collected, study))}")
     for suite in suites:
         table = to_markdown(fidelity_table(collected, suite))
         parts.append(f"### Fidelity to the teacher (suite `{suite}`)\n\n{table}")
+    for suite in longs:
+        fid = suites[0] if suites else None
+        parts.append(f"### Past the teacher's length (suite `{suite}`"
+                     + (f"; fidelity within it: suite `{fid}`" if fid else "") + ")\n\n"
+                     + to_markdown(long_table(collected, suite, fid)))
+        parts.append(f"### Held-out perplexity by source (suite `{suite}`)\n\n"
+                     + to_markdown(long_perplexity_table(collected, suite)))
     return "\n\n".join(parts) + "\n"
 
 

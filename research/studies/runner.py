@@ -416,7 +416,7 @@ def suite_rows(folder: Path, suite: str) -> list[dict]:
 def collect(out: str | Path) -> dict:
     """Everything the study folder holds, as one JSON-able dict: the config, the calls (device seconds) and one
     record per variant x seed with its status, shares, training summary and headline metrics."""
-    from research.studies.metrics import fidelity_headline, headline
+    from research.studies.metrics import fidelity_headline, headline, is_long_suite, long_headline
 
     out = Path(out)
     cfg_data = _read_json(out / "study.json")
@@ -452,6 +452,7 @@ def collect(out: str | Path) -> dict:
             if cfg.suites and spec.trains:
                 rec["suites"] = _read_json(d / SUITES_FILE) or {}  # the suites finished
                 rec["fidelity"] = {name: fidelity_headline(suite_rows(d, name)) for name in cfg.suites}
+                rec["long"] = {name: long_headline(suite_rows(d, name)) for name in cfg.suites if is_long_suite(name)}
             res = _read_json(d / "result.json")
             if res is not None:
                 rec["status"] = "done"
