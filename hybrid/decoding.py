@@ -289,9 +289,18 @@ class Decoder:
 
     ``cuda_graph``: None (default) = on when the cache is on CUDA, off otherwise; True on the CPU is an error.
     The graph is captured at the first step (after ``warmup`` eager steps whose effects are undone), and
-    attends over the whole buffer (fixed shapes)."""
+    attends over the whole buffer (fixed shapes).
 
-    def __init__(self, model, cache: StaticHybridCache, cuda_graph: bool | None = None, warmup: int = 2) -> None:
+    ``compile``: ``torch.compile`` the step (``compile_mode``, e.g. "max-autotune-no-cudagraphs", and
+    ``compile_backend``, "inductor"; ``dynamic=False``; with the graph, the warm-up
+    steps compile it and the graph captures the compiled kernels). A compiled step always attends over the
+    whole buffer (fixed shapes: one compilation for every step) and its compiled code sees constant host
+    lengths (the Decoder keeps the real ones), so steps do not recompile. fla's, the Triton prologue's and
+    flash-attn's entry points are compiler-disabled: graph breaks (docs/kernels.md). Not yet measured on a GPU;
+    off by default."""
+
+    def __init__(self, model, cache: StaticHybridCache, cuda_graph: bool | None = None, warmup: int = 2,
+                 compile: bool = False, compile_mode: str = "default", compile_backend: str = "inductor") -> None:
         on_cuda = cache.lengths.is_cuda
         if cuda_graph and not on_cuda:
             raise ValueError("cuda_graph=True needs the model and cache on a CUDA device; use cuda_graph=False "
@@ -302,9 +311,33 @@ class Decoder:
         self.graph = None
         self.ids = None  # [B, 1] static input of the graph
         self.logits = None  # [B, V] static output of the graph
+        self.compiled = None
+        if compile:
+            cache.full_width = True  # fixed shapes: S = capacity at every step
+            self.compiled = torch.compile(self._model_step, backend=compile_backend, dynamic=False,
+                                          mode=compile_mode if compile_backend == "inductor" else None)
+
+    def _model_step(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.model(ids, hybrid_cache=self.cache, use_cache=True).logits[:, -1]  # [B, V]
 
     def _forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.model(ids, hybrid_cache=self.cache, use_cache=True).logits[:, -1]  # [B, V]
+        if self.compiled is None:
+            return self._model_step(ids)  # [B, V]
+        cache = self.cache
+        host, seen = cache.host_lengths, cache.seen_tokens
+        if max(host) + 1 > cache.capacity:
+            raise ValueError(f"StaticHybridCache is full (capacity {cache.capacity})")
+        # the compiled code reads host numbers for begin_step's capacity check (done above), the key count (the
+        # capacity here) and "is this a first step" (never): constants, so its guards hold at every step
+        cache.host_lengths, cache.seen_tokens = [0] * cache.batch, 1
+        try:
+            logits = self.compiled(ids)  # [B, V]
+        except BaseException:
+            cache.host_lengths, cache.seen_tokens = host, seen
+            raise
+        cache.host_lengths = [n + 1 for n in host]
+        cache.seen_tokens = max(cache.host_lengths)
+        return logits
 
     def _capture(self, ids: torch.Tensor) -> None:
         cache = self.cache

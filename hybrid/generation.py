@@ -5,6 +5,7 @@
     out = model.generate(ids, attention_mask=mask, max_new_tokens=64, do_sample=True, top_p=0.9)
     out = model.generate(ids, max_new_tokens=64, static_cache=False)                          # transformers' loop
     model.generation_config.static_cache = False                                              # the same, kept
+    out = model.generate(ids, max_new_tokens=64, compile_decode=True)   # torch.compile the step (not yet measured)
 
 transformers prepares everything as for any model (the generation config merged with the keywords, the logits
 processors and warpers, the stopping criteria: max_length / max_new_tokens, EOS ids, stop strings with
@@ -37,6 +38,10 @@ zeros at one end of each row (or a row of padding only), and padding that no ``a
 (transformers infers a mask from pad ids when pad != EOS; the hybrid does not guess, and the eager path refuses
 such rows as before). ``output_scores`` / ``output_logits`` are returned by the fast path. Opting out
 (``static_cache=False``) is not logged.
+
+``compile_decode=True`` (or ``generation_config.compile_decode = True``) compiles the decode step with
+``torch.compile`` before the CUDA graph captures it (``Decoder(compile=True)``; the first call compiles, later
+calls with the same kept cache reuse it). Off by default until measured on a GPU (docs/kernels.md).
 """
 from __future__ import annotations
 
@@ -64,23 +69,29 @@ CHECK_EVERY = 8  # on CUDA without a streamer: read "has every row finished?" on
 class _Call:
     static_cache: bool | None  # generate(static_cache=...)
     mask_given: bool  # an attention_mask was passed (padding is only stripped where a mask says so)
+    compile_decode: bool | None = None  # generate(compile_decode=...)
 
 
 _CALL: contextvars.ContextVar = contextvars.ContextVar("hybrid_generate_call", default=_Call(None, True))
 
 
 # ---- generate(): the static_cache switch and right padding -----------------------------------------------
-def generate(model, *args: Any, static_cache: bool | None = None, **kwargs: Any):
+def generate(model, *args: Any, static_cache: bool | None = None, compile_decode: bool | None = None,
+             **kwargs: Any):
     """``model.generate(...)`` of a HybridForCausalLM: transformers' ``generate`` with greedy decoding and
     sampling on the fused decode path (see the module docstring). ``static_cache``: True / False to take or
     leave the fast path; None (default): ``generation_config.static_cache`` when set, else on: on CUDA with a
     CUDA graph, and on the CPU too (``STATIC_CACHE_ON_CPU``: research/perf/generate_speed.py on the CPU with the
     reference model measures tokens/s within about 10% of transformers' loop either way, 3% faster at the median of
-    prompts of 16 to 1024 tokens and batches of 1 to 8; the same tokens, and only it takes padded batches)."""
+    prompts of 16 to 1024 tokens and batches of 1 to 8; the same tokens, and only it takes padded batches).
+    ``compile_decode``: True to ``torch.compile`` the fast path's decode step; None (default):
+    ``generation_config.compile_decode`` when set, else off."""
     if static_cache not in (None, True, False):
         raise ValueError(f"static_cache must be True, False or None (the default), got {static_cache!r}")
+    if compile_decode not in (None, True, False):
+        raise ValueError(f"compile_decode must be True, False or None (the default), got {compile_decode!r}")
     args, kwargs, original = _left_pad_the_input(args, kwargs, static_cache)
-    token = _CALL.set(_Call(static_cache, kwargs.get("attention_mask") is not None))
+    token = _CALL.set(_Call(static_cache, kwargs.get("attention_mask") is not None, compile_decode))
     try:
         out = GenerationMixin.generate(model, *args, **kwargs)
     finally:
@@ -169,6 +180,16 @@ def _requested(model, generation_config) -> bool:
             req = getattr(cfg, "static_cache", None)
     if req is None:
         return model.device.type == "cuda" or STATIC_CACHE_ON_CPU
+    return bool(req)
+
+
+def _compile_requested(model, generation_config) -> bool:
+    """generate(compile_decode=...), else the call's or the model's generation config's ``compile_decode``, else
+    off."""
+    req = _CALL.get().compile_decode
+    for cfg in (generation_config, getattr(model, "generation_config", None)):
+        if req is None:
+            req = getattr(cfg, "compile_decode", None)
     return bool(req)
 
 
@@ -267,7 +288,8 @@ def _fast_sample(model, input_ids: torch.Tensor, logits_processor, stopping_crit
     scores = () if want and generation_config.output_scores else None
     raw = () if want and generation_config.output_logits else None
     check = _check_every(input_ids.device, streamer)
-    kept = _take(model, B, max(p.numel() for p in prompts) + n_max, input_ids.device.type == "cuda")
+    kept = _take(model, B, max(p.numel() for p in prompts) + n_max, input_ids.device.type == "cuda",
+                 _compile_requested(model, generation_config))
     try:
         cache, logits = prefill(model, prompts, n_max, group=B, cache=kept.cache)  # logits [B, V]
         ids = input_ids.new_empty(B, T + n_max)  # [B, T + N] the prompt, then the new tokens
@@ -342,14 +364,16 @@ def _model_key(model) -> tuple:
     return params, hooks
 
 
-def _take(model, batch: int, need: int, cuda: bool) -> _Kept:
+def _take(model, batch: int, need: int, cuda: bool, compile: bool = False) -> _Kept:
     """The kept cache and Decoder when they fit this call, else new ones (kept in place of the old). On CUDA the
-    step is a CUDA graph, unless the model carries forward hooks (they must run at every step)."""
+    step is a CUDA graph, unless the model carries forward hooks (they must run at every step); ``compile``:
+    the step is ``torch.compile``d (not with hooks either)."""
     p = next(model.parameters())
     capacity = -(-need // CAPACITY_STEP) * CAPACITY_STEP
     model_key = _model_key(model)
     cuda_graph = cuda and not model_key[1]
-    key = (batch, capacity, p.dtype, p.device, cuda_graph, model_key)
+    compile = compile and not model_key[1]
+    key = (batch, capacity, p.dtype, p.device, cuda_graph, compile, model_key)
     kept = _KEPT.get(model)
     if kept is not None and not kept.busy and kept.key == key:
         kept.busy = True
@@ -360,9 +384,10 @@ def _take(model, batch: int, need: int, cuda: bool) -> _Kept:
             torch.cuda.empty_cache()
     elif kept is not None:  # in use by another call: this one gets its own
         cache = StaticHybridCache.allocate(model, batch, capacity)
-        return _Kept(key, cache, Decoder(model, cache, cuda_graph=cuda_graph), busy=True)
+        return _Kept(key, cache, Decoder(model, cache, cuda_graph=cuda_graph, compile=compile), busy=True)
     cache = StaticHybridCache.allocate(model, batch, capacity)
-    new = _KEPT[model] = _Kept(key, cache, Decoder(model, cache, cuda_graph=cuda_graph), busy=True)
+    dec = Decoder(model, cache, cuda_graph=cuda_graph, compile=compile)
+    new = _KEPT[model] = _Kept(key, cache, dec, busy=True)
     return new
 
 

@@ -11,6 +11,14 @@ other layers) are averaged over the layers. The tiny model is bf16 (--dtype), as
 
     PYTHONPATH=$PWD python research/count_decode_ops.py            # batch 1 and 8: per layer, by op name
     PYTHONPATH=$PWD python research/count_decode_ops.py --context 64
+    PYTHONPATH=$PWD python research/count_decode_ops.py --breaks                    # where torch.compile breaks
+    PYTHONPATH=$PWD python research/count_decode_ops.py --device cuda               # CUDA kernels (torch.profiler)
+    PYTHONPATH=$PWD python research/count_decode_ops.py --device cuda --compile     # eager vs compiled step
+
+``--device cuda`` counts the kernels a step launches on the GPU (research.perf.op_count.count_cuda_kernels):
+per layer for the eager step (by kernel name), and the totals per step of the eager step, the CUDA-graph replay,
+and with ``--compile`` the compiled step and its replay (``Decoder(compile=True)``), divided by the layers.
+``--layers`` sets the tiny model's depth; ``--json`` writes the numbers.
 """
 from __future__ import annotations
 
@@ -18,7 +26,9 @@ import argparse
 
 import torch
 
-from research.perf.op_count import count_step, summarize
+import json
+
+from research.perf.op_count import count_cuda_kernels, count_step, graph_breaks, summarize
 
 
 def tiny_teacher(layers: int = 2, seed: int = 0, dtype: torch.dtype = torch.bfloat16):
@@ -54,16 +64,63 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 8])
     ap.add_argument("--context", type=int, default=16)
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", "float64"])
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                    help="cpu: aten ops (default); cuda: CUDA kernels by torch.profiler")
+    ap.add_argument("--compile", action="store_true", help="cuda: also count the torch.compile'd step")
+    ap.add_argument("--compile-mode", default="default",
+                    help="torch.compile mode (default, max-autotune-no-cudagraphs)")
+    ap.add_argument("--breaks", action="store_true", help="print where torch.compile of the step breaks its graph")
+    ap.add_argument("--layers", type=int, default=2, help="the tiny model's layers (default 2)")
+    ap.add_argument("--json", default=None, help="write the results to this JSON path")
     args = ap.parse_args(argv)
-    teacher = tiny_teacher(dtype=getattr(torch, args.dtype))
+    teacher = tiny_teacher(layers=args.layers, dtype=getattr(torch, args.dtype))
+    if args.device == "cuda":
+        res = cuda_rows(teacher, args)
+    else:
+        res = {}
+        for name, batch in ((n, b) for b in args.batch for n in ("teacher", "hybrid")):
+            s = summarize(count_step(build(teacher, name), batch, args.context))
+            res[f"{name} batch {batch}"] = s
+            print(f"== {name}, batch {batch}: {s['per_layer']:g} kernel ops per layer per decode step "
+                  f"(+{s['per_layer_views']:g} view ops), {s['outside']} outside the layers")
+            print("   per layer: " + ", ".join(f"{op} {c:g}" for op, c in s["per_layer_ops"].items()))
+            print("   outside:   " + ", ".join(f"{op} {c:g}" for op, c in s["outside_ops"].items()))
+    if args.breaks:
+        for name in ("teacher", "hybrid"):
+            model = build(teacher, name).to(args.device)
+            b = graph_breaks(model, args.batch[0], args.context)
+            res[f"{name} graph breaks"] = {"graphs": b["graphs"], "breaks": b["breaks"],
+                                           "reasons": [[r, loc, n] for (r, loc), n in b["reasons"].items()]}
+            print(f"== {name}: torch.compile of the step: {b['graphs']} graphs, {b['breaks']} breaks")
+            for (reason, loc), n in b["reasons"].items():
+                print(f"   {n} x {loc}: {reason}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(res, f, indent=1)
+    return res
+
+
+def cuda_rows(teacher, args) -> dict:
+    """Kernels per layer per step on the GPU: eager (scoped per layer), replayed, compiled, compiled + replayed."""
     res = {}
+    variants = [("eager", False, False), ("eager, graph", False, True)]
+    if args.compile:
+        variants += [("compiled", True, False), ("compiled, graph", True, True)]
     for name, batch in ((n, b) for b in args.batch for n in ("teacher", "hybrid")):
-        s = summarize(count_step(build(teacher, name), batch, args.context))
-        res[(name, batch)] = s
-        print(f"== {name}, batch {batch}: {s['per_layer']:g} kernel ops per layer per decode step "
-              f"(+{s['per_layer_views']:g} view ops), {s['outside']} outside the layers")
-        print("   per layer: " + ", ".join(f"{op} {c:g}" for op, c in s["per_layer_ops"].items()))
-        print("   outside:   " + ", ".join(f"{op} {c:g}" for op, c in s["outside_ops"].items()))
+        model = build(teacher, name).cuda()
+        for label, comp, graph in variants:
+            r = count_cuda_kernels(model, batch, args.context, compile=comp, cuda_graph=graph,
+                                   compile_mode=args.compile_mode)
+            res[f"{name} batch {batch} {label}"] = r
+            line = (f"== {name}, batch {batch}, {label}: {r['total']:g} kernels per step "
+                    f"({r['per_layer']:g} per layer over {r['layers']} layers, outside included; "
+                    f"+{r['memops']:g} memcpy/memset)")
+            if "scoped_per_layer" in r:
+                line += f"; inside the layers {r['scoped_per_layer']:g} per layer"
+            print(line, flush=True)
+            if "scoped" in r and "layer 0" in r["scoped"]:
+                print("   layer 0: " + ", ".join(f"{k[:60]} {c:g}" for k, c in
+                                               sorted(r["scoped"]["layer 0"].items(), key=lambda kv: -kv[1])))
     return res
 
 

@@ -5,6 +5,7 @@ static cache, whose forward transformers compiles on CUDA: ``compiled`` in its r
 
     python -m research.perf.generate_speed                      # CPU: the shipped reference model, its 7:1 mask
     python -m research.perf.generate_speed --device cuda --model smollm2-135m --prompt 8192 --new 128 --batch 1,32
+    python -m research.perf.generate_speed --device cuda --compile-decode   # + the torch.compile'd step's rows
 
 Per batch size and path: ``tok_s`` = B * new / the whole call (prefill included; the median of --repeats calls
 after one untimed call, which captures the graph), ``step_ms`` = (call with ``new`` tokens - call with 1) /
@@ -49,6 +50,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="default: bfloat16 on cuda, float32 on the CPU")
     p.add_argument("--repeats", type=int, default=3, help="timed calls per measurement (median; default 3)")
     p.add_argument("--no-teacher", action="store_true", help="skip the teacher's generate")
+    p.add_argument("--compile-decode", action="store_true",
+                   help="also time the torch.compile'd decode step: bare_step_compiled_ms and fast_compiled "
+                        "(generate(compile_decode=True)) next to the uncompiled rows")
     p.add_argument("--out", default=None, help="JSON path (default $OUT/generate_speed.json when $OUT is set)")
     a = p.parse_args(argv)
     a.batches = [int(b) for b in a.batch.split(",") if b.strip()]
@@ -116,14 +120,14 @@ def generate_row(model, ids: torch.Tensor, new: int, device: str, repeats: int, 
                 step_ms=round(1e3 * max(full - one, 0.0) / (new - 1), 3))
 
 
-def bare_step_ms(model, ids: torch.Tensor, new: int, device: str) -> float:
+def bare_step_ms(model, ids: torch.Tensor, new: int, device: str, compile: bool = False) -> float:
     """Median ms of one Decoder.step (CUDA graph on CUDA) on the prefilled rows: on CUDA timed as the
     whole-model benchmark (research.perf.benchmark.bench_ms), on the CPU with ``clock``."""
     from hybrid.decoding import Decoder, prefill
 
     reps = max(new, 8)
     cache, logits = prefill(model, list(ids), reps + 8, group=ids.shape[0])
-    dec = Decoder(model, cache)
+    dec = Decoder(model, cache, compile=compile)
     nxt = logits.argmax(-1, keepdim=True)  # [B, 1]
     if device == "cuda":
         return bench_ms(lambda: dec.step(nxt), device, target_ms=100.0, max_reps=reps, warmup=2)
@@ -172,6 +176,10 @@ def run(args: argparse.Namespace) -> dict:
             row["bare_step_ms"] = round(bare_step_ms(model, ids, args.new, args.device), 3)
         row["fast"] = generate_row(model, ids, args.new, args.device, args.repeats)
         row["eager"] = generate_row(model, ids, args.new, args.device, args.repeats, static_cache=False)
+        if args.compile_decode:
+            with torch.no_grad():
+                row["bare_step_compiled_ms"] = round(bare_step_ms(model, ids, args.new, args.device, True), 3)
+            row["fast_compiled"] = generate_row(model, ids, args.new, args.device, args.repeats, compile_decode=True)
         if not args.no_teacher:
             row.update(teacher_rows(teacher, ids, args.new, args.device, args.repeats))
         fast, eager = row["fast"]["step_ms"], row["eager"]["step_ms"]
@@ -185,7 +193,9 @@ def run(args: argparse.Namespace) -> dict:
 
 def line(row: dict) -> str:
     parts = [f"B={row['batch']}: bare step {row['bare_step_ms']:.3f} ms"]
-    for name in ("fast", "eager", "teacher_dynamic", "teacher_static"):
+    if "bare_step_compiled_ms" in row:
+        parts.append(f"compiled bare step {row['bare_step_compiled_ms']:.3f} ms")
+    for name in ("fast", "fast_compiled", "eager", "teacher_dynamic", "teacher_static"):
         r = row.get(name)
         if r is None:
             continue

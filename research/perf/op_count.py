@@ -7,6 +7,11 @@ TorchDispatchMode during one ``hybrid.decoding.Decoder`` step, by scope (``"laye
 but composites on the CPU count as their CUDA kernels (``FUSED_ON_CUDA``), views and allocations not at all
 (``VIEW_OPS``), so ``layer_ops(model)`` approximates the kernels per layer of a CUDA step.
 research/count_decode_ops.py prints them for the teacher and the 7:1 hybrid; tests pin an upper bound.
+
+On a GPU, ``count_cuda_kernels`` counts the CUDA kernels one step really launches (torch.profiler, CUDA
+activity): eager per layer (record_function ranges around the layers), or the total of a compiled and/or
+graph-replayed step; ``graph_breaks`` says where ``torch.compile`` of the step breaks its graph
+(``Decoder(compile=True)``, docs/kernels.md). ``research/count_decode_ops.py --device cuda [--compile]``.
 """
 from __future__ import annotations
 
@@ -19,7 +24,8 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-__all__ = ["OpCounter", "counting", "count_step", "summarize", "layer_ops", "VIEW_OPS", "FUSED_ON_CUDA"]
+__all__ = ["OpCounter", "counting", "count_step", "summarize", "layer_ops", "VIEW_OPS", "FUSED_ON_CUDA",
+           "count_cuda_kernels", "group_kernels", "graph_breaks"]
 
 # ops that only make views / read metadata (no kernel)
 VIEW_OPS = {"view", "_unsafe_view", "reshape", "expand", "slice", "select", "unsqueeze", "squeeze", "permute",
@@ -151,3 +157,146 @@ def summarize(counts: dict[str, Counter]) -> dict:
 def layer_ops(model, batch: int = 1, context: int = 16) -> float:
     """Kernel ops per layer per decode step (mean over layers, views excluded): the number a test pins."""
     return summarize(count_step(model, batch, context))["per_layer"]
+
+
+# ---- CUDA kernels of one decode step (torch.profiler), eager vs compiled, and graph breaks -----------------
+def _decoder(model, batch: int, context: int, device, compile: bool, cuda_graph: bool, compile_mode: str,
+             compile_backend: str = "inductor"):
+    """A prefilled Decoder on ragged random prompts and its next ids [B, 1] (after two warm steps)."""
+    from hybrid.decoding import Decoder, prefill
+
+    torch.manual_seed(1)
+    prompts = [torch.randint(0, 128, (context - b,), device=device) for b in range(batch)]  # B x [context - b]
+    cache, logits = prefill(model, prompts, max_new_tokens=8)
+    dec = Decoder(model, cache, cuda_graph=cuda_graph, compile=compile, compile_mode=compile_mode,
+                  compile_backend=compile_backend)
+    ids = logits.argmax(-1, keepdim=True)  # [B, 1]
+    for _ in range(2):  # warm steps: lazy per-step caches, compilation, graph capture
+        ids = dec.step(ids).argmax(-1, keepdim=True)  # [B, 1]
+    return dec, ids
+
+
+def _scope_of(evt, prefix: str = "decode_layer ") -> str:
+    """The innermost enclosing record_function range named ``prefix``+l of a profiler event, else "outside"."""
+    e = evt
+    while e is not None:
+        if e.name.startswith(prefix):
+            return "layer " + e.name[len(prefix):]
+        e = e.cpu_parent
+    return "outside"
+
+
+def group_kernels(events) -> dict[str, Counter]:
+    """Device kernels of profiler ``events`` (FunctionEvents) by scope and kernel name: each CPU event's
+    ``kernels`` (the kernels its launches ran, linked by the profiler's correlation ids) under the scope of its
+    enclosing "decode_layer l" range; memcpy / memset nodes are named "memcpy" / "memset"."""
+    counts: dict[str, Counter] = {}
+    for e in events:
+        ks = getattr(e, "kernels", None) or []
+        if not ks:
+            continue
+        scope = _scope_of(e)
+        for k in ks:
+            name = k.name
+            low = name.lower()
+            name = "memcpy" if low.startswith("memcpy") else "memset" if low.startswith("memset") else name
+            counts.setdefault(scope, Counter())[name] += 1
+    return counts
+
+
+def _device_kernel_total(events) -> tuple[int, int]:
+    """(kernels, memcpy/memset nodes) among the profiler's device-side events."""
+    kern = mem = 0
+    for e in events:
+        if getattr(e, "device_type", None) is None or str(e.device_type).split(".")[-1] != "CUDA":
+            continue
+        if e.name.lower().startswith(("memcpy", "memset")):
+            mem += 1
+        else:
+            kern += 1
+    return kern, mem
+
+
+@torch.no_grad()
+def count_cuda_kernels(model, batch: int = 1, context: int = 16, compile: bool = False, cuda_graph: bool = False,
+                       compile_mode: str = "default", steps: int = 3) -> dict:
+    """CUDA kernels of one decode step (mean over ``steps`` profiled steps), by torch.profiler (CUDA activity).
+
+    Returns dict(total = kernels per step, memops = memcpy/memset per step, per_layer = total / layers,
+    scoped = {scope: {kernel name: count per step}} and scoped_per_layer = the "layer l" scopes' mean).
+    ``scoped``: each decoder layer runs inside a record_function range "decode_layer l" (forward hooks), so the
+    kernels that a layer's CPU calls launch are grouped under it; that needs the launches to happen inside the
+    range, i.e. an uncaptured step (``cuda_graph=False``). A replayed graph (``cuda_graph=True``) has only the
+    total: its kernels run from one graph launch. Under ``compile`` the hooks are not added (they would be
+    traced into the compiled graph), so only the total is given."""
+    if not torch.cuda.is_available():
+        raise RuntimeError("count_cuda_kernels needs a CUDA GPU; on the CPU use count_step (aten ops)")
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    device = next(model.parameters()).device
+    dec, ids = _decoder(model, batch, context, device, compile, cuda_graph, compile_mode)
+    layers = model.model.layers
+    scoped_ok = not cuda_graph and not compile
+    handles, ranges = [], {}
+    if scoped_ok:
+        for l, layer in enumerate(layers):
+            def enter(mod, args, l=l):
+                ranges[l] = record_function(f"decode_layer {l}")
+                ranges[l].__enter__()
+
+            def leave(mod, args, out, l=l):
+                ranges.pop(l).__exit__(None, None, None)
+
+            handles += [layer.register_forward_pre_hook(enter), layer.register_forward_hook(leave)]
+    try:
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for _ in range(steps):
+                dec.step(ids)  # [B, V]; the same ids each step (only kernels are counted)
+            torch.cuda.synchronize()
+    finally:
+        for h in handles:
+            h.remove()
+    events = prof.events()
+    kern, mem = _device_kernel_total(events)
+    total = kern / steps
+    out = dict(total=total, memops=mem / steps, per_layer=total / len(layers), layers=len(layers),
+               compile=compile, cuda_graph=cuda_graph, batch=batch)
+    if scoped_ok:
+        grouped = group_kernels(events)
+        out["scoped"] = {s: {k: c / steps for k, c in cnt.items()} for s, cnt in grouped.items()}
+        lay = [sum(cnt.values()) / steps for s, cnt in grouped.items() if s.startswith("layer")]
+        out["scoped_per_layer"] = sum(lay) / max(len(lay), 1)
+    return out
+
+
+def _short(path: str) -> str:
+    """``path`` from the repository root when inside it, else as given."""
+    import os
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    return os.path.relpath(path, root) if os.path.abspath(path).startswith(root + os.sep) else path
+
+
+def graph_breaks(model, batch: int = 1, context: int = 16) -> dict:
+    """Where ``torch.compile`` of the decode step breaks its graph (``torch._dynamo.explain`` of one step on the
+    model's device; the cache is restored after): dict(graphs, breaks, reasons = {(first line of the reason,
+    "file:line in function"): count})."""
+    import torch._dynamo as dynamo
+
+    device = next(model.parameters()).device
+    dec, ids = _decoder(model, batch, context, device, compile=False, cuda_graph=False, compile_mode="default")
+    cache = dec.cache
+    cache.full_width = True
+    snap = cache.snapshot()
+    dynamo.reset()
+    with torch.no_grad():
+        ex = dynamo.explain(dec._model_step)(ids)
+    cache.restore(snap)
+    reasons = Counter()
+    for b in ex.break_reasons:
+        where = b.user_stack[-1] if b.user_stack else None
+        loc = f"{_short(where.filename)}:{where.lineno} in {where.name}" if where else "?"
+        reasons[(b.reason.strip().split("\n")[0], loc)] += 1
+    dynamo.reset()
+    return dict(graphs=ex.graph_count, breaks=ex.graph_break_count, reasons=dict(reasons))

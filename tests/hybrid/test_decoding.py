@@ -232,3 +232,96 @@ def test_sample_decode_greedy_limit_seeds_and_stops():
     first = [next((j + 1 for j, t in enumerate(r) if t == stop), 5) for r in greedy.tolist()]
     assert counts.tolist() == first and counts[0] == 2
     assert torch.equal(toks[:, :2], greedy[:, :2])
+
+
+# ---- Decoder(compile=True): torch.compile of the step --------------------------------------------------------
+def _compiled_vs_eager(model, backend, steps=5, **kw):
+    """Logits [steps, B, V] of ragged rows stepped eagerly and compiled, and the compiled Decoder."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    torch.manual_seed(2)
+    prompts = [torch.randint(0, 128, (n,)) for n in (7, 4)]
+    outs, decs = [], []
+    for compile in (False, True):
+        cache, logits = prefill(model, prompts, steps + 3)  # room for 3 more steps
+        dec = Decoder(model, cache, compile=compile, compile_backend=backend, **kw)
+        ids = logits.argmax(-1, keepdim=True)  # [B, 1]
+        got = []
+        for _ in range(steps):
+            got.append(dec.step(ids).clone())  # [B, V]
+            ids = got[-1].argmax(-1, keepdim=True)
+        outs.append(torch.stack(got))  # [steps, B, V]
+        decs.append(dec)
+        assert cache.host_lengths == [7 + steps, 4 + steps] == cache.lengths.tolist()
+        assert cache.seen_tokens == 7 + steps
+    return outs, decs[1]
+
+
+@pytest.mark.parametrize("name", ["head", "teacher"])
+def test_compiled_step_equals_the_eager_step_and_does_not_recompile(name):
+    """aot_eager: dynamo's tracing, graph breaks and functionalization of the in-place cache writes, without
+    inductor's code generation; steps after the first reuse the compiled graphs."""
+    import torch._dynamo
+
+    model = perturbed(BUILDERS[name](tiny_model("qwen3", dtype=torch.float64))).eval()
+    (eager, compiled), dec = _compiled_vs_eager(model, "aot_eager", steps=2)
+    assert dec.compiled is not None and dec.cache.full_width
+    assert_close("compiled vs eager", compiled, eager, "fp64_exact")
+    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    ids = torch.tensor([[3], [5]])
+    for _ in range(3):
+        dec.step(ids)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == graphs  # no recompilation per step
+    torch._dynamo.reset()
+
+
+def test_compiled_step_with_inductor_equals_the_eager_step_on_the_cpu():
+    """Inductor's C++ code on the CPU (float32, the 7:1-style hybrid with both branches)."""
+    import torch._dynamo
+
+    model = perturbed(BUILDERS["head"](tiny_model("qwen3", dtype=torch.float32))).eval()
+    (eager, compiled), _ = _compiled_vs_eager(model, "inductor", steps=3)
+    assert_close("inductor vs eager", compiled, eager, "fp32")
+    torch._dynamo.reset()
+
+
+def test_compiled_step_refuses_a_full_cache():
+    import torch._dynamo
+
+    model = BUILDERS["teacher"](tiny_model("qwen3", dtype=torch.float32)).eval()
+    cache, _ = prefill(model, [torch.zeros(4, dtype=torch.long)], 1)
+    dec = Decoder(model, cache, compile=True, compile_backend="aot_eager")
+    dec.step(torch.zeros(1, 1, dtype=torch.long))
+    with pytest.raises(ValueError, match="full"):
+        dec.step(torch.zeros(1, 1, dtype=torch.long))
+    assert cache.host_lengths == [5] and cache.seen_tokens == 5
+    torch._dynamo.reset()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("mode", ["default", "max-autotune-no-cudagraphs"])
+def test_gpu_compiled_graph_step_matches_the_eager_step(mode):
+    """On the GPU in bf16: the compiled step captured as a CUDA graph gives the eager step's logits (bf16_model)."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    teacher = tiny_model("qwen3", head_dim=64).to("cuda", torch.bfloat16)
+    model = perturbed(BUILDERS["head"](teacher))
+    torch.manual_seed(4)
+    prompts = [torch.randint(0, 128, (n,), device="cuda") for n in (40, 23, 70)]
+    outs = []
+    for compile in (False, True):
+        cache, logits = prefill(model, prompts, 6)
+        dec = Decoder(model, cache, cuda_graph=True, compile=compile, compile_mode=mode)
+        ids = logits.argmax(-1, keepdim=True)  # [B, 1]
+        got = []
+        for _ in range(5):
+            got.append(dec.step(ids).clone())  # [B, V]
+            ids = torch.tensor([[3], [5], [7]], device="cuda")
+        outs.append(torch.stack(got).float())  # [5, B, V]
+        assert cache.host_lengths == [45, 28, 75] == cache.lengths.tolist()
+    err = assert_close(f"compiled ({mode}) vs eager", outs[1], outs[0], "bf16_model")
+    print(f"compiled {mode} + graph vs eager graph: rel err {err:.2e}")
+    torch._dynamo.reset()
