@@ -284,6 +284,22 @@ def prefill(model, prompts: Sequence[torch.Tensor], max_new_tokens: int, capacit
     return cache, torch.stack(last)  # [B, V]
 
 
+def _raise_recompile_limit(n: int) -> None:
+    """dynamo's per-code-object recompile limit raised to at least ``n`` (never lowered). The layers of a
+    compiled step share their code objects: a graph break inside them makes one compiled variant per distinct
+    layer (its guards read each layer's heads) and per cache shape, and past the limit (8 by default) the
+    remaining variants would run eagerly without a word."""
+    import torch._dynamo
+
+    cfg = torch._dynamo.config
+    name = "recompile_limit" if hasattr(cfg, "recompile_limit") else "cache_size_limit"
+    if getattr(cfg, name) < n:
+        setattr(cfg, name, n)
+    acc = "accumulated_recompile_limit" if hasattr(cfg, "accumulated_recompile_limit") else None
+    if acc is not None and getattr(cfg, acc) < 2 * n:
+        setattr(cfg, acc, 2 * n)
+
+
 class Decoder:
     """Decode steps of one token per row on a StaticHybridCache, optionally replayed as a CUDA graph.
 
@@ -314,6 +330,7 @@ class Decoder:
         self.compiled = None
         if compile:
             cache.full_width = True  # fixed shapes: S = capacity at every step
+            _raise_recompile_limit(4 * len(getattr(getattr(model, "model", model), "layers", ())) + 8)
             self.compiled = torch.compile(self._model_step, backend=compile_backend, dynamic=False,
                                           mode=compile_mode if compile_backend == "inductor" else None)
 

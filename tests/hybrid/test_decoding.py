@@ -325,3 +325,27 @@ def test_gpu_compiled_graph_step_matches_the_eager_step(mode):
     err = assert_close(f"compiled ({mode}) vs eager", outs[1], outs[0], "bf16_model")
     print(f"compiled {mode} + graph vs eager graph: rel err {err:.2e}")
     torch._dynamo.reset()
+
+
+def test_compiled_step_of_many_distinct_layers_stays_compiled():
+    """12 layers with 12 different FA head sets: each is a compiled variant of the layers' shared code; the
+    Decoder raises dynamo's recompile limit (8 by default), so none falls back to eager (a hard error here)."""
+    import torch._dynamo
+
+    from research.count_decode_ops import tiny_teacher
+
+    torch._dynamo.reset()
+    cfg = torch._dynamo.config
+    teacher = tiny_teacher(layers=12, dtype=torch.float32)
+    fa = [(l, h) for l in range(12) for h in range(4) if (l >> h) & 1]  # layer l: the heads of l's bits
+    model = from_mask(teacher, HeadMask.for_model(teacher, fa)).eval()
+    cache, _ = prefill(model, [torch.randint(0, 128, (5,))], 4)
+    # the limits the Decoder raises are restored on leaving
+    with cfg.patch(fail_on_recompile_limit_hit=True, recompile_limit=cfg.recompile_limit,
+                   accumulated_recompile_limit=cfg.accumulated_recompile_limit):
+        dec = Decoder(model, cache, compile=True, compile_backend="aot_eager")
+        assert cfg.recompile_limit >= 4 * 12 + 8
+        for _ in range(3):
+            dec.step(torch.tensor([[3]]))
+    assert cache.host_lengths == [8]
+    torch._dynamo.reset()
