@@ -311,8 +311,9 @@ class Decoder:
     ``compile_backend``, "inductor"; ``dynamic=False``; with the graph, the warm-up
     steps compile it and the graph captures the compiled kernels). A compiled step always attends over the
     whole buffer (fixed shapes: one compilation for every step) and its compiled code sees constant host
-    lengths (the Decoder keeps the real ones), so steps do not recompile. fla's, the Triton prologue's and
-    flash-attn's entry points are compiler-disabled: graph breaks (docs/kernels.md). Not yet measured on a GPU;
+    lengths (the Decoder keeps the real ones), so steps do not recompile. The graph breaks at the decode weight
+    caches (``hybrid.layers.common.fused_linear``, ``inference_constant``) and, on CUDA, at fla's, the Triton
+    prologue's and flash-attn's compiler-disabled entry points (docs/kernels.md). Not yet measured on a GPU;
     off by default."""
 
     def __init__(self, model, cache: StaticHybridCache, cuda_graph: bool | None = None, warmup: int = 2,
