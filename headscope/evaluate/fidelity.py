@@ -68,6 +68,15 @@ def _check_sources(cfg) -> None:
     object.__setattr__(cfg, "sources", srcs)
 
 
+def _check_phrasings(phrasings) -> None:
+    """Needle phrasings: a non-empty tuple of names of headscope.evaluate.phrasings.PHRASINGS."""
+    from headscope.evaluate.phrasings import PHRASINGS
+
+    bad = [p for p in phrasings if p not in PHRASINGS]
+    if not phrasings or bad:
+        raise ValueError(f"phrasings={phrasings!r}: give names from {sorted(PHRASINGS)}")
+
+
 @dataclass(frozen=True)
 class FidelityTextConfig:
     sources: tuple[str, ...] = ()  # held-out source names (sources.json) or UTF-8 text files; (): every shipped one
@@ -115,13 +124,9 @@ class FidelityNiahConfig:
     beyond_positions: bool = False  # True: also lengths past a model's positions (RoPE models run there)
 
     def __post_init__(self):
-        from headscope.evaluate.phrasings import PHRASINGS
-
         _check_sources(self)
         _positive_int("n", self.n)
-        bad = [p for p in self.phrasings if p not in PHRASINGS]
-        if not self.phrasings or bad:
-            raise ValueError(f"phrasings={self.phrasings!r}: give names from {sorted(PHRASINGS)}")
+        _check_phrasings(self.phrasings)
         if not self.lengths or any(isinstance(x, bool) or not isinstance(x, int) or x < 32 for x in self.lengths):
             raise ValueError(f"lengths={self.lengths!r}: give prompt lengths >= 32 (tokens)")
 

@@ -36,8 +36,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from headscope.evaluate.fidelity import (TEXT_METRICS, _check_sources, _positive_int, _shipped, _skip, _teacher,
-                                         _windows, model_positions)
+from headscope.evaluate.fidelity import (TEXT_METRICS, _check_phrasings, _check_sources, _positive_int, _shipped,
+                                         _skip, _teacher, _windows, model_positions)
 from headscope.evaluate.fidelity_data import load_sources, source_path
 from headscope.evaluate.fidelity_decoding import window_agreement
 from headscope.evaluate.rows import row
@@ -81,13 +81,9 @@ class FidelityLongNiahConfig:
     teacher_beyond_positions: bool = False  # True: the teacher also runs past its positions (RoPE teachers), noted
 
     def __post_init__(self):
-        from headscope.evaluate.phrasings import PHRASINGS
-
         _check_sources(self)
         _positive_int("n", self.n)
-        bad = [p for p in self.phrasings if p not in PHRASINGS]
-        if not self.phrasings or bad:
-            raise ValueError(f"phrasings={self.phrasings!r}: give names from {sorted(PHRASINGS)}")
+        _check_phrasings(self.phrasings)
         object.__setattr__(self, "lengths", _lengths("lengths", self.lengths))
         if not isinstance(self.teacher_beyond_positions, bool):
             raise ValueError(f"teacher_beyond_positions={self.teacher_beyond_positions!r}: give true or false")

@@ -194,14 +194,20 @@ def fidelity_table(collected: dict, suite: str):
             cells = [h["niah"].get(str(L), {}) for h in hs]
             row[f"NIAH {L} student / teacher"] = (f"{_fmt([c.get('student') for c in cells])} / "
                                                   f"{_fmt([c.get('teacher') for c in cells])}")
-        info = next((r["info"] for r in rs if r.get("info")), None)
-        row["KV share"] = f"{info['kv_share']:.3f}" if info else "-"
-        statuses = sorted({r["status"] for r in rs}) or ["not run yet"]
-        finished = sum(1 for r in rs if suite in (r.get("suites") or {}))
-        row["status"] = ", ".join(statuses) + (f" (suite finished on {finished} of {len(rs)} runs)"
-                                               if finished < len(rs) and "infeasible" not in statuses else "")
+        _suite_row_tail(row, rs, suite)
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def _suite_row_tail(row: dict, rs: list[dict], suite: str) -> None:
+    """The suite tables' last columns of a variant's row: its KV share and its runs' status (with how many finished
+    the suite)."""
+    info = next((r["info"] for r in rs if r.get("info")), None)
+    row["KV share"] = f"{info['kv_share']:.3f}" if info else "-"
+    statuses = sorted({r["status"] for r in rs}) or ["not run yet"]
+    finished = sum(1 for r in rs if suite in (r.get("suites") or {}))
+    row["status"] = ", ".join(statuses) + (f" (suite finished on {finished} of {len(rs)} runs)"
+                                           if finished < len(rs) and "infeasible" not in statuses else "")
 
 
 LONG_EVALUATIONS = ("fidelity_long_text", "fidelity_long_niah")
@@ -338,12 +344,7 @@ def long_table(collected: dict, suite: str, fidelity_suite: str | None = None):
                 top1 = _mean([_mean([p.get(str(W)) for p in h["top1_agreement"].values()]) for h in hs])
         measured = any(h["perplexity"] or h["niah"] for h in hs)  # the suite's rows so far: none, no verdict
         row["targets met"] = _targets_met(niah, growth, ratio, top1) if measured else "-"
-        info = next((r["info"] for r in rs if r.get("info")), None)
-        row["KV share"] = f"{info['kv_share']:.3f}" if info else "-"
-        statuses = sorted({r["status"] for r in rs}) or ["not run yet"]
-        finished = sum(1 for r in rs if suite in (r.get("suites") or {}))
-        row["status"] = ", ".join(statuses) + (f" (suite finished on {finished} of {len(rs)} runs)"
-                                               if finished < len(rs) and "infeasible" not in statuses else "")
+        _suite_row_tail(row, rs, suite)
         rows.append(row)
     return pd.DataFrame(rows)
 
