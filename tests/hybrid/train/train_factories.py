@@ -45,3 +45,29 @@ def tiny_config(out: Path, teacher: Path, mask: Path, stages=None, **kw):
          "stages": stages or [stage("align"), stage("distill"), stage("long", seq_len=256, batch_size=1)]}
     d.update(kw)
     return TrainConfig.from_dict(d)
+
+
+def write_broad_corpus(folder: Path) -> str:
+    """A corpus manifest: "prose" (a few documents of 300-1000 words), "code" (many of 20-80), "held" (held out);
+    the teacher's text in folder/teacher/teacher.txt. Returns the manifest's path."""
+    import json
+    import random
+
+    from hybrid.train.data import DOC_SEP, MANIFEST_SCHEMA
+
+    rng = random.Random(0)
+    words = ["river", "stone", "light", "table", "north", "quiet", "paper", "green", "seven", "glass"]
+    entries = {}
+    for name, split, sizes, n in (("prose", "train", (300, 1000), 6), ("code", "train", (20, 80), 80),
+                                  ("held", "heldout", (300, 600), 4)):
+        docs = [" ".join(rng.choice(words) for _ in range(rng.randint(*sizes))) + "\n" for _ in range(n)]
+        f = folder / "sources" / f"{name}.txt"
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text(DOC_SEP.join(docs), encoding="utf-8")
+        entries[name] = {"split": split, "file": f"sources/{name}.txt", "weight": 1.0 if split == "train" else None,
+                         "tokens": 1, "domain": "test", **({"why": "evaluation only"} if split == "heldout" else {})}
+    (folder / "manifest.json").write_text(json.dumps({"schema": MANIFEST_SCHEMA, "sources": entries}))
+    teacher = folder / "teacher"
+    teacher.mkdir()
+    (teacher / "teacher.txt").write_text(DOC_SEP.join(f"answer {i} " * 30 for i in range(40)), encoding="utf-8")
+    return str(folder / "manifest.json")

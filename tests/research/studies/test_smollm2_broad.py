@@ -12,6 +12,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
+from train_factories import write_broad_corpus
 
 from research.studies.config import StudyConfig, StudyError
 
@@ -151,33 +152,9 @@ def test_the_fidelity_headline_and_table_from_rows():
     assert "Fidelity to the teacher" not in markdown_block(other, command="c")
 
 
-def write_corpus(folder: Path) -> str:
-    """A corpus manifest ("prose", "code" for training, "held" held out) and the teacher's text beside it."""
-    import random
-
-    from hybrid.train.data import DOC_SEP, MANIFEST_SCHEMA, TEACHER_TEXT
-
-    rng = random.Random(0)
-    words = ["river", "stone", "light", "table", "north", "quiet", "paper", "green", "seven", "glass"]
-    entries = {}
-    for name, split, sizes, n in (("prose", "train", (300, 1000), 6), ("code", "train", (20, 80), 80),
-                                  ("held", "heldout", (300, 600), 4)):
-        docs = [" ".join(rng.choice(words) for _ in range(rng.randint(*sizes))) + "\n" for _ in range(n)]
-        f = folder / "sources" / f"{name}.txt"
-        f.parent.mkdir(parents=True, exist_ok=True)
-        f.write_text(DOC_SEP.join(docs), encoding="utf-8")
-        entries[name] = {"split": split, "file": f"sources/{name}.txt", "weight": 1.0 if split == "train" else None,
-                         "tokens": 1, "domain": "test", **({"why": "evaluation only"} if split == "heldout" else {})}
-    (folder / "manifest.json").write_text(json.dumps({"schema": MANIFEST_SCHEMA, "sources": entries}))
-    (folder / "teacher").mkdir()
-    (folder / "teacher" / TEACHER_TEXT).write_text(DOC_SEP.join(f"answer {i} " * 30 for i in range(40)),
-                                                   encoding="utf-8")
-    return str(folder / "manifest.json")
-
-
 def miniature(tmp_path: Path, teacher_dir: Path) -> StudyConfig:
     """The config with a tiny teacher, the test corpus, a few short steps, a tiny evaluation, fidelity_smoke."""
-    manifest = write_corpus(tmp_path / "corpus")
+    manifest = write_broad_corpus(tmp_path / "corpus")
     d = tomllib.loads(CONFIG.read_text())
     d.update(teacher=str(teacher_dir), out=str(tmp_path / "st"), device="cpu", parallel=2, threads=1,
              suite="fidelity_smoke")

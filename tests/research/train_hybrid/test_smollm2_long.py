@@ -5,10 +5,10 @@ stages at 256 and 512: past the teacher's positions, as 16K and 32K are past Smo
 with a held-out source, a few steps per stage."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
+from train_factories import write_broad_corpus
 
 ROOT = Path(__file__).resolve().parents[3]
 RECIPE = ROOT / "research" / "train_hybrid" / "smollm2_long.toml"
@@ -44,33 +44,9 @@ def test_the_recipe_as_written():
         assert d.text_windows == "documents" and d.teacher_corpus == "" and d.corpus == cfg.data.corpus
 
 
-def write_corpus(folder: Path) -> str:
-    """A corpus manifest: "prose" (a few documents of 300-1000 words), "code" (many of 20-80), "held" (held out)."""
-    import random
-
-    from hybrid.train.data import DOC_SEP, MANIFEST_SCHEMA
-
-    rng = random.Random(0)
-    words = ["river", "stone", "light", "table", "north", "quiet", "paper", "green", "seven", "glass"]
-    entries = {}
-    for name, split, sizes, n in (("prose", "train", (300, 1000), 6), ("code", "train", (20, 80), 80),
-                                  ("held", "heldout", (300, 600), 4)):
-        docs = [" ".join(rng.choice(words) for _ in range(rng.randint(*sizes))) + "\n" for _ in range(n)]
-        f = folder / "sources" / f"{name}.txt"
-        f.parent.mkdir(parents=True, exist_ok=True)
-        f.write_text(DOC_SEP.join(docs), encoding="utf-8")
-        entries[name] = {"split": split, "file": f"sources/{name}.txt", "weight": 1.0 if split == "train" else None,
-                         "tokens": 1, "domain": "test", **({"why": "evaluation only"} if split == "heldout" else {})}
-    (folder / "manifest.json").write_text(json.dumps({"schema": MANIFEST_SCHEMA, "sources": entries}))
-    teacher = folder / "teacher"
-    teacher.mkdir()
-    (teacher / "teacher.txt").write_text(DOC_SEP.join(f"answer {i} " * 30 for i in range(40)), encoding="utf-8")
-    return str(folder / "manifest.json")
-
-
 def miniature(tmp_path: Path, teacher_dir: Path, mask: Path) -> dict:
     """The recipe's config with every length / SCALE, a few steps per stage, CPU settings and the test corpus."""
-    manifest = write_corpus(tmp_path / "corpus")
+    manifest = write_broad_corpus(tmp_path / "corpus")
     d = recipe().to_dict()
     d.update(out=str(tmp_path / "run"), teacher=str(teacher_dir), mask=str(mask), device="cpu", compile=False,
              teacher_dtype="float32", compile_teacher=False, progress=False, log_every=1, checkpoint_every=0,
