@@ -239,6 +239,8 @@ def split_corpus(manifest: Path = CORPUS_MANIFEST, part_mb: float = PART_MB, out
     token caches) as an xz tarball in parts ``out/corpus.tar.xz.partKofN`` of ``part_mb`` MiB."""
     import lzma
 
+    from headscope.io import write_bytes
+
     man = repo / manifest
     if not man.is_file():
         raise StageError(f"{manifest} does not exist: build the corpus first (python -m research.corpus.build)")
@@ -260,7 +262,7 @@ def split_corpus(manifest: Path = CORPUS_MANIFEST, part_mb: float = PART_MB, out
     parts = []
     for k in range(n):
         p = out / f"corpus.tar.xz.part{k + 1}of{n}"
-        p.write_bytes(data[k * size:(k + 1) * size])
+        write_bytes(p, data[k * size:(k + 1) * size])  # atomic: a part is whole or absent
         parts.append(p)
     _say(f"corpus: {len(files) - 1} training sources + manifest, {len(data) / 1e6:.1f} MB xz in {n} part(s) "
          f"under {out}")

@@ -97,6 +97,7 @@ def run_suite(model, tok, teacher, suite: str, out: Path, model_key: str | None 
     from headscope.evaluate import evaluate, save_results
     from headscope.evaluate.api import resolve_suite
     from headscope.evaluate.output import read_results
+    from headscope.io import write_text
 
     parts_dir = out / f"{suite}_parts"
     key_file = parts_dir / "model_key.txt"
@@ -105,7 +106,7 @@ def run_suite(model, tok, teacher, suite: str, out: Path, model_key: str | None 
         shutil.rmtree(parts_dir)  # another model's (or unknown) parts
     if model_key is not None:
         parts_dir.mkdir(parents=True, exist_ok=True)
-        key_file.write_text(model_key + "\n")
+        write_text(key_file, model_key + "\n")
     frames = []
     for name, over in resolve_suite(suite)[1]:
         part = parts_dir / name
