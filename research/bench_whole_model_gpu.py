@@ -98,7 +98,8 @@ def filled_cache(model, batch: int, ctx: int, capacity: int) -> StaticHybridCach
 # ---------------------------------------------------------------- 1. decode
 
 
-def decode_row(run: Run, name: str, model, ctx: int, batch: int, steps: int, graph: bool, vocab: int) -> dict:
+def decode_row(run: Run, name: str, model, ctx: int, batch: int, steps: int, graph: bool, vocab: int,
+               compiled: bool = False) -> dict:
     dev = run.device
     capacity = round_up(ctx + steps + 16)
     cache = filled_cache(model, batch, ctx, capacity)
@@ -117,6 +118,16 @@ def decode_row(run: Run, name: str, model, ctx: int, batch: int, steps: int, gra
             except Exception as e:  # a capture failure is a finding, not the end of the run: eager stands
                 row["graph_error"] = f"{type(e).__name__}: {str(e)[:300]}"
                 run.say(f"CUDA graph capture failed for {name} ctx={ctx} B={batch}: {row['graph_error']}")
+        if compiled:  # the torch.compile'd step (inside the graph on CUDA): its own column, never the step_ms
+            try:
+                dec = Decoder(model, cache, cuda_graph=graph, compile=True)
+                row["compiled_ms"] = round(bench_ms(lambda: dec.step(ids), dev, target_ms=200.0, max_reps=steps), 3)
+                del dec
+            except torch.OutOfMemoryError:
+                raise
+            except Exception as e:
+                row["compiled_error"] = f"{type(e).__name__}: {str(e)[:300]}"
+                run.say(f"compiled step failed for {name} ctx={ctx} B={batch}: {row['compiled_error']}")
         row["step_ms"] = row.get("graph_ms", row["eager_ms"])
     except torch.OutOfMemoryError as e:
         row["error"] = f"out of memory: {str(e)[:120]}"
@@ -133,7 +144,8 @@ def decode_section(run: Run, models: dict, contexts: list[int], batches: list[in
                 label = f"decode {name} ctx={ctx} B={batch}"
                 if not run.fits(label, est(name, ctx, batch)):
                     continue
-                row = decode_row(run, name, models[name], ctx, batch, steps, graph, vocab)
+                row = decode_row(run, name, models[name], ctx, batch, steps, graph, vocab,
+                                 compiled=run.data.get("compile_decode", False))
                 run.data["decode"].append(row)
                 run.say(f"{label}: {row}")
                 run.save()
@@ -318,6 +330,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--lengths", type=int, nargs="+", default=None, help="prefill lengths, first = the longest")
     ap.add_argument("--contexts", type=int, nargs="+", default=None, help="decode contexts, first = the longest")
     ap.add_argument("--batches", type=int, nargs="+", default=None, help="decode batch sizes")
+    ap.add_argument("--compile-decode", action="store_true",
+                    help="also time the torch.compile'd decode step (column compiled_ms)")
     args = ap.parse_args(argv)
     out = args.out or Path(os.environ.get("OUT", ".")) / "bench_whole_model.json"
     if args.dry_run:
@@ -333,7 +347,8 @@ def main(argv: list[str] | None = None) -> dict:
     lengths, contexts, batches = args.lengths or lengths, args.contexts or contexts, args.batches or batches
     big = contexts[0]
     run = Run(args.budget_s, out, device, shape=shape, targets=TARGETS, decode=[], prefill=[], cache_bytes=[],
-              max_batch=[], layer=[], dry_run=args.dry_run, cuda_graph=not args.no_cuda_graph and device == "cuda")
+              max_batch=[], layer=[], dry_run=args.dry_run, cuda_graph=not args.no_cuda_graph and device == "cuda",
+              compile_decode=args.compile_decode)
     from hybrid.ops import parity
     from hybrid.ops.gdn import fla_available
 

@@ -87,7 +87,7 @@ def _kernel():
             j = s0 + tl.arange(0, BN)
             jm = (j >= lo) & (j < hi)
             kt = tl.load(k_ptr + b * skb + j[None, :] * sks + kh * skh + d[:, None], mask=jm[None, :], other=0.0)
-            sc = tl.dot(q, kt) * scale  # [RP, BN] float32
+            sc = (tl.dot(q, kt) * scale).to(tl.float32)  # [RP, BN]; under torch.compile a float arg arrives as fp64
             sc = tl.where(jm[None, :], sc, float("-inf"))
             m_new = tl.maximum(m, tl.max(sc, 1))
             m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a block with no visible key: no NaN

@@ -99,7 +99,7 @@ def _kernels():
         x1 = tl.load(x_ptr + x_off, mask=m, other=0.0).to(tl.float32)
         x2 = tl.load(x_ptr + x_off + HALF, mask=m, other=0.0).to(tl.float32)
         if NORM:
-            s = tl.rsqrt((tl.sum(x1 * x1, 1) + tl.sum(x2 * x2, 1)) / (2 * HALF) + eps)  # [BLOCK]
+            s = tl.rsqrt((tl.sum(x1 * x1, 1) + tl.sum(x2 * x2, 1)) / (2 * HALF) + eps).to(tl.float32)  # [BLOCK] (eps may arrive as fp64 under torch.compile)
             w1 = tl.load(w_ptr + cols).to(tl.float32)
             w2 = tl.load(w_ptr + HALF + cols).to(tl.float32)
             n1 = x1 * s[:, None] * w1[None, :]
@@ -113,7 +113,7 @@ def _kernels():
         s2 = tl.load(sin_ptr + c_off + HALF, mask=m, other=0.0).to(tl.float32)
         r1 = n1 * c1 - n2 * s1
         r2 = n2 * c2 + n1 * s2
-        rho = tl.rsqrt(tl.sum(r1 * r1, 1) + tl.sum(r2 * r2, 1) + l2eps)  # [BLOCK]
+        rho = tl.rsqrt(tl.sum(r1 * r1, 1) + tl.sum(r2 * r2, 1) + l2eps).to(tl.float32)  # [BLOCK]
         tl.store(y_ptr + x_off, (r1 * rho[:, None]).to(y_ptr.dtype.element_ty), mask=m)
         tl.store(y_ptr + x_off + HALF, (r2 * rho[:, None]).to(y_ptr.dtype.element_ty), mask=m)
 
@@ -146,7 +146,7 @@ def _kernels():
             s1 = tl.load(sin_ptr + c_off, mask=m, other=0.0).to(tl.float32)
             s2 = tl.load(sin_ptr + c_off + HALF, mask=m, other=0.0).to(tl.float32)
             if NORM:
-                s = tl.rsqrt((tl.sum(x1 * x1, 1) + tl.sum(x2 * x2, 1)) / (2 * HALF) + eps)  # [BLOCK]
+                s = tl.rsqrt((tl.sum(x1 * x1, 1) + tl.sum(x2 * x2, 1)) / (2 * HALF) + eps).to(tl.float32)  # [BLOCK] (eps may arrive as fp64 under torch.compile)
                 h1 = x1 * s[:, None]  # x hat
                 h2 = x2 * s[:, None]
                 n1 = h1 * w1[None, :]
@@ -156,7 +156,7 @@ def _kernels():
                 n2 = x2
             r1 = n1 * c1 - n2 * s1
             r2 = n2 * c2 + n1 * s2
-            rho = tl.rsqrt(tl.sum(r1 * r1, 1) + tl.sum(r2 * r2, 1) + l2eps)  # [BLOCK]
+            rho = tl.rsqrt(tl.sum(r1 * r1, 1) + tl.sum(r2 * r2, 1) + l2eps).to(tl.float32)  # [BLOCK]
             y1 = r1 * rho[:, None]
             y2 = r2 * rho[:, None]
             yg = tl.sum(y1 * g1, 1) + tl.sum(y2 * g2, 1)  # [BLOCK]

@@ -50,3 +50,17 @@ def test_dry_run_writes_every_section_and_renders(tmp_path):
     text = doc.read_text()
     assert "old" not in text and "intro" in text and "outro" in text
     assert "| decode" in text and "hybrid_7to1" in text
+
+
+@pytest.mark.e2e
+def test_dry_run_times_the_compiled_decode_step_beside_the_graph_step(tmp_path):
+    """--compile-decode adds compiled_ms (the torch.compile'd step) to every decode row; step_ms stays the
+    uncompiled step's, so the table's ratios do not change meaning."""
+    out = tmp_path / "bench.json"
+    run_script("bench_whole_model_gpu", "--dry-run", "--compile-decode", "--out", str(out), "--lengths", "48",
+               "--contexts", "32", "--batches", "1", "--steps", "2", "--budget-s", "60")
+    rows = json.loads(out.read_text())["decode"]
+    assert {r["model"] for r in rows} == MODELS
+    for r in rows:
+        assert "compiled_error" not in r, r
+        assert r["compiled_ms"] > 0 and r["step_ms"] == r["eager_ms"]  # CPU: no graph, step_ms is the eager one
