@@ -4,7 +4,8 @@ each, two folders deep). Everything else about a job is the launcher's (python -
 
 Here (the checkout):
     python -m research.stage split [--model smollm2-135m] [--part-mb 26]   # the GGUF -> .stage/<model>.gguf.partKofN
-    python -m research.stage split-corpus [--part-mb 26]                   # the broad corpus's training sources
+    python -m research.stage split-corpus [--part-mb 26] [--no-teacher]    # the broad corpus's training sources
+                                                                           # (and the teacher's text, when made)
                                                                            # -> .stage/corpus.tar.xz.partKofN
     python -m research.stage carry JOB                                     # the paths JOB needs carried, sizes
     python -m research.stage unpack RESULTS.tgz.part* --into runs/         # a results folder brought back by `pack`
@@ -45,6 +46,8 @@ ENV_FILE = "env.sh"
 PART_RE = re.compile(r"^(?P<model>.+)\.gguf\.part(?P<k>\d+)of(?P<n>\d+)$")
 CORPUS_RE = re.compile(r"^corpus\.tar\.xz\.part(?P<k>\d+)of(?P<n>\d+)$")
 CORPUS_MANIFEST = Path("data/corpus/manifest.json")
+TEACHER_DIR = "teacher"  # beside the manifest: the broad recipe's [data] teacher_corpus (research.corpus.self_distill)
+TEACHER_FILES = ("teacher.txt", "teacher.json")  # what travels of it (not its parts/)
 CARRY_LIMIT = 64 * 2**20  # bytes per command: the working tree and the carried paths together
 PART_MB = 26  # MiB: one part (27.3 MB) beside the ~35 MB tree
 PACK_PART = 15 * 2**20  # bytes: below the 16 MiB a returned file may have
@@ -234,9 +237,11 @@ def triton_restore(archives: list[Path] | None = None, cache: Path | None = None
 
 
 def split_corpus(manifest: Path = CORPUS_MANIFEST, part_mb: float = PART_MB, out: Path = STAGE_OUT,
-                 repo: Path = REPO) -> list[Path]:
+                 repo: Path = REPO, teacher: bool = True) -> list[Path]:
     """The manifest and its training sources (python -m research.corpus.build; not the held-out ones, not the
-    token caches) as an xz tarball in parts ``out/corpus.tar.xz.partKofN`` of ``part_mb`` MiB."""
+    token caches) as an xz tarball in parts ``out/corpus.tar.xz.partKofN`` of ``part_mb`` MiB. With ``teacher``
+    and a teacher's text beside the manifest (``data/corpus/teacher/teacher.txt``, research.corpus.self_distill),
+    its ``teacher.txt`` and ``teacher.json`` go in too (not its ``parts/``): the launcher then skips making it."""
     import lzma
 
     from headscope.io import write_bytes
@@ -249,6 +254,11 @@ def split_corpus(manifest: Path = CORPUS_MANIFEST, part_mb: float = PART_MB, out
     for f in files:
         if not (repo / f).is_file():
             raise StageError(f"{f} (in {manifest}) is missing: rebuild the corpus (python -m research.corpus.build)")
+    n_sources = len(files) - 1
+    tdir = manifest.parent / TEACHER_DIR
+    with_teacher = teacher and (repo / tdir / TEACHER_FILES[0]).is_file()
+    if with_teacher:
+        files += [tdir / name for name in TEACHER_FILES if (repo / tdir / name).is_file()]
     buf = io.BytesIO()
     with lzma.open(buf, "wb", preset=6) as xz, tarfile.open(fileobj=xz, mode="w") as tar:
         for f in files:
@@ -264,7 +274,15 @@ def split_corpus(manifest: Path = CORPUS_MANIFEST, part_mb: float = PART_MB, out
         p = out / f"corpus.tar.xz.part{k + 1}of{n}"
         write_bytes(p, data[k * size:(k + 1) * size])  # atomic: a part is whole or absent
         parts.append(p)
-    _say(f"corpus: {len(files) - 1} training sources + manifest, {len(data) / 1e6:.1f} MB xz in {n} part(s) "
+    if with_teacher:
+        what = (f" + the teacher's text ({', '.join(str(f) for f in files[n_sources + 1:])}, "
+                f"{sum((repo / f).stat().st_size for f in files[n_sources + 1:]) / 1e6:.1f} MB: the launcher "
+                "will not make it again)")
+    elif not teacher:
+        what = " (the teacher's text left out: --no-teacher)"
+    else:
+        what = f" (no teacher's text in {tdir}: the launcher makes it on the remote machine)"
+    _say(f"corpus: {n_sources} training sources + manifest{what}, {len(data) / 1e6:.1f} MB xz in {n} part(s) "
          f"under {out}")
     return parts
 
@@ -300,7 +318,8 @@ def setup(stage_dir: Path = STAGE_DIR, target: Path = SITE) -> Path:
         wheels([str(whl)], target, stage_dir)
     for part in sorted((REPO / ".stage").glob("*.gguf.part*")):
         put(part, stage_dir)
-    if not (REPO / CORPUS_MANIFEST).is_file():
+    corpus = REPO / CORPUS_MANIFEST  # carried parts are extracted while the corpus or the teacher's text is missing
+    if not corpus.is_file() or not (corpus.parent / TEACHER_DIR / TEACHER_FILES[0]).is_file():
         for part in sorted((REPO / ".stage").glob("corpus.tar.xz.part*")):
             put_corpus(part, stage_dir)
     triton_restore()
@@ -337,10 +356,27 @@ def _wheel(dist: str) -> str:
     return str(found[-1].relative_to(REPO)) if found else f".whl/{dist}-*.whl"
 
 
+def _ignored(path: str) -> bool:
+    """Whether git ignores ``path`` (relative to the checkout): it travels only when carried."""
+    return subprocess.run(["git", "check-ignore", "-q", path], cwd=REPO).returncode == 0
+
+
+def _arg_values(args: list[str], flag: str) -> list[str]:
+    """The values of ``flag`` in ``args`` (``--flag V`` or ``--flag=V``)."""
+    out = []
+    for i, a in enumerate(args):
+        if a == flag and i + 1 < len(args):
+            out.append(args[i + 1])
+        elif a.startswith(flag + "="):
+            out.append(a.split("=", 1)[1])
+    return out
+
+
 def carry(job_name: str, jobs_file: str | None = None) -> dict:
     """The ignored paths ``job_name`` needs on the remote machine: ``every_call`` (paste into the command's carry),
     ``stage_once`` (GGUF parts, one or more per call until `setup` has joined them), the sizes and what is missing
-    here, with the command that makes it."""
+    here, with the command that makes it. A ``--scores PATH`` in the job's args that exists here and is git-ignored
+    (the teacher's head scores, small) is carried in every command, so the job reads it instead of computing it."""
     from research.launch import KINDS, get_job
 
     job = get_job(job_name, jobs_file)
@@ -367,6 +403,15 @@ def carry(job_name: str, jobs_file: str | None = None) -> dict:
             once += [str(p.relative_to(REPO)) for p in parts]
             if not parts:
                 missing[f".stage/{model}.gguf.part*"] = f"python -m research.stage split --model {model}"
+    for path in _arg_values([str(a) for a in job.args], "--scores"):
+        rel = Path(path)
+        if rel.is_absolute():
+            try:
+                rel = rel.resolve().relative_to(REPO)
+            except ValueError:
+                continue  # outside the checkout: it cannot travel
+        if (REPO / rel).is_file() and _ignored(str(rel)):
+            every.append(str(rel))
     for path in every:
         if "*" in path:
             dist = Path(path).name.split("-")[0]
@@ -382,7 +427,7 @@ def carry(job_name: str, jobs_file: str | None = None) -> dict:
 
 
 def _print_carry(c: dict) -> None:
-    mb = lambda b: f"{b / 1e6:.1f} MB"  # noqa: E731
+    mb = lambda b: f"{b / 1e6:.1f} MB" if b >= 1e5 else f"{b / 1e3:.0f} kB"  # noqa: E731
     print(f"job {c['job']}: carry in every command")
     print(json.dumps(c["every_call"]))
     for p in c["every_call"]:
@@ -464,6 +509,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--manifest", type=Path, default=CORPUS_MANIFEST)
     p.add_argument("--part-mb", type=float, default=PART_MB, help=f"MiB per part (default {PART_MB})")
     p.add_argument("--out", type=Path, default=STAGE_OUT)
+    p.add_argument("--no-teacher", action="store_true",
+                   help=f"leave out the teacher's text ({CORPUS_MANIFEST.parent / TEACHER_DIR}/teacher.txt, .json)")
     p = sub.add_parser("put", help="one carried part into the stage folder (joined once all are there)")
     p.add_argument("part", type=Path)
     p.add_argument("--stage-dir", type=Path, default=STAGE_DIR)
@@ -493,7 +540,7 @@ def main(argv: list[str] | None = None) -> int:
         if a.cmd == "split":
             split(a.model, a.part_mb, a.out)
         elif a.cmd == "split-corpus":
-            split_corpus(a.manifest, a.part_mb, a.out)
+            split_corpus(a.manifest, a.part_mb, a.out, teacher=not a.no_teacher)
         elif a.cmd == "put":
             put(a.part, a.stage_dir)
         elif a.cmd == "wheels":

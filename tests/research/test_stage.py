@@ -179,3 +179,77 @@ def test_carry_of_the_broad_recipe_stages_its_corpus():
     else:
         assert "python -m research.stage split-corpus" in c["missing"].values()
     assert "data/gz" in c["every_call"]  # its NIAH haystack "train" is research.prepare_corpus's train.txt
+
+
+def _broad_corpus(repo: Path, teacher: bool) -> Path:
+    src = repo / "data" / "corpus"
+    (src / "sources").mkdir(parents=True)
+    (src / "sources" / "a.txt").write_text("a training source\n" * 50)
+    (src / "manifest.json").write_text(json.dumps({"sources": {"a": {"file": "sources/a.txt", "split": "train"}}}))
+    if teacher:
+        (src / "teacher" / "parts").mkdir(parents=True)
+        (src / "teacher" / "teacher.txt").write_text("the teacher's own text\n" * 50)
+        (src / "teacher" / "teacher.json").write_text('{"tokens": 300}')
+        (src / "teacher" / "parts" / "chunk_0000.txt").write_text("a chunk\n")
+    return src
+
+
+def test_the_broad_corpus_carries_the_teachers_text_when_made(tmp_path, capsys):
+    repo = tmp_path / "here"
+    src = _broad_corpus(repo, teacher=True)
+    parts = stage.split_corpus(out=tmp_path / "o", repo=repo)
+    assert "the teacher's text" in capsys.readouterr().out
+    there = tmp_path / "there"
+    assert [stage.put_corpus(p, tmp_path / "st", repo=there) for p in parts][-1] is True
+    got = there / "data" / "corpus" / "teacher"
+    assert (got / "teacher.txt").read_text() == (src / "teacher" / "teacher.txt").read_text()
+    assert (got / "teacher.json").read_text() == '{"tokens": 300}'
+    assert not (got / "parts").exists()  # the chunks stay here
+    # --no-teacher: the sources only
+    parts = stage.split_corpus(out=tmp_path / "o", repo=repo, teacher=False)
+    assert "--no-teacher" in capsys.readouterr().out
+    bare = tmp_path / "bare"
+    assert [stage.put_corpus(p, tmp_path / "st2", repo=bare) for p in parts][-1] is True
+    assert (bare / "data" / "corpus" / "sources" / "a.txt").is_file()
+    assert not (bare / "data" / "corpus" / "teacher").exists()
+
+
+def test_split_corpus_no_teacher_flag(monkeypatch):
+    seen = []
+    monkeypatch.setattr(stage, "split_corpus", lambda *a, **kw: seen.append(kw["teacher"]))
+    assert stage.main(["split-corpus", "--no-teacher"]) == 0 and stage.main(["split-corpus"]) == 0
+    assert seen == [False, True]
+
+
+def test_the_broad_corpus_without_a_teachers_text(tmp_path, capsys):
+    repo = tmp_path / "here"
+    _broad_corpus(repo, teacher=False)
+    parts = stage.split_corpus(out=tmp_path / "o", repo=repo)
+    assert "no teacher's text" in capsys.readouterr().out
+    import lzma
+
+    with lzma.open(parts[0]) as xz, tarfile.open(fileobj=xz, mode="r:") as tar:
+        assert sorted(tar.getnames()) == ["data/corpus/manifest.json", "data/corpus/sources/a.txt"]
+
+
+def test_carry_lists_an_ignored_scores_file(tmp_path, monkeypatch):
+    import subprocess
+
+    repo = tmp_path / "repo"
+    (repo / "runs" / "cache").mkdir(parents=True)
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    (repo / ".gitignore").write_text("/runs/\n")
+    (repo / "runs" / "cache" / "scores.json").write_text("{}")
+    (repo / "tracked.json").write_text("{}")
+    jobs = tmp_path / "jobs.toml"
+    jobs.write_text('[jobs.scored]\nkind = "train_hybrid"\nconfig = "research/train_hybrid/tiny.toml"\n'
+                    'args = ["--tiny", "--scores", "runs/cache/scores.json"]\ndevice = "cpu"\n'
+                    '[jobs.tracked]\nkind = "train_hybrid"\nconfig = "research/train_hybrid/tiny.toml"\n'
+                    'args = ["--tiny", "--scores=tracked.json"]\ndevice = "cpu"\n'
+                    '[jobs.absent]\nkind = "train_hybrid"\nconfig = "research/train_hybrid/tiny.toml"\n'
+                    'args = ["--tiny", "--scores", "runs/cache/none.json"]\ndevice = "cpu"\n')
+    monkeypatch.setattr(stage, "REPO", repo)
+    c = stage.carry("scored", str(jobs))
+    assert "runs/cache/scores.json" in c["every_call"] and c["bytes"]["runs/cache/scores.json"] == 2
+    assert not any("scores" in p or "json" in p for p in stage.carry("tracked", str(jobs))["every_call"])  # travels
+    assert not any("none.json" in p for p in stage.carry("absent", str(jobs))["every_call"])  # computed there
