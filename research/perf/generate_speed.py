@@ -18,6 +18,7 @@ to --out (default $OUT/generate_speed.json when $OUT is set).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -120,6 +121,24 @@ def generate_row(model, ids: torch.Tensor, new: int, device: str, repeats: int, 
                 step_ms=round(1e3 * max(full - one, 0.0) / (new - 1), 3))
 
 
+@contextlib.contextmanager
+def fast_path_count():
+    """A list that gets one entry per generate() call that ran hybrid.generation's fast path inside the block."""
+    from hybrid import generation
+
+    took, real = [], generation._fast_sample
+
+    def counted(*a, **k):
+        took.append(1)
+        return real(*a, **k)
+
+    generation._fast_sample = counted
+    try:
+        yield took
+    finally:
+        generation._fast_sample = real
+
+
 def bare_step_ms(model, ids: torch.Tensor, new: int, device: str, compile: bool = False) -> float:
     """Median ms of one Decoder.step (CUDA graph on CUDA) on the prefilled rows: on CUDA timed as the
     whole-model benchmark (research.perf.benchmark.bench_ms), on the CPU with ``clock``."""
@@ -174,7 +193,10 @@ def run(args: argparse.Namespace) -> dict:
         row = dict(batch=B)
         with torch.no_grad():
             row["bare_step_ms"] = round(bare_step_ms(model, ids, args.new, args.device), 3)
-        row["fast"] = generate_row(model, ids, args.new, args.device, args.repeats)
+        with fast_path_count() as took:
+            row["fast"] = generate_row(model, ids, args.new, args.device, args.repeats)
+        if not took:  # the row would time transformers' loop under the fast path's name
+            raise RuntimeError("generate() did not take the fast path (hybrid.generation logs why at INFO)")
         row["eager"] = generate_row(model, ids, args.new, args.device, args.repeats, static_cache=False)
         if args.compile_decode:
             with torch.no_grad():

@@ -207,6 +207,47 @@ def test_fast_greedy_equals_eager_on_an_unpadded_batch(models, name, fast_calls)
     assert fast_calls == [1]
 
 
+@pytest.fixture
+def keeps_all_ones_mask(monkeypatch):
+    """transformers as some 5.x versions (e.g. 5.17) run it: the all-ones attention_mask that generate() makes
+    for a call without one reaches ``_sample`` (later versions drop it first)."""
+    import transformers.generation.utils as tgu
+
+    real = tgu.GenerationMixin._sample
+    seen = []
+
+    def sample(self, *a, **k):
+        seen.append(k.get("attention_mask"))
+        return real(self, *a, **k)
+
+    def hybrid_sample(model, input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus=False,
+                      streamer=None, **model_kwargs):
+        if model_kwargs.get("attention_mask") is None:
+            model_kwargs["attention_mask"] = torch.ones_like(input_ids)  # [B, T], as generate() made it
+        seen.append(model_kwargs["attention_mask"])
+        return real_hybrid(model, input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus,
+                           streamer, **model_kwargs)
+
+    real_hybrid = generation.sample
+    monkeypatch.setattr(generation, "sample", hybrid_sample)
+    monkeypatch.setattr(tgu.GenerationMixin, "_sample", sample)
+    return seen
+
+
+@pytest.mark.parametrize("name", sorted(BUILDERS))
+def test_generates_own_all_ones_mask_keeps_the_fast_path(models, name, fast_calls, keeps_all_ones_mask):
+    """A call without a mask stays on the fast path when transformers hands ``_sample`` its own all-ones mask
+    (on transformers 5.17 every such call had gone to the eager loop, ~30x slower per step on an H200)."""
+    model = models[name]
+    ids = torch.stack(_rows((6, 6), seed=3))  # [2, 6]
+    fast = model.generate(ids, max_new_tokens=5, **GREEDY)
+    assert fast_calls == [1] and keeps_all_ones_mask and keeps_all_ones_mask[0] is not None
+    assert torch.equal(fast, model.generate(ids, max_new_tokens=5, static_cache=False, **GREEDY))
+    padded, _ = _padded(_rows((5, 3), seed=12))  # pad ids without a mask are still refused, as without one
+    with pytest.raises(ValueError, match="look padded|padding"):
+        model.generate(padded, max_new_tokens=2, do_sample=False, pad_token_id=PAD, eos_token_id=None)
+
+
 SAMPLING = {
     "plain": dict(do_sample=True, top_k=0),
     "warpers": dict(do_sample=True, temperature=0.7, top_k=20, top_p=0.9),
