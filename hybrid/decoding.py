@@ -314,14 +314,24 @@ class Decoder:
     lengths (the Decoder keeps the real ones), so steps do not recompile. The graph breaks at the decode weight
     caches (``hybrid.layers.common.fused_linear``, ``inference_constant``) and, on CUDA, at fla's, the Triton
     prologue's and flash-attn's compiler-disabled entry points (docs/kernels.md). Not yet measured on a GPU;
-    off by default."""
+    off by default.
+
+    ``fused_gdn``: True switches every GDN branch of ``model`` to the fused decode op (``hybrid.ops.gdn_decode``:
+    q/k prologue, gates and state update in one Triton kernel on CUDA), False back to the split ops; the switch
+    stays on the model. None (default) leaves the model as it is (split unless switched). Off by default until
+    its GPU parity test and kernel count have run (docs/kernels.md)."""
 
     def __init__(self, model, cache: StaticHybridCache, cuda_graph: bool | None = None, warmup: int = 2,
-                 compile: bool = False, compile_mode: str = "default", compile_backend: str = "inductor") -> None:
+                 compile: bool = False, compile_mode: str = "default", compile_backend: str = "inductor",
+                 fused_gdn: bool | None = None) -> None:
         on_cuda = cache.lengths.is_cuda
         if cuda_graph and not on_cuda:
             raise ValueError("cuda_graph=True needs the model and cache on a CUDA device; use cuda_graph=False "
                              "(or None) on the CPU")
+        if fused_gdn is not None:
+            from hybrid.ops.gdn_decode import use_fused_decode
+
+            use_fused_decode(model, bool(fused_gdn))
         self.model, self.cache = model, cache
         self.use_graph = on_cuda if cuda_graph is None else bool(cuda_graph)
         self.warmup = warmup

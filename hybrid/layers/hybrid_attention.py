@@ -147,6 +147,10 @@ class GatedDeltaNetBranch(nn.Module):
         self.decay, self.backend, self.seed = opts.decay, opts.gdn_backend, opts.seed
         self.fold_heads = opts.gdn_fold_heads
         self.prologue_backend = opts.prologue_backend
+        # "split" (default): the decode step as separate ops; "fused": hybrid.ops.gdn_decode (one Triton kernel on
+        # CUDA) for per-row static-cache steps of one token per row. Off until run on a GPU (docs/kernels.md);
+        # hybrid.ops.gdn_decode.use_fused_decode(model) switches a whole model
+        self.decode_backend = "split"
         HD = self.n_heads * D
         self.q_proj = nn.Linear(C, HD, bias=config.qkv_bias)
         self.k_proj = nn.Linear(C, HD, bias=config.qkv_bias)
@@ -219,7 +223,8 @@ class GatedDeltaNetBranch(nn.Module):
             ba = None
             if per_row:  # rows > 1: q/k/v separate (a slice of a fused output would be copied by the kernels)
                 ba = fused_linear(self, "ba", (self.b_proj, self.a_proj), x, groups=(2,))[0]  # [B, T, 2H]
-        if ba is not None:
+        fused = self._fused_step(per_row, T)
+        if ba is not None and not fused:
             b, a = acc(ba).split(H, dim=-1)  # [B, T, H] x2: one cast for both
         if self.convs:
             old = cache.conv if cache is not None and cache.conv is not None else (None, None, None)
@@ -227,6 +232,9 @@ class GatedDeltaNetBranch(nn.Module):
             if cache is not None:
                 cache.set_conv((sq, sk, sv))
         q, k, v = q.view(B, T, H, D), k.view(B, T, H, D), v.view(B, T, H, D)  # [B, T, H, D]
+        if fused:  # prologue, beta, log decay and the state update in one op; the kernel casts b and a itself
+            b, a = ba.split(H, dim=-1)  # [B, 1, H] x2, views
+            return self._fused_decode(q, k, v, b, a, cos, sin, cache)  # [B, 1, H, D]
         # q/k norm + RoPE + l2-norm in one op (hybrid.ops.prologue: one Triton kernel on CUDA, else PyTorch)
         norm = self.q_norm is not None
         q, k = gdn_qk_prologue(q, k, self.q_norm.weight if norm else None, self.k_norm.weight if norm else None,
@@ -243,6 +251,26 @@ class GatedDeltaNetBranch(nn.Module):
         if cache is not None:
             cache.set_state(state)  # [B, H, D, D] (in place when the cache is preallocated)
         return o  # [B, T, H, D]
+
+    def _fused_step(self, per_row: bool, T: int) -> bool:
+        """Whether this call takes the fused decode op: ``decode_backend == "fused"``, a per-row static cache with
+        fused projections (``per_row``) and one token per row. Other calls (prefill, training, a growing
+        HybridCache) keep the split path. ``fold_heads`` does not matter there (the kernel is not tuned per head
+        count) and the short convs run before it."""
+        if self.decode_backend not in ("split", "fused"):
+            raise ValueError(f"GatedDeltaNetBranch.decode_backend must be 'split' or 'fused', got "
+                             f"{self.decode_backend!r}; switch with hybrid.ops.gdn_decode.use_fused_decode(model)")
+        return self.decode_backend == "fused" and per_row and T == 1
+
+    def _fused_decode(self, q, k, v, b, a, cos, sin, cache) -> torch.Tensor:
+        """q, k, v [B, 1, H, D], b, a [B, 1, H] -> o [B, 1, H, D]; ``cache.state`` [B, H, D, D] stepped in place."""
+        from hybrid.ops.gdn_decode import gdn_decode_step
+
+        norm = self.q_norm is not None
+        decay = dict(A_log=self.A_log, dt_bias=self.dt_bias) if self.decay == "gdn" else dict(a_bias=self.a_bias)
+        return gdn_decode_step(q, k, v, b, a, cache.state, self.q_norm.weight if norm else None,
+                               self.k_norm.weight if norm else None, cos, sin, eps=self.q_norm.eps if norm else 1e-6,
+                               norm=norm, decay=self.decay, scale=self.head_dim ** -0.5, **decay)
 
 
 def _upgrade_state_dict(state_dict: dict, prefix: str, *args) -> None:
