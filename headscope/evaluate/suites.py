@@ -6,6 +6,7 @@
     default    everything at full settings (= "full"): lengths from 1/8 to 8x the training length
     fidelity   a student against its teacher (teacher=...) on held-out text, continuations, chat and NIAH;
                fidelity_smoke: the same at tiny settings (the reference model against itself: CPU, < 3 min)
+               fidelity_reference: lengths within the reference model's 2048 positions (its hybrid, on the CPU)
     fidelity_long  past the teacher's context: held-out perplexity at 8K-32K and NIAH at 16K-64K, the teacher's
                rows "not_applicable" past its positions (headscope.evaluate.fidelity_long)
 """
@@ -64,6 +65,12 @@ register_suite("fidelity_smoke", [  # the reference model against itself: 2 CPU 
     ("fidelity_chat", {"n": 8, "max_new_tokens": 16}),
     # 4088 tokens exceed the reference model's 2048 positions: rows "skipped" with a note
     ("fidelity_niah", {"sources": _SMOKE_SOURCES, "lengths": (1024 - 8, 4096 - 8), "n": 1}),
+])
+register_suite("fidelity_reference", [  # a hybrid of the reference model against it: lengths within its 2048 positions
+    ("fidelity_text", {"window": 1024, "n_windows": 4}),  # every shipped source
+    ("fidelity_continuation", {"prefix": 128, "new_tokens": 32, "n": 8}),  # every shipped source
+    ("fidelity_chat", {"n": 8, "max_new_tokens": 16}),  # the reference tokenizer has no chat template: skipped
+    ("fidelity_niah", {"sources": _SMOKE_SOURCES, "lengths": (1024 - 8, 2048 - 8), "n": 2}),
 ])
 
 # past the teacher's context (headscope.evaluate.fidelity_long): evaluate(student, "fidelity_long", teacher=teacher)

@@ -84,6 +84,20 @@ def test_suites_registered_with_the_teacher_flag():
     assert not get_evaluation("niah").needs_teacher
 
 
+def test_fidelity_reference_stays_within_the_reference_positions():
+    """fidelity_reference: every length within the reference model's 2048 positions, NIAH at 1016 and 2040."""
+    from headscope.evaluate.api import plan
+
+    label, cfgs = plan("fidelity_reference")
+    cfg = dict(cfgs)
+    assert label == "fidelity_reference" and list(cfg) == ["fidelity_text", "fidelity_continuation",
+                                                          "fidelity_chat", "fidelity_niah"]
+    assert cfg["fidelity_text"].window == 1024 and cfg["fidelity_text"].sources == ()
+    c = cfg["fidelity_continuation"]
+    assert c.prefix + c.new_tokens <= 2048 and c.sources == ()
+    assert tuple(cfg["fidelity_niah"].lengths) == (1016, 2040) and max(cfg["fidelity_niah"].lengths) + 8 <= 2048
+
+
 def test_teacher_against_itself_agrees_exactly(teacher, tok, configs):
     df = headscope.evaluate(teacher, "fidelity", tok, teacher=teacher, configs=configs, progress=False)
     for metric, want in (("perplexity_ratio", 1.0), ("top1_agreement", 1.0), ("kl_to_teacher", 0.0),
