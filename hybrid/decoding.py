@@ -329,7 +329,7 @@ class Decoder:
             raise ValueError("cuda_graph=True needs the model and cache on a CUDA device; use cuda_graph=False "
                              "(or None) on the CPU")
         if fused_gdn is not None:
-            from hybrid.ops.gdn_decode import use_fused_decode
+            from hybrid.layers.hybrid_attention import use_fused_decode
 
             use_fused_decode(model, bool(fused_gdn))
         self.model, self.cache = model, cache

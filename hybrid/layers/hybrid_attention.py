@@ -26,7 +26,7 @@ from hybrid.layers.common import (NewLinear, RMSNorm, ShortConv, acc, apply_rope
                                   index_on, inference_constant, log_length_scale, mark_new, window_attention)
 from hybrid.layers.merge import FORMER_NAME, HeadMerge
 
-__all__ = ["FullAttentionBranch", "GatedDeltaNetBranch", "HybridAttention"]
+__all__ = ["FullAttentionBranch", "GatedDeltaNetBranch", "HybridAttention", "use_fused_decode"]
 
 
 def qk_norm(norm: RMSNorm, x: torch.Tensor) -> torch.Tensor:
@@ -149,7 +149,7 @@ class GatedDeltaNetBranch(nn.Module):
         self.prologue_backend = opts.prologue_backend
         # "split" (default): the decode step as separate ops; "fused": hybrid.ops.gdn_decode (one Triton kernel on
         # CUDA) for per-row static-cache steps of one token per row. Off until run on a GPU (docs/kernels.md);
-        # hybrid.ops.gdn_decode.use_fused_decode(model) switches a whole model
+        # hybrid.layers.hybrid_attention.use_fused_decode(model) switches a whole model
         self.decode_backend = "split"
         HD = self.n_heads * D
         self.q_proj = nn.Linear(C, HD, bias=config.qkv_bias)
@@ -259,7 +259,7 @@ class GatedDeltaNetBranch(nn.Module):
         count) and the short convs run before it."""
         if self.decode_backend not in ("split", "fused"):
             raise ValueError(f"GatedDeltaNetBranch.decode_backend must be 'split' or 'fused', got "
-                             f"{self.decode_backend!r}; switch with hybrid.ops.gdn_decode.use_fused_decode(model)")
+                             f"{self.decode_backend!r}; switch with hybrid.layers.hybrid_attention.use_fused_decode(model)")
         return self.decode_backend == "fused" and per_row and T == 1
 
     def _fused_decode(self, q, k, v, b, a, cos, sin, cache) -> torch.Tensor:
@@ -310,3 +310,15 @@ class HybridAttention(nn.Module):
         for m in (self.fa, self.la, self.merge):
             if m is not None:
                 (m.reset_new_parameters if hasattr(m, "reset_new_parameters") else m.reset_parameters)()
+
+
+def use_fused_decode(model, on: bool = True) -> int:
+    """Switch every GDN branch of ``model`` to the fused decode op (``on``) or back to the split path; returns
+    how many branches were switched. The fused op runs only for per-row static-cache steps of one token per row
+    (``hybrid.decoding.Decoder``); prefill and training keep the split path either way."""
+    n = 0
+    for m in model.modules():
+        if isinstance(m, GatedDeltaNetBranch):
+            m.decode_backend = "fused" if on else "split"
+            n += 1
+    return n

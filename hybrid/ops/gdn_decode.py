@@ -28,8 +28,8 @@ Backends:
     "auto"    "triton" on CUDA when Triton imports, D is a power of two >= 16, the inputs are not float64 and no
               gradient is needed; else "torch"
 
-Triton is imported lazily (only when the "triton" backend runs). ``use_fused_decode(model, True)`` switches every
-GDN branch of a model to this op for its per-row static-cache steps of one token (``GatedDeltaNetBranch
+Triton is imported lazily (only when the "triton" backend runs).
+``hybrid.layers.hybrid_attention.use_fused_decode(model, True)`` switches every GDN branch of a model to this op for its per-row static-cache steps of one token (``GatedDeltaNetBranch
 .decode_backend``: "split", today's path and the default, or "fused"); docs/kernels.md.
 """
 from __future__ import annotations
@@ -50,7 +50,7 @@ BLOCK_V = 32  # value columns of the state per program (D = 128: a [128, 32] flo
 # not tuned on a GPU yet
 
 __all__ = ["BACKENDS", "DECODE_BACKENDS", "gdn_decode_step", "gdn_decode_step_reference", "gdn_decode_step_triton",
-           "resolve_backend", "use_fused_decode"]
+           "resolve_backend"]
 
 
 def _acc(x: torch.Tensor) -> torch.Tensor:
@@ -254,17 +254,3 @@ def gdn_decode_step(
     fn = gdn_decode_step_triton if resolve_backend(backend, q, needs_grad) == "triton" else gdn_decode_step_reference
     return fn(q, k, v, b, a, state, q_weight, k_weight, cos, sin, eps=eps, norm=norm, decay=decay, A_log=A_log,
               dt_bias=dt_bias, a_bias=a_bias, scale=scale)
-
-
-def use_fused_decode(model, on: bool = True) -> int:
-    """Switch every GDN branch of ``model`` to the fused decode op (``on``) or back to the split path; returns
-    how many branches were switched. The fused op runs only for per-row static-cache steps of one token per row
-    (``hybrid.decoding.Decoder``); prefill and training keep the split path either way."""
-    from hybrid.layers.hybrid_attention import GatedDeltaNetBranch
-
-    n = 0
-    for m in model.modules():
-        if isinstance(m, GatedDeltaNetBranch):
-            m.decode_backend = "fused" if on else "split"
-            n += 1
-    return n

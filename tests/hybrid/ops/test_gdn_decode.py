@@ -14,7 +14,8 @@ from hybrid.convert import from_mask
 from hybrid.decoding import Decoder, greedy_decode, prefill
 from hybrid.layers.common import RotaryEmbedding
 from hybrid.layers.hybrid_attention import GatedDeltaNetBranch
-from hybrid.ops.gdn_decode import gdn_decode_step, gdn_decode_step_reference, resolve_backend, use_fused_decode
+from hybrid.layers.hybrid_attention import use_fused_decode
+from hybrid.ops.gdn_decode import gdn_decode_step, gdn_decode_step_reference, resolve_backend
 from hybrid.ops.prologue import triton_available
 
 from model_factories import tiny_model
