@@ -259,7 +259,8 @@ class GatedDeltaNetBranch(nn.Module):
         count) and the short convs run before it."""
         if self.decode_backend not in ("split", "fused"):
             raise ValueError(f"GatedDeltaNetBranch.decode_backend must be 'split' or 'fused', got "
-                             f"{self.decode_backend!r}; switch with hybrid.layers.hybrid_attention.use_fused_decode(model)")
+                             f"{self.decode_backend!r}; switch with "
+                             "hybrid.layers.hybrid_attention.use_fused_decode(model)")
         return self.decode_backend == "fused" and per_row and T == 1
 
     def _fused_decode(self, q, k, v, b, a, cos, sin, cache) -> torch.Tensor:

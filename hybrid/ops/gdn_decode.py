@@ -29,8 +29,9 @@ Backends:
               gradient is needed; else "torch"
 
 Triton is imported lazily (only when the "triton" backend runs).
-``hybrid.layers.hybrid_attention.use_fused_decode(model, True)`` switches every GDN branch of a model to this op for its per-row static-cache steps of one token (``GatedDeltaNetBranch
-.decode_backend``: "split", today's path and the default, or "fused"); docs/kernels.md.
+``hybrid.layers.hybrid_attention.use_fused_decode(model, True)`` switches every GDN branch of a model to this op
+for its per-row static-cache steps of one token (``GatedDeltaNetBranch.decode_backend``: "split", today's path
+and the default, or "fused"); docs/kernels.md.
 """
 from __future__ import annotations
 
