@@ -8,13 +8,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from hybrid.ops.utils import acc  # noqa: F401  (re-exported: the layers' accumulation dtype)
+
 __all__ = ["acc", "autocast_input", "index_on", "fused_linear", "inference_constant", "RMSNorm", "RotaryEmbedding", "apply_rope", "MLP", "ShortConv", "log_length_scale",
            "window_attention", "window_attention_dense", "grouped_attention"]
-
-
-def acc(x: torch.Tensor) -> torch.Tensor:
-    """x in float32 when it is a half type (bf16/fp16), else unchanged (float64 stays float64)."""
-    return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
 
 
 def autocast_input(x: torch.Tensor) -> torch.Tensor:

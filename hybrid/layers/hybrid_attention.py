@@ -25,6 +25,7 @@ from hybrid.config import HybridConfig
 from hybrid.layers.common import (NewLinear, RMSNorm, ShortConv, acc, apply_rope, fused_linear, grouped_attention,
                                   index_on, inference_constant, log_length_scale, mark_new, window_attention)
 from hybrid.layers.merge import FORMER_NAME, HeadMerge
+from hybrid.ops.gdn_decode import DECODE_BACKENDS
 
 __all__ = ["FullAttentionBranch", "GatedDeltaNetBranch", "HybridAttention", "use_fused_decode"]
 
@@ -257,8 +258,8 @@ class GatedDeltaNetBranch(nn.Module):
         fused projections (``per_row``) and one token per row. Other calls (prefill, training, a growing
         HybridCache) keep the split path. ``fold_heads`` does not matter there (the kernel is not tuned per head
         count) and the short convs run before it."""
-        if self.decode_backend not in ("split", "fused"):
-            raise ValueError(f"GatedDeltaNetBranch.decode_backend must be 'split' or 'fused', got "
+        if self.decode_backend not in DECODE_BACKENDS:
+            raise ValueError(f"GatedDeltaNetBranch.decode_backend must be one of {DECODE_BACKENDS}, got "
                              f"{self.decode_backend!r}; switch with "
                              "hybrid.layers.hybrid_attention.use_fused_decode(model)")
         return self.decode_backend == "fused" and per_row and T == 1

@@ -42,7 +42,7 @@ import torch.nn.functional as F
 
 from hybrid.ops.gdn_recurrent import recurrent_gated_delta_rule
 from hybrid.ops.prologue import prologue_reference, triton_available
-from hybrid.ops.utils import L2NORM_EPS
+from hybrid.ops.utils import L2NORM_EPS, acc
 
 BACKENDS = ("auto", "torch", "triton")
 DECAYS = ("gdn", "simple")
@@ -54,17 +54,12 @@ __all__ = ["BACKENDS", "DECODE_BACKENDS", "gdn_decode_step", "gdn_decode_step_re
            "resolve_backend"]
 
 
-def _acc(x: torch.Tensor) -> torch.Tensor:
-    """hybrid.layers.common.acc: float32 for half types, else unchanged."""
-    return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
-
-
 def log_decay(a: torch.Tensor, decay: str, A_log=None, dt_bias=None, a_bias=None) -> torch.Tensor:
     """a [B, T, H] -> g [B, T, H] (float32 for half types): GatedDeltaNetBranch.log_decay's values."""
-    a = _acc(a)  # [B, T, H]
+    a = acc(a)  # [B, T, H]
     if decay == "gdn":
-        return -_acc(A_log).exp() * F.softplus(a + _acc(dt_bias))
-    return F.logsigmoid(a + _acc(a_bias))
+        return -acc(A_log).exp() * F.softplus(a + acc(dt_bias))
+    return F.logsigmoid(a + acc(a_bias))
 
 
 def gdn_decode_step_reference(q, k, v, b, a, state, q_weight, k_weight, cos, sin, *, eps: float = 1e-6,
@@ -75,7 +70,7 @@ def gdn_decode_step_reference(q, k, v, b, a, state, q_weight, k_weight, cos, sin
     scale = D ** -0.5 if scale is None else scale
     qn, kn = prologue_reference(q, k, q_weight, k_weight, cos, sin, eps, norm)  # [B, 1, H, D] each, unit norm
     qn, kn = qn.to(v.dtype), kn.to(v.dtype)  # [B, 1, H, D]
-    beta = torch.sigmoid(_acc(b)).to(v.dtype)  # [B, 1, H]
+    beta = torch.sigmoid(acc(b)).to(v.dtype)  # [B, 1, H]
     g = log_decay(a, decay, A_log, dt_bias, a_bias)  # [B, 1, H]
     o, new = recurrent_gated_delta_rule(qn, kn, v, g, beta, scale=scale, initial_state=state,
                                         output_final_state=True)  # [B, 1, H, D], [B, H, D, D]

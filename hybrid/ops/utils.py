@@ -11,6 +11,11 @@ def l2norm(x: torch.Tensor, eps: float = L2NORM_EPS) -> torch.Tensor:
     return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + eps)
 
 
+def acc(x: torch.Tensor) -> torch.Tensor:
+    """x in float32 when it is a half type (bf16/fp16), else unchanged (float64 stays float64)."""
+    return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+
+
 def acc_dtype(*xs: torch.Tensor | None) -> torch.dtype:
     """Internal accumulation dtype: float64 if any input is float64, else float32."""
     return torch.float64 if any(x is not None and x.dtype == torch.float64 for x in xs) else torch.float32
