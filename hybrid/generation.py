@@ -234,25 +234,21 @@ def _eager_reason(model, input_ids: torch.Tensor, logits_processor, generation_c
         return "max_length leaves no new token"
     mask = model_kwargs.get("attention_mask")
     if mask is not None:
-        if not _CALL.get().mask_given:  # made by generate(): all ones (no padding), or inferred from pad ids
-            if _inferred_no_padding(mask):
-                return None
+        if not _CALL.get().mask_given:  # generate() inferred it from pad ids: not stripped (the eager path refuses)
             return "padding inferred from pad token ids without an attention_mask (pass the tokenizer's mask)"
         return _left_padding_problem(mask)
     return None
-
-
-def _inferred_no_padding(mask: torch.Tensor) -> bool:
-    """generate() made ``mask`` [B, T] itself and it says "no padding". transformers >= 5.2x drops such an
-    all-ones mask before ``_sample``; earlier 5.x versions pass it on (without this, every call without a mask
-    there would leave the fast path)."""
-    return bool(mask.ne(0).all())
 
 
 def sample(model, input_ids: torch.Tensor, logits_processor, stopping_criteria, generation_config,
            synced_gpus: bool = False, streamer=None, **model_kwargs: Any):
     """``HybridForCausalLM._sample`` (greedy decoding and sampling): the fast path when it applies, else
     transformers' ``GenerationMixin._sample``."""
+    mask = model_kwargs.get("attention_mask")  # [B, T] or None
+    if mask is not None and not _CALL.get().mask_given and bool(mask.ne(0).all()):
+        # generate()'s own all-ones mask ("no padding"): transformers >= 5.2x drops it before _sample, earlier 5.x
+        # versions pass it on; dropped here too, so both paths see a call without a mask as the same call
+        model_kwargs["attention_mask"] = None
     why = _eager_reason(model, input_ids, logits_processor, generation_config, synced_gpus, model_kwargs)
     if why is None:
         return _fast_sample(model, input_ids, logits_processor, stopping_criteria, generation_config, streamer,
@@ -283,8 +279,6 @@ def _fast_sample(model, input_ids: torch.Tensor, logits_processor, stopping_crit
                  streamer, model_kwargs: dict):
     B, T = input_ids.shape
     mask = model_kwargs.get("attention_mask")  # [B, T] left-padded, or None (no padding)
-    if mask is not None and not _CALL.get().mask_given and _inferred_no_padding(mask):
-        mask = None  # generate()'s own all-ones mask: the same checks as no mask at all
     if mask is None:  # the eager path's check: rows that look padded without a mask saying so are refused
         model.prepare_inputs_for_generation(input_ids, hybrid_cache=None, attention_mask=None)
         prompts = list(input_ids)  # B x [T]
