@@ -76,7 +76,7 @@ class Package:
         path = self.find(raw)
         if path is not None:
             return path
-        dest = Path(raw) / self.client
+        dest = (Path(raw) / self.client).resolve()  # absolute: the client runs with cwd=dest
         dest.mkdir(parents=True, exist_ok=True)
         cmd = self.command(dest)
         done = subprocess.run(cmd, cwd=dest, capture_output=True, text=True)
