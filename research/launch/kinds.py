@@ -174,7 +174,7 @@ def _run_py_check(job: "Job") -> str | None:
 
 # the teacher's own text for a config with [data] teacher_corpus, made on the machine that trains when it is not
 # there yet: 2.5 minutes of sampling (~5.7 M tokens for SmolLM2-135M on one H200), docs/research.md
-SELF_DISTILL_ARGS = ("--n", "200000", "--max-minutes", "2.5", "--no-progress")
+SELF_DISTILL_ARGS = ("--n", "200000", "--max-minutes", "1.5", "--no-progress")
 
 
 def _teacher_text_steps(job: "Job", root: Path | None = None, data: dict[str, Any] | None = None) -> list[Step]:

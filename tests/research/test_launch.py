@@ -320,3 +320,15 @@ def test_a_recipe_with_teacher_text_makes_it_first_when_missing(tmp_path):
     (tmp_path / "data" / "corpus" / "teacher").mkdir(parents=True)
     (tmp_path / "data" / "corpus" / "teacher" / "teacher.txt").write_text("x")
     assert steps[0].when(None) is False
+
+
+def test_every_mask_a_job_names_is_a_mask_in_the_checkout():
+    # a job that trains on a committed mask (made once by the whole method) reads it from the checkout on any machine
+    from headscope.mask import HeadMask
+
+    root = Path(__file__).resolve().parents[2]
+    named = [(j.name, str(j.args[list(j.args).index("--mask") + 1])) for j in load_jobs().values() if "--mask" in j.args]
+    assert ("smollm2_broad_hybrid", "research/train_hybrid/smollm2_broad_mask.json") in named
+    masks = {name: HeadMask.from_json((root / path).read_text()) for name, path in named}  # each one loads
+    m = masks["smollm2_broad_hybrid"]
+    assert (m.n_layers, m.n_heads, len(m.fa_heads)) == (30, 9, 33)  # SmolLM2-135M, 1/8 of its 90 KV groups

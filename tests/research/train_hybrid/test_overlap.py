@@ -1,0 +1,57 @@
+"""research/train_hybrid/overlap.sh: two jobs in one command, B once A's hybrid is trained (launcher faked)."""
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[3] / "research" / "train_hybrid" / "overlap.sh"
+
+FAKE = """#!/usr/bin/env bash
+# python3 -m research.launch JOB --out DIR --resume [--stop-after S]: a job that trains, then exits with $RC_<JOB>
+job=$3 out=$5
+echo "$job $*" >> "$CALLS"
+mkdir -p "$out/run/hybrid" && echo '{}' > "$out/run/hybrid/config.json"
+echo "[launch] job $job done"
+rc_var="RC_$job"; exit "${!rc_var:-0}"
+"""
+
+
+def _run(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
+    bin_ = tmp_path / "bin"
+    bin_.mkdir(exist_ok=True)
+    (bin_ / "python3").write_text(FAKE)
+    (bin_ / "python3").chmod(0o755)
+    e = {**os.environ, "PATH": f"{bin_}:{os.environ['PATH']}", "CALLS": str(tmp_path / "calls"),
+         "OUT": str(tmp_path / "out"), "MIN_B": "0", "POLL": "0.2", **env}
+    return subprocess.run(["bash", str(SCRIPT), *args], env=e, capture_output=True, text=True, timeout=60)
+
+
+def test_both_done_exits_0_and_b_stops_before_the_limit(tmp_path):
+    r = _run(tmp_path, "jobA", "jobB", "400", str(tmp_path / "runs"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    calls = (tmp_path / "calls").read_text().splitlines()
+    assert [c.split()[0] for c in calls] == ["jobA", "jobB"]  # B only after A's hybrid was there
+    assert "--stop-after" in calls[1] and "--resume" in calls[0] and "--resume" in calls[1]
+    stop = int(calls[1].split("--stop-after")[1].split()[0])
+    assert 200 <= stop <= 250  # 150 s before the limit
+    assert len(list((tmp_path / "out").glob("jobA_*.log"))) == 1 and "[launch] job jobB done" in r.stdout
+
+
+def test_a_job_to_continue_exits_3(tmp_path):
+    r = _run(tmp_path, "jobA", "jobB", "400", str(tmp_path / "runs"), RC_jobB="3")
+    assert r.returncode == 3 and "jobB exit 3" in r.stdout
+
+
+def test_b_waits_when_too_little_time_is_left(tmp_path):
+    r = _run(tmp_path, "jobA", "jobB", "100", str(tmp_path / "runs"), MIN_B="240")
+    assert r.returncode == 3 and "jobB: not started" in r.stdout
+    assert [c.split()[0] for c in (tmp_path / "calls").read_text().splitlines()] == ["jobA"]
+
+
+@pytest.mark.parametrize("args", [("jobA",), ("jobA", "jobB", "ten")])
+def test_bad_arguments_say_how(tmp_path, args):
+    r = _run(tmp_path, *args)
+    assert r.returncode == 2 and ("SECONDS" in r.stderr or "overlap.sh JOB_A JOB_B" in r.stdout)
