@@ -38,7 +38,7 @@ from headscope.evaluate.engine import pad_id_of
 from headscope.evaluate.fidelity_data import load_instructions, load_sources, source_path
 from headscope.evaluate.fidelity_decoding import answer_nll, greedy_continuations, window_agreement
 from headscope.evaluate.rows import row
-from headscope.evaluate.runtime import ANSWER_ROOM, BudgetExceeded, EvalContext, one_row_after_oom, position_limit
+from headscope.evaluate.runtime import ANSWER_ROOM, BudgetExceeded, EvalContext, fewer_rows_after_oom, position_limit
 
 __all__ = ["FidelityTextConfig", "ContinuationConfig", "ChatConfig", "FidelityNiahConfig", "MissingTeacherError",
            "fidelity_text", "fidelity_continuation", "fidelity_chat", "fidelity_niah", "nll_ratios",
@@ -209,8 +209,8 @@ def fidelity_text(model, tokenizer, cfg: FidelityTextConfig, ctx: EvalContext, t
         t0 = time.perf_counter()
         ctx.log(f"fidelity_text {name}: start ({len(windows)} windows of {cfg.window} tokens)")
         try:
-            st = one_row_after_oom(lambda c: window_agreement(model, teacher, windows, c, desc=f"fidelity {name}"),
-                                   ctx, windows.shape[1], device)
+            st = fewer_rows_after_oom(lambda c: window_agreement(model, teacher, windows, c, desc=f"fidelity {name}"),
+                                      ctx, windows.shape[1], device)
         except BudgetExceeded:
             rows += _skip("fidelity_text", TEXT_METRICS, ctx.budget_note(f"fidelity_text on {name}"), **fields)
             continue

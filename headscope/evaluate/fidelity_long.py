@@ -41,7 +41,7 @@ from headscope.evaluate.fidelity import (TEXT_METRICS, _check_phrasings, _check_
 from headscope.evaluate.fidelity_data import load_sources, source_path
 from headscope.evaluate.fidelity_decoding import window_agreement
 from headscope.evaluate.rows import row
-from headscope.evaluate.runtime import ANSWER_ROOM, BudgetExceeded, EvalContext, one_row_after_oom, position_limit
+from headscope.evaluate.runtime import ANSWER_ROOM, BudgetExceeded, EvalContext, fewer_rows_after_oom, position_limit
 
 __all__ = ["FidelityLongTextConfig", "FidelityLongNiahConfig", "fidelity_long_text", "fidelity_long_niah",
            "long_haystack", "sequence_nll", "chunked_nll", "NOT_APPLICABLE", "HAYSTACK_MARGIN"]
@@ -172,9 +172,9 @@ def fidelity_long_text(model, tokenizer, cfg: FidelityLongTextConfig, ctx: EvalC
             ctx.log(f"fidelity_long_text {name} @{W}: start ({n} windows)")
             try:
                 if P is None or W <= P:  # both models over the same windows (fidelity_text's rows)
-                    st = one_row_after_oom(lambda c: window_agreement(model, teacher, windows, c,
-                                                                      desc=f"fidelity_long {name} @{W}"),
-                                           ctx, windows.shape[1], device)
+                    st = fewer_rows_after_oom(lambda c: window_agreement(model, teacher, windows, c,
+                                                                         desc=f"fidelity_long {name} @{W}"),
+                                              ctx, windows.shape[1], device)
                     ppl_s, ppl_t = _ppl(st["nll_student"]), _ppl(st["nll_teacher"])
                     rows += [row("fidelity_long_text", "perplexity_student", ppl_s, n, **fields),
                              row("fidelity_long_text", "perplexity_teacher", ppl_t, n, **fields),
@@ -187,10 +187,10 @@ def fidelity_long_text(model, tokenizer, cfg: FidelityLongTextConfig, ctx: EvalC
                              row("fidelity_long_text", "perplexity_ratio_chunked", ppl_s / ppl_t, n, note=note,
                                  **fields)]
                 else:  # past the teacher's positions: the student alone, the teacher in chunks of its positions
-                    nll_s = one_row_after_oom(lambda c: sequence_nll(model, windows, c, f"student {name} @{W}"),
-                                              ctx, windows.shape[1], device)
-                    nll_t = one_row_after_oom(lambda c: chunked_nll(teacher, windows, P, c, f"teacher {name} @{W}"),
-                                              ctx, P + 1, device)
+                    nll_s = fewer_rows_after_oom(lambda c: sequence_nll(model, windows, c, f"student {name} @{W}"),
+                                                 ctx, windows.shape[1], device)
+                    nll_t = fewer_rows_after_oom(lambda c: chunked_nll(teacher, windows, P, c, f"teacher {name} @{W}"),
+                                                 ctx, P + 1, device)
                     ppl_s, ppl_t = _ppl(nll_s), _ppl(nll_t)
                     na = (f"{W}-token windows are past the teacher's {P} positions: no teacher score at this length "
                           "(perplexity_teacher_chunked: the teacher on the same tokens in chunks of its positions)")

@@ -12,7 +12,7 @@ import torch
 from headscope.evaluate.engine import score_pairs, tensor_bytes, window_losses
 from headscope.evaluate.rows import accuracy_rows, row, stop_rows
 from headscope.evaluate.runtime import (BudgetExceeded, EvalContext, cache_keyword, check_lengths_fit, free_memory,
-                                        is_oom, keeps_logits, one_row_after_oom, training_length)
+                                        is_oom, keeps_logits, fewer_rows_after_oom, training_length)
 
 __all__ = ["ReasoningEvalConfig", "PerplexityEvalConfig", "CostEvalConfig", "reasoning", "perplexity", "cost",
            "FAMILY_SIZE_FIELD"]
@@ -163,8 +163,8 @@ def perplexity(model, tokenizer, cfg: PerplexityEvalConfig, ctx: EvalContext) ->
         ctx.log(f"perplexity @{L}: start ({n_win} windows)")
         try:
             # out of memory with several windows per forward: once more one window at a time (as NIAH's scoring)
-            loss = one_row_after_oom(lambda c: window_losses(model, windows, c, desc=f"perplexity @{L}"), ctx,
-                                     windows.shape[1], device)  # [W, L]
+            loss = fewer_rows_after_oom(lambda c: window_losses(model, windows, c, desc=f"perplexity @{L}"), ctx,
+                                        windows.shape[1], device)  # [W, L]
         except BudgetExceeded:
             stop = ctx.budget_note(f"perplexity at {L} tokens and longer")
             rows.append(row("perplexity", "perplexity", None, 0, status="skipped", note=stop, **fields))

@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterable
 from headscope.evaluate.engine import score_pairs
 from headscope.evaluate.rows import accuracy_rows, row, stop_rows
 from headscope.evaluate.runtime import (BudgetExceeded, EvalContext, check_lengths_fit, context_lengths, free_memory,
-                                        is_oom, one_row_after_oom)
+                                        is_oom, fewer_rows_after_oom)
 
 __all__ = ["NiahEvalConfig", "MultikeyEvalConfig", "TemplateTransferConfig", "niah", "niah_multikey",
            "template_transfer", "LENGTH_MULTIPLES", "DEPTHS"]
@@ -178,8 +178,8 @@ def by_length(model, tokenizer, ctx: EvalContext, evaluation: str, lengths: Iter
 def _score_or_retry(model, tokenizer, pairs: list, ctx: EvalContext, generate: bool, desc: str) -> list[dict]:
     if not pairs:
         return []
-    return one_row_after_oom(lambda c: score_pairs(model, tokenizer, pairs, c, generate=generate, desc=desc), ctx,
-                             pairs[0].seq_len, next(model.parameters()).device)
+    return fewer_rows_after_oom(lambda c: score_pairs(model, tokenizer, pairs, c, generate=generate, desc=desc), ctx,
+                                pairs[0].seq_len, next(model.parameters()).device)
 
 
 def _say_past_positions(model, evaluation: str, lengths: list[int], cells: Callable[[int], list[Cell]], cfg,

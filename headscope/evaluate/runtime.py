@@ -20,7 +20,7 @@ import torch.nn as nn
 
 __all__ = ["EvalContext", "TokenizerMismatchError", "LengthStop", "BudgetExceeded", "training_length",
            "position_limit", "takes_padding", "cache_keyword", "check_tokenizer", "model_info", "context_lengths",
-           "is_oom", "one_row_after_oom"]
+           "is_oom", "fewer_rows_after_oom"]
 
 T = TypeVar("T")
 ANSWER_ROOM = 8  # a prompt of a length "multiple" leaves this many positions for the answer (2048 -> 2040)
@@ -214,19 +214,21 @@ def free_memory(device: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
-def one_row_after_oom(call: Callable[["EvalContext"], T], ctx: "EvalContext", row_tokens: int,
-                      device: torch.device) -> T:
-    """``call(ctx)``; out of memory with several rows of ``row_tokens`` tokens per forward: freed memory and once
-    more with one row per forward, before the caller gives the length up as out of memory."""
-    try:
-        return call(ctx)
-    except Exception as err:  # noqa: BLE001
-        if not is_oom(err) or ctx.rows_per_batch(row_tokens) == 1:
-            raise
-    free_memory(device)
-    ctx.log(f"out of memory with {ctx.rows_per_batch(row_tokens)} rows of {row_tokens} tokens per forward; "
-            "again one at a time")
-    return call(dataclasses.replace(ctx, batch_size=1))
+def fewer_rows_after_oom(call: Callable[["EvalContext"], T], ctx: "EvalContext", row_tokens: int,
+                         device: torch.device) -> T:
+    """``call(ctx)``; out of memory with several rows of ``row_tokens`` tokens per forward: freed memory and again
+    with half as many rows per forward, down to one, before the caller gives the length up as out of memory."""
+    rows = ctx.rows_per_batch(row_tokens)
+    while True:
+        try:
+            return call(ctx)
+        except Exception as err:  # noqa: BLE001
+            if not is_oom(err) or rows == 1:
+                raise
+        free_memory(device)
+        fewer = max(1, rows // 2)
+        ctx.log(f"out of memory with {rows} rows of {row_tokens} tokens per forward; again with {fewer}")
+        ctx, rows = dataclasses.replace(ctx, batch_size=fewer), fewer
 
 
 def check_lengths_fit(model: nn.Module, length: int, extra: int = 16) -> str | None:

@@ -229,10 +229,13 @@ def run(model_name: str, n: int, out: Path, seed: int = 0, temperature: float = 
         c = json.loads((parts / f"part-{k:05d}.json").read_text())
         new_tokens, prompt_tokens, seconds = new_tokens + c["new_tokens"], prompt_tokens + c["prompt_tokens"], \
             seconds + c["seconds"]
-    write_text(out / TEACHER_TEXT, DOC_SEP.join(texts))
+    text = DOC_SEP.join(texts)
+    write_text(out / TEACHER_TEXT, text)
     rec = {"schema": SCHEMA, "settings": {**settings, "n": n},
            "counts": {"samples": n, "new_tokens": new_tokens, "prompt_tokens": prompt_tokens,
-                      "tokens": new_tokens + prompt_tokens, "characters": sum(map(len, texts))},
+                      "tokens": new_tokens + prompt_tokens, "characters": sum(map(len, texts)),
+                      # two machines made the same text when these agree (sampling is seeded per chunk)
+                      "text_sha256": hashlib.sha256(text.encode("utf-8")).hexdigest()},
            "speed": {"device": str(dev), "seconds": round(seconds, 2),
                      "new_tokens_per_s": round(new_tokens / max(seconds, 1e-9), 1)},
            "order": "sample i answers prompts[sample_order(n, len(prompts), seed)[i]] "

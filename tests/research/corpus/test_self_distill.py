@@ -2,6 +2,7 @@
 finished cache alone, refuses other settings; a chat teacher answers the training instructions."""
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 
@@ -24,6 +25,7 @@ def test_writes_resumes_and_keeps_its_cache(tiny_teacher_dir, tmp_path, monkeypa
     assert len(s["model_fingerprint"]) == 16 and s["prompt_set"]
     text = (out / "teacher.txt").read_text()
     assert len(read_documents(out / "teacher.txt")) == 6
+    assert rec["counts"]["text_sha256"] == hashlib.sha256((out / "teacher.txt").read_bytes()).hexdigest()
     assert sorted(p.name for p in (out / "parts").iterdir()) == ["part-00000.json", "part-00000.txt",
                                                                  "part-00001.json", "part-00001.txt", "settings.json"]
 
