@@ -29,6 +29,7 @@ import math
 import os
 import statistics
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,7 +43,7 @@ from headscope.evaluate.runtime import ANSWER_ROOM, BudgetExceeded, EvalContext,
 
 __all__ = ["FidelityTextConfig", "ContinuationConfig", "ChatConfig", "FidelityNiahConfig", "MissingTeacherError",
            "fidelity_text", "fidelity_continuation", "fidelity_chat", "fidelity_niah", "nll_ratios",
-           "model_positions", "chat_tokenizer", "check_teacher", "ANSWERS_FILE"]
+           "repeated_ngrams", "model_positions", "chat_tokenizer", "check_teacher", "ANSWERS_FILE"]
 
 ANSWERS_FILE = "chat_answers.jsonl"  # the side-by-side chat answers, written beside results.json
 TEXT_METRICS = ("perplexity_student", "perplexity_teacher", "perplexity_ratio", "kl_to_teacher", "top1_agreement")
@@ -309,6 +310,20 @@ def nll_ratios(nll_student_answers, nll_teacher_answers) -> tuple[list[float | N
     return out, sum(r is None for r in out)
 
 
+def repeated_ngrams(tokens: Sequence[int], n: int = 4) -> float:
+    """The share of an answer's token n-grams that already occurred earlier in it (0 for a loop-free answer, near 1
+    for one that repeats a phrase to its end); 0 for answers shorter than n + 1 tokens. The teacher's NLL rewards
+    such loops (each repeat is easy to predict), so ``chat_nll_ratio`` is read beside it."""
+    grams = [tuple(tokens[i:i + n]) for i in range(len(tokens) - n + 1)]
+    if len(grams) < 2:
+        return 0.0
+    seen, again = set(), 0
+    for g in grams:
+        again += g in seen
+        seen.add(g)
+    return again / len(grams)
+
+
 def fidelity_chat(model, tokenizer, cfg: ChatConfig, ctx: EvalContext, teacher=None) -> list[dict]:
     """The teacher's NLL of the student's greedy answers relative to its own, over held-out instructions."""
     teacher = _teacher(teacher, "fidelity_chat")
@@ -353,12 +368,17 @@ def fidelity_chat(model, tokenizer, cfg: ChatConfig, ctx: EvalContext, teacher=N
                 **fields),
             row("fidelity_chat", "chat_nll_student_answer", statistics.fmean(nll_s), len(nll_s), **fields),
             row("fidelity_chat", "chat_nll_teacher_answer", statistics.fmean(nll_t), len(nll_t), **fields),
-            row("fidelity_chat", "chat_same_answer", 1 - len(diff) / len(items), len(items), **fields)]
+            row("fidelity_chat", "chat_same_answer", 1 - len(diff) / len(items), len(items), **fields),
+            row("fidelity_chat", "chat_repeated_4grams_student", statistics.fmean(map(repeated_ngrams, ans_s)),
+                len(ans_s), **fields),
+            row("fidelity_chat", "chat_repeated_4grams_teacher", statistics.fmean(map(repeated_ngrams, ans_t)),
+                len(ans_t), **fields)]
     if ctx.artifacts is not None:
         ctx.artifacts[ANSWERS_FILE] = [
             {**it, "teacher_answer": tok.decode(a_t, skip_special_tokens=True),
              "student_answer": tok.decode(a_s, skip_special_tokens=True), "nll_teacher_answer": v_t,
-             "nll_student_answer": v_s, "ratio": r, "teacher_tokens": len(a_t), "student_tokens": len(a_s)}
+             "nll_student_answer": v_s, "ratio": r, "teacher_tokens": len(a_t), "student_tokens": len(a_s),
+             "teacher_repeated_4grams": repeated_ngrams(a_t), "student_repeated_4grams": repeated_ngrams(a_s)}
             for it, a_t, a_s, v_t, v_s, r in zip(items, ans_t, ans_s, nll_t, nll_s, ratios)]
     ctx.log(f"fidelity_chat: done in {time.perf_counter() - t0:.1f} s")
     return rows

@@ -149,6 +149,7 @@ def test_chat_ratio_with_a_chat_template(student, teacher, chat_tok, tmp_path):
     same = headscope.evaluate(teacher, "fidelity_chat", chat_tok, teacher=teacher, configs=cfg, progress=False)
     assert values(same, "chat_nll_ratio") == [1.0] and values(same, "chat_nll_ratio_median") == [1.0]
     assert values(same, "chat_same_answer") == [1.0]
+    assert values(same, "chat_repeated_4grams_student") == values(same, "chat_repeated_4grams_teacher")
     df = headscope.evaluate(student, "fidelity_chat", chat_tok, teacher=teacher, configs=cfg, progress=False)
     ratio = values(df, "chat_nll_ratio")[0]
     assert ratio > 0 and df[df.metric == "chat_nll_ratio"].n.item() == 6
@@ -272,3 +273,12 @@ def test_smoke_suite_on_the_reference_model(tmp_path):
     niah = df[df.evaluation == "fidelity_niah"]
     assert (niah[niah.context_length > 2048].status == "skipped").all()
     assert (niah[niah.context_length <= 2048].status == "ok").all()
+
+
+def test_repeated_ngrams_finds_loops():
+    from headscope.evaluate.fidelity import repeated_ngrams
+
+    assert repeated_ngrams(list(range(20))) == 0.0 and repeated_ngrams([1, 2, 3]) == 0.0
+    loop = [7, 8, 9, 10] * 5  # 17 4-grams, the first 4 new
+    assert repeated_ngrams(loop) == pytest.approx(13 / 17)
+    assert repeated_ngrams([1, 2, 3, 4, 1, 2, 3, 4, 5], n=4) == pytest.approx(1 / 6)
