@@ -19,6 +19,7 @@ folder first (``hybrid.folders.check_folder``: names a missing or truncated file
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from os import PathLike
 from pathlib import Path
@@ -284,6 +285,15 @@ class HybridForCausalLM(HybridPreTrainedModel, GenerationMixin):
         from hybrid.generation import generate
 
         return generate(self, *args, static_cache=static_cache, **kwargs)
+
+    def greedy_decode(self, prompts: Sequence[torch.Tensor], max_new_tokens: int) -> torch.Tensor:
+        """Greedy continuation of ragged prompts (1-d token ids, any lengths), batched: each prompt prefilled into
+        its own row of the static cache, then one decode step for all rows (``hybrid.decoding.greedy_decode``).
+        Returns the new tokens [B, max_new_tokens]. ``headscope.evaluate`` uses it for this model's greedy
+        continuations, which it could otherwise batch only by equal length (a padded row would reach a GDN state)."""
+        from hybrid.decoding import greedy_decode
+
+        return greedy_decode(self, prompts, max_new_tokens)
 
     def _sample(self, input_ids: torch.LongTensor, logits_processor: Any, stopping_criteria: Any,
                 generation_config: Any, synced_gpus: bool = False, streamer: Any = None, **model_kwargs: Any):

@@ -3,7 +3,9 @@
 - ``window_agreement``: student and teacher over the same equal-length windows (no padding, any model):
   per position the NLL under each, KL(teacher || student) and whether the argmaxes agree (float32 log-softmax);
 - ``greedy_continuations``: greedy decoding of token-id prompts on the model's cache (the engine's ``_Stepper``),
-  left-padded with a mask for models that take padding, in equal-length batches for those that do not (the hybrid);
+  left-padded with a mask for models that take padding; a model that takes none but batches rows of any lengths
+  itself (``model.greedy_decode(prompts, n)``: the hybrid's static cache) through that, else in equal-length
+  batches;
 - ``answer_nll``: a model's mean per-token NLL of given answers after their prompts (one forward per batch).
 
 Prompts are batched by length (``ctx.rows_per_batch``), so two models given the same prompts run the same
@@ -110,6 +112,9 @@ def greedy_continuations(model: nn.Module, prompts: Sequence[Sequence[int]], new
     from tqdm.auto import tqdm
 
     device, key = _device(model), cache_keyword(model)
+    own_rows = not takes_padding(model) and callable(getattr(model, "greedy_decode", None))
+    if own_rows:  # the hybrid: rows of any lengths on its own static cache, instead of equal-length batches
+        return _greedy_own_rows(model, prompts, new_tokens, ctx, stop_ids, desc)
     batches = length_batches([len(p) for p in prompts], takes_padding(model), ctx, new_tokens)
     stop = torch.tensor(sorted(stop_ids), dtype=torch.long, device=device) if stop_ids else None  # [S]
     out: list[list[int]] = [[] for _ in prompts]
@@ -137,9 +142,33 @@ def greedy_continuations(model: nn.Module, prompts: Sequence[Sequence[int]], new
         gen = torch.stack(toks, 1).cpu()  # [B, <= new_tokens]
         stops = set(stop_ids)
         for b, i in enumerate(idx):
-            seq = gen[b].tolist()
-            end = next((j + 1 for j, t in enumerate(seq) if t in stops), len(seq))
-            out[i] = seq[:end]
+            out[i] = _until_stop(gen[b].tolist(), stops)
+    return out
+
+
+def _until_stop(seq: list[int], stops: Collection[int]) -> list[int]:
+    """``seq`` up to and including its first token of ``stops`` (the answer's end), else whole."""
+    end = next((j + 1 for j, t in enumerate(seq) if t in stops), len(seq))
+    return seq[:end]
+
+
+@torch.no_grad()
+def _greedy_own_rows(model: nn.Module, prompts: Sequence[Sequence[int]], new_tokens: int, ctx: EvalContext,
+                   stop_ids: Collection[int], desc: str) -> list[list[int]]:
+    """``greedy_continuations`` through ``model.greedy_decode(prompts, n)`` (a model that batches rows of any
+    lengths itself, such as the hybrid): batches by length as for a model that takes padding; every row runs
+    ``new_tokens`` steps and is cut after its first stop token, which gives the tokens of the step-by-step loop."""
+    from tqdm.auto import tqdm
+
+    device, stops = _device(model), set(stop_ids)
+    batches = length_batches([len(p) for p in prompts], True, ctx, new_tokens)
+    out: list[list[int]] = [[] for _ in prompts]
+    for k, idx in enumerate(tqdm(batches, desc=desc, disable=not ctx.progress or len(batches) < 2, leave=False)):
+        ctx.check_budget(f"{desc} (batch {k + 1} of {len(batches)})")
+        rows = [torch.tensor(list(prompts[i]), dtype=torch.long, device=device) for i in idx]  # each [T_i]
+        gen = model.greedy_decode(rows, new_tokens).cpu()  # [B, new_tokens]
+        for b, i in enumerate(idx):
+            out[i] = _until_stop(gen[b].tolist(), stops)
     return out
 
 

@@ -156,3 +156,23 @@ def test_the_shipped_heldout_haystacks_reach_64k_smollm2_tokens():
         for name, _ in order:
             used = long_haystack(name, order, tokens, L)[1]
             assert sum(tokens[n] for n in used) >= HAYSTACK_MARGIN * L and set(used) <= set(list_sources())
+
+
+def test_a_hybrids_greedy_continuations_batch_rows_of_any_length(student, monkeypatch):
+    # the hybrid takes no padding; its own greedy_decode batches ragged rows on its static cache: the same tokens
+    # as the equal-length batches of the step-by-step loop, stop tokens cut the same way
+    from headscope.evaluate import fidelity_decoding as fd
+
+    calls = []
+    real = type(student).greedy_decode
+    monkeypatch.setattr(type(student), "greedy_decode", lambda self, p, n: calls.append(len(p)) or real(self, p, n))
+    prompts = [[5, 6, 7], [8, 9, 10, 11, 12, 13], [14, 15, 16, 17], [18, 19, 20]]
+    ctx = EvalContext(progress=False, batch_size=8)
+    fast = fd.greedy_continuations(student, prompts, 6, ctx, pad_id=0)
+    assert calls == [4]  # one batch of four rows of three lengths
+    stop = {fast[1][2]}
+    fast_stopped = fd.greedy_continuations(student, prompts, 6, ctx, pad_id=0, stop_ids=stop)
+    monkeypatch.setattr(type(student), "greedy_decode", None)  # the step-by-step loop, equal-length batches
+    assert fd.greedy_continuations(student, prompts, 6, ctx, pad_id=0) == fast
+    assert fd.greedy_continuations(student, prompts, 6, ctx, pad_id=0, stop_ids=stop) == fast_stopped
+    assert fast_stopped[1] == fast[1][:3] and all(len(g) == 6 or g[-1] in stop for g in fast_stopped)
