@@ -109,12 +109,20 @@ def greedy_continuations(model: nn.Module, prompts: Sequence[Sequence[int]], new
                          pad_id: int, stop_ids: Collection[int] = (), desc: str = "greedy") -> list[list[int]]:
     """Greedy continuation of each prompt (token ids): ``new_tokens`` tokens, or fewer when a token of
     ``stop_ids`` comes (it is kept, as the answer's end). Batched on the model's cache (see the module docstring)."""
-    from tqdm.auto import tqdm
-
-    device, key = _device(model), cache_keyword(model)
     own_rows = not takes_padding(model) and callable(getattr(model, "greedy_decode", None))
     if own_rows:  # the hybrid: rows of any lengths on its own static cache, instead of equal-length batches
         return _greedy_own_rows(model, prompts, new_tokens, ctx, stop_ids, desc)
+    return _greedy_stepwise(model, prompts, new_tokens, ctx, pad_id=pad_id, stop_ids=stop_ids, desc=desc)
+
+
+@torch.no_grad()
+def _greedy_stepwise(model: nn.Module, prompts: Sequence[Sequence[int]], new_tokens: int, ctx: EvalContext, *,
+                     pad_id: int, stop_ids: Collection[int] = (), desc: str = "greedy") -> list[list[int]]:
+    """``greedy_continuations`` one step at a time on the model's cache: left-padded batches for a model that
+    takes padding, equal-length batches for one that does not."""
+    from tqdm.auto import tqdm
+
+    device, key = _device(model), cache_keyword(model)
     batches = length_batches([len(p) for p in prompts], takes_padding(model), ctx, new_tokens)
     stop = torch.tensor(sorted(stop_ids), dtype=torch.long, device=device) if stop_ids else None  # [S]
     out: list[list[int]] = [[] for _ in prompts]
