@@ -162,7 +162,7 @@ def _until_stop(seq: list[int], stops: Collection[int]) -> list[int]:
 
 @torch.no_grad()
 def _greedy_own_rows(model: nn.Module, prompts: Sequence[Sequence[int]], new_tokens: int, ctx: EvalContext,
-                   stop_ids: Collection[int], desc: str) -> list[list[int]]:
+                     stop_ids: Collection[int], desc: str) -> list[list[int]]:
     """``greedy_continuations`` through ``model.greedy_decode(prompts, n)`` (a model that batches rows of any
     lengths itself, such as the hybrid): batches by length as for a model that takes padding; every row runs
     ``new_tokens`` steps and is cut after its first stop token, which gives the tokens of the step-by-step loop."""
