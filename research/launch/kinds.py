@@ -173,9 +173,8 @@ def _run_py_check(job: "Job") -> str | None:
 
 
 # the teacher's own text for a config with [data] teacher_corpus, made on the machine that trains when it is not
-# there yet: 2.5 minutes of sampling (~5.7 M tokens for SmolLM2-135M on one H200), docs/research.md
-# the broad recipe's teacher text: a fixed number of samples (6 chunks of 2,048: ~90 s on one H200), so that every
-# machine makes the same rows; the minutes are only a safety cap
+# there yet: a fixed number of samples (6 chunks of 2,048: ~90 s and ~2.9 M new tokens for SmolLM2-135M on one
+# H200), so that every machine samples the same prompts; the minutes are only a safety cap (docs/research.md)
 SELF_DISTILL_ARGS = ("--n", "12288", "--max-minutes", "4", "--no-progress")
 
 
