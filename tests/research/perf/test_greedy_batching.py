@@ -6,6 +6,7 @@ import pytest
 from research.perf import greedy_batching
 
 
+@pytest.mark.e2e  # loads the reference model and builds its hybrid (~10 s)
 def test_both_ways_give_the_same_tokens(capsys):
     res = greedy_batching.main(["--prompts", "4", "--min-len", "8", "--max-len", "12", "--new", "4", "--repeats", "1"])
     assert res["same_tokens"] is True and res["own_rows_s"] > 0 and res["equal_length_s"] > 0
