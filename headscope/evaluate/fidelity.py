@@ -363,23 +363,22 @@ def fidelity_chat(model, tokenizer, cfg: ChatConfig, ctx: EvalContext, teacher=N
     kept = [r for r in ratios if r is not None]
     note = f"{left_out} instruction(s) left out: the teacher's own answer had NLL 0" if left_out else None
     n = len(kept)
+    rep_s, rep_t = [repeated_ngrams(a) for a in ans_s], [repeated_ngrams(a) for a in ans_t]
     rows = [row("fidelity_chat", "chat_nll_ratio", statistics.fmean(kept) if kept else None, n, note=note, **fields),
             row("fidelity_chat", "chat_nll_ratio_median", statistics.median(kept) if kept else None, n, note=note,
                 **fields),
             row("fidelity_chat", "chat_nll_student_answer", statistics.fmean(nll_s), len(nll_s), **fields),
             row("fidelity_chat", "chat_nll_teacher_answer", statistics.fmean(nll_t), len(nll_t), **fields),
             row("fidelity_chat", "chat_same_answer", 1 - len(diff) / len(items), len(items), **fields),
-            row("fidelity_chat", "chat_repeated_4grams_student", statistics.fmean(map(repeated_ngrams, ans_s)),
-                len(ans_s), **fields),
-            row("fidelity_chat", "chat_repeated_4grams_teacher", statistics.fmean(map(repeated_ngrams, ans_t)),
-                len(ans_t), **fields)]
+            row("fidelity_chat", "chat_repeated_4grams_student", statistics.fmean(rep_s), len(rep_s), **fields),
+            row("fidelity_chat", "chat_repeated_4grams_teacher", statistics.fmean(rep_t), len(rep_t), **fields)]
     if ctx.artifacts is not None:
         ctx.artifacts[ANSWERS_FILE] = [
             {**it, "teacher_answer": tok.decode(a_t, skip_special_tokens=True),
              "student_answer": tok.decode(a_s, skip_special_tokens=True), "nll_teacher_answer": v_t,
              "nll_student_answer": v_s, "ratio": r, "teacher_tokens": len(a_t), "student_tokens": len(a_s),
-             "teacher_repeated_4grams": repeated_ngrams(a_t), "student_repeated_4grams": repeated_ngrams(a_s)}
-            for it, a_t, a_s, v_t, v_s, r in zip(items, ans_t, ans_s, nll_t, nll_s, ratios)]
+             "teacher_repeated_4grams": g_t, "student_repeated_4grams": g_s}
+            for it, a_t, a_s, v_t, v_s, r, g_t, g_s in zip(items, ans_t, ans_s, nll_t, nll_s, ratios, rep_t, rep_s)]
     ctx.log(f"fidelity_chat: done in {time.perf_counter() - t0:.1f} s")
     return rows
 

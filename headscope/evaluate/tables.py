@@ -36,23 +36,24 @@ def fidelity_table(df: pd.DataFrame) -> pd.DataFrame:
     extra = [k for k in ("model", "seed") if k in d.columns and d[k].nunique(dropna=False) > 1]
     if d.empty:
         raise ValueError("fidelity_table: no rows with status 'ok'; give the rows of the fidelity suite")
+
+    def by_source(frame: pd.DataFrame) -> pd.DataFrame:  # metrics as columns, a line per (model, seed,) source
+        return frame.pivot_table(index=extra + ["source"], columns="metric", values="value", aggfunc="mean",
+                                 sort=False)
+
+    d = d.rename(columns={"family": "source"})
     parts = []
     text = d[d.evaluation.isin(["fidelity_text", "fidelity_continuation"])
              & d.metric.isin(FIDELITY_SOURCE_METRICS)]
     if len(text):
-        t = text.pivot_table(index=extra + ["family"], columns="metric", values="value", aggfunc="mean", sort=False)
-        t = t[[m for m in FIDELITY_SOURCE_METRICS if m in t.columns]]
-        t.index = t.index.set_names("source", level="family") if extra else t.index.rename("source")
-        parts.append(t.assign(kind="text"))
+        t = by_source(text)
+        parts.append(t[[m for m in FIDELITY_SOURCE_METRICS if m in t.columns]].assign(kind="text"))
     chat = d[(d.evaluation == "fidelity_chat") & d.metric.str.startswith("chat_")]
     if len(chat):
-        c = chat.pivot_table(index=extra + ["family"], columns="metric", values="value", aggfunc="mean", sort=False)
-        c.index = c.index.set_names("source", level="family") if extra else c.index.rename("source")
-        parts.append(c.assign(kind="chat"))
+        parts.append(by_source(chat).assign(kind="chat"))
     niah = d[(d.evaluation == "fidelity_niah") & d.metric.isin(["accuracy_student", "accuracy_teacher"])]
     if len(niah):
-        n = niah.assign(source="niah @" + niah.context_length.astype(int).astype(str)).pivot_table(
-            index=extra + ["source"], columns="metric", values="value", aggfunc="mean", sort=False)
+        n = by_source(niah.assign(source="niah @" + niah.context_length.astype(int).astype(str)))
         n["accuracy_difference"] = n["accuracy_student"] - n["accuracy_teacher"]
         parts.append(n.assign(kind="niah"))
     if not parts:
