@@ -71,6 +71,17 @@ def attention_eager(q, k, v, causal: bool = True, scale: float | None = None, q_
     return torch.einsum("bhts,bshd->bthd", p, vv).to(q.dtype)  # [B, T, H, Dv]
 
 
+def sdpa_expands_kv(is_cuda: bool, dtype: torch.dtype, has_mask: bool) -> bool:
+    """Whether attention_sdpa repeats the key/value heads itself instead of passing ``enable_gqa``. On CUDA only
+    the flash backend honours ``enable_gqa`` (fp16/bf16, no mask); anything else (float32, an explicit mask) would
+    fall back to the math backend, which materialises [B, H, T, S] scores in float32: at 8K tokens, 2.4 GB per
+    row and layer for 9 heads. Repeated heads keep the memory-efficient backend. On the CPU both give the same
+    kernel (bit-identical outputs), so only a mask makes it repeat there."""
+    if has_mask:
+        return True
+    return is_cuda and dtype not in (torch.float16, torch.bfloat16)
+
+
 def attention_sdpa(q, k, v, causal: bool = True, scale: float | None = None, q_offset: int = 0) -> torch.Tensor:
     """torch SDPA. Uses is_causal only when the mask is SDPA's top-left one (q_offset = 0), else an explicit mask."""
     B, T, H, S, K = _check(q, k, v, q_offset, causal)
@@ -80,7 +91,7 @@ def attention_sdpa(q, k, v, causal: bool = True, scale: float | None = None, q_o
         is_causal = True
     elif causal:
         mask = causal_mask(T, S, q_offset, q.device)  # [T, S]
-    if mask is not None and H != K:  # enable_gqa is honoured by the flash backend only, which takes no mask
+    if H != K and sdpa_expands_kv(q.is_cuda, q.dtype, mask is not None):
         kt, vt = kt.repeat_interleave(H // K, dim=1), vt.repeat_interleave(H // K, dim=1)  # [B, H, S, D]
     o = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask, is_causal=is_causal, scale=scale,
                                        enable_gqa=kt.shape[1] != H)  # [B, H, T, Dv]

@@ -62,3 +62,35 @@ def test_errors_name_the_problem():
         attention(q, k, v, q_offset=-1)
     with pytest.raises(ValueError, match=r"\[B, S, K, D\]"):
         attention(q, k[..., :3], v)
+
+
+def test_sdpa_repeats_kv_heads_where_enable_gqa_would_fall_back_to_math():
+    """CUDA's memory-efficient backend rejects enable_gqa: float32 (or a mask) gets the heads repeated instead of
+    the math backend's [B, H, T, S] float32 scores; flash dtypes without a mask keep enable_gqa."""
+    from hybrid.ops.attention import sdpa_expands_kv
+
+    assert sdpa_expands_kv(True, torch.float32, False)
+    assert sdpa_expands_kv(True, torch.bfloat16, True)
+    assert not sdpa_expands_kv(True, torch.bfloat16, False)
+    assert not sdpa_expands_kv(True, torch.float16, False)
+    assert not sdpa_expands_kv(False, torch.float32, False)  # the CPU: the same kernel either way
+    assert sdpa_expands_kv(False, torch.float32, True)
+
+
+@pytest.mark.gpu
+def test_sdpa_float32_gqa_memory_is_linear_in_length_on_cuda():
+    """A float32 GQA pass at 8K tokens stays far below the math backend's scores (9 x 8192^2 x 4 B = 2.4 GB)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q = torch.randn(1, 8192, 9, 64, device="cuda", generator=gen)  # [B, T, H, D]
+    k = torch.randn(1, 8192, 3, 64, device="cuda", generator=gen)  # [B, S, K, D]
+    v = torch.randn(1, 8192, 3, 64, device="cuda", generator=gen)  # [B, S, K, D]
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    o = attention(q, k, v, backend="sdpa")  # [B, T, H, D]
+    torch.cuda.synchronize()
+    assert torch.cuda.max_memory_allocated() - base < 256 * 2**20
+    ref = attention(q[:, -64:].double(), k.double(), v.double(), backend="eager", q_offset=8192 - 64)  # [B, 64, H, D]
+    assert_close("last rows vs eager", o[:, -64:].double(), ref, "fp32")
