@@ -1,0 +1,98 @@
+"""A recipe's fidelity over training seeds: the fidelity suite's rows of each seed's run (``fidelity_rows.csv``, or
+a run folder's ``fidelity/results.csv``) as one table of means and spreads per line (held-out source, chat, NIAH
+length) and metric, beside the targets a hybrid that stays its teacher has to reach and the gap to each.
+
+    python -m research.fidelity_seeds \\
+        docs/results/2026-12-03_smollm2_broad_hybrid_fidelity_seed0/fidelity_rows.csv \\
+        docs/results/2026-12-03_smollm2_broad_hybrid_fidelity_seed1/fidelity_rows.csv --seeds 0,1 --out seeds.csv
+
+``std`` is the sample standard deviation over the seeds (ddof 1; NaN for one seed). ``gap`` is how far the mean is
+on the wrong side of its target (0 when met); ``met_every_seed`` whether each seed meets it on its own.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+# metric -> (direction, target): what the hybrid has to reach on data no training row used. Text metrics apply to
+# every held-out source line; accuracy_difference (hybrid - teacher) to every NIAH length.
+TARGETS = {
+    "perplexity_ratio": ("<=", 1.15),
+    "top1_agreement": (">=", 0.80),
+    "continuation_agreement": (">=", 0.50),
+    "chat_nll_ratio": ("<=", 1.20),
+    "accuracy_difference": (">=", -0.05),
+}
+SHOWN = ("perplexity_ratio", "kl_to_teacher", "top1_agreement", "continuation_agreement", "chat_nll_ratio",
+         "chat_repeated_4grams_student", "chat_repeated_4grams_teacher", "accuracy_student", "accuracy_teacher",
+         "accuracy_difference")
+
+
+def read_rows(path: Path) -> pd.DataFrame:
+    if path.is_dir():
+        for name in ("fidelity_rows.csv", "fidelity/results.csv"):
+            if (path / name).is_file():
+                path = path / name
+                break
+        else:
+            raise FileNotFoundError(f"{path}: no fidelity_rows.csv or fidelity/results.csv; give the rows of the "
+                                    "fidelity suite (a results folder or run.py's --out folder)")
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such file; give a fidelity_rows.csv or a run folder")
+    return pd.read_csv(path)
+
+
+def seed_table(frames: dict[int, pd.DataFrame]) -> pd.DataFrame:
+    """Long table: a line per (line, metric) with the mean, std and seeds' values, the target and the gap."""
+    from headscope.evaluate.tables import fidelity_table
+
+    per_seed = []
+    for seed, df in frames.items():
+        t = fidelity_table(df.drop(columns=[c for c in ("model", "seed") if c in df.columns]))
+        long = t.drop(columns="kind").reset_index().melt(id_vars="source", var_name="metric").dropna()
+        per_seed.append(long.assign(seed=seed))
+    d = pd.concat(per_seed)
+    d = d[d.metric.isin(SHOWN)]
+    wide = d.pivot_table(index=["source", "metric"], columns="seed", values="value", sort=False)
+    out = pd.DataFrame({"mean": wide.mean(axis=1), "std": wide.std(axis=1, ddof=1), "seeds": wide.count(axis=1)})
+    for seed in wide.columns:
+        out[f"seed_{seed}"] = wide[seed]
+    direction = out.index.get_level_values("metric").map(lambda m: TARGETS.get(m, ("", float("nan")))[0])
+    target = out.index.get_level_values("metric").map(lambda m: TARGETS.get(m, ("", float("nan")))[1])
+    out["target"] = [f"{d} {t:g}" if d else "" for d, t in zip(direction, target)]
+    sign = pd.Series([1.0 if d == "<=" else -1.0 if d == ">=" else float("nan") for d in direction], index=out.index)
+    tgt = pd.Series(list(target), index=out.index, dtype=float)
+    out["gap"] = ((out["mean"] - tgt) * sign).clip(lower=0.0)
+    seeds_ok = wide.sub(tgt, axis=0).mul(sign, axis=0).le(0)
+    out["met_every_seed"] = seeds_ok.all(axis=1).where(sign.notna())
+    return out.reset_index().rename(columns={"source": "line"})
+
+
+def main(argv: list[str] | None = None) -> pd.DataFrame:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    ap.add_argument("rows", nargs="+", type=Path, help="each seed's fidelity_rows.csv (or its run folder)")
+    ap.add_argument("--seeds", default=None, help="comma list, one per rows file (default 0, 1, ...)")
+    ap.add_argument("--out", type=Path, default=None, help="write the table as CSV here")
+    a = ap.parse_args(argv)
+    seeds = list(range(len(a.rows))) if a.seeds is None else [int(s) for s in a.seeds.split(",") if s.strip()]
+    if len(seeds) != len(a.rows) or len(set(seeds)) != len(seeds):
+        ap.error(f"--seeds needs {len(a.rows)} distinct values, one per rows file; got {a.seeds!r}")
+    try:
+        frames = {s: read_rows(p) for s, p in zip(seeds, a.rows)}
+    except FileNotFoundError as e:
+        ap.error(str(e))
+    table = seed_table(frames)
+    with pd.option_context("display.width", 200, "display.max_rows", 500, "display.float_format", "{:.3f}".format):
+        print(table.to_string(index=False))
+    if a.out is not None:
+        table.to_csv(a.out, index=False, float_format="%.6g")
+        print(f"wrote {a.out}", file=sys.stderr)
+    return table
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,51 @@
+"""research.fidelity_seeds: means, spreads and gaps to the targets over seeds' fidelity rows."""
+import math
+
+import pandas as pd
+import pytest
+
+from research import fidelity_seeds
+
+
+def rows(ppl: float, top1: float, acc: float) -> pd.DataFrame:
+    r = [dict(evaluation="fidelity_text", metric="perplexity_ratio", value=ppl, family="prose", status="ok"),
+         dict(evaluation="fidelity_text", metric="top1_agreement", value=top1, family="prose", status="ok"),
+         dict(evaluation="fidelity_niah", metric="accuracy_student", value=acc, family="s", context_length=2040,
+              status="ok"),
+         dict(evaluation="fidelity_niah", metric="accuracy_teacher", value=0.9, family="s", context_length=2040,
+              status="ok")]
+    return pd.DataFrame(r)
+
+
+def test_mean_std_gap_and_every_seed(tmp_path):
+    rows(1.10, 0.70, 0.88).to_csv(tmp_path / "s0.csv", index=False)
+    rows(1.30, 0.74, 0.80).to_csv(tmp_path / "s1.csv", index=False)
+    t = fidelity_seeds.main([str(tmp_path / "s0.csv"), str(tmp_path / "s1.csv"), "--seeds", "3,4",
+                             "--out", str(tmp_path / "t.csv")]).set_index(["line", "metric"])
+    ppl = t.loc[("prose", "perplexity_ratio")]
+    assert ppl["mean"] == pytest.approx(1.20) and ppl["std"] == pytest.approx(0.1414, abs=1e-4)
+    assert ppl["seed_3"] == 1.10 and ppl["target"] == "<= 1.15"
+    assert ppl["gap"] == pytest.approx(0.05) and not ppl["met_every_seed"]  # seed 3 alone meets it, seed 4 not
+    assert t.loc[("prose", "top1_agreement"), "gap"] == pytest.approx(0.08)
+    diff = t.loc[("niah @2040", "accuracy_difference")]
+    assert diff["mean"] == pytest.approx(-0.06) and diff["gap"] == pytest.approx(0.01)
+    assert math.isnan(t.loc[("niah @2040", "accuracy_student"), "gap"])  # no target of its own
+    assert pd.read_csv(tmp_path / "t.csv").shape[0] == len(t)
+
+
+def test_met_target_has_no_gap(tmp_path):
+    rows(1.05, 0.85, 0.9).to_csv(tmp_path / "a.csv", index=False)
+    rows(1.10, 0.82, 0.9).to_csv(tmp_path / "b.csv", index=False)
+    t = fidelity_seeds.main([str(tmp_path / "a.csv"), str(tmp_path / "b.csv")]).set_index(["line", "metric"])
+    assert t.loc[("prose", "perplexity_ratio"), "gap"] == 0 and t.loc[("prose", "perplexity_ratio"), "met_every_seed"]
+    assert t.loc[("niah @2040", "accuracy_difference"), "gap"] == 0
+
+
+def test_bad_input_names_the_fix(tmp_path, capsys):
+    rows(1.0, 0.9, 0.9).to_csv(tmp_path / "a.csv", index=False)
+    with pytest.raises(SystemExit):
+        fidelity_seeds.main([str(tmp_path / "a.csv"), "--seeds", "0,1"])
+    assert "one per rows file" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        fidelity_seeds.main([str(tmp_path / "missing")])
+    assert "no such file" in capsys.readouterr().err
