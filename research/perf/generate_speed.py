@@ -6,6 +6,8 @@ static cache, whose forward transformers compiles on CUDA: ``compiled`` in its r
     python -m research.perf.generate_speed                      # CPU: the shipped reference model, its 7:1 mask
     python -m research.perf.generate_speed --device cuda --model smollm2-135m --prompt 8192 --new 128 --batch 1,32
     python -m research.perf.generate_speed --device cuda --compile-decode   # + the torch.compile'd step's rows
+    python -m research.perf.generate_speed --device cuda --model smollm2-135m --prompt 8192 --new 128 --batch 32 \
+        --skip eager,teacher_dynamic          # only the rows the targets need: bare step, fast, the faster teacher
 
 Per batch size and path: ``tok_s`` = B * new / the whole call (prefill included; the median of --repeats calls
 after one untimed call, which captures the graph), ``step_ms`` = (call with ``new`` tokens - call with 1) /
@@ -13,7 +15,9 @@ after one untimed call, which captures the graph), ``step_ms`` = (call with ``ne
 ``clock``). ``fast_vs_step`` = the fast path's step_ms / the bare step
 (target <= 1.10), ``fast_vs_eager`` = eager step_ms / fast step_ms (> 1: the fast path is faster). Prompts are
 random token ids of --prompt tokens, greedy, EOS off, so every call makes exactly --new tokens. Writes the rows
-to --out (default $OUT/generate_speed.json when $OUT is set).
+to --out (default $OUT/generate_speed.json when $OUT is set) after each batch size, so a run cut by a time limit
+keeps the batch sizes it finished. --skip leaves out slow rows (transformers' loop on the hybrid: ``eager``; the
+teacher's dynamic cache: ``teacher_dynamic``; ``teacher_static``); the ratios that need a skipped row are null.
 """
 from __future__ import annotations
 
@@ -36,6 +40,7 @@ SHIPPED_MASKS = {  # the published 7:1 masks of the named models (docs/results/)
     "smollm2-135m": ROOT / "docs/results/2026-12-01_smollm2_head_report/mask_7to1.json",
 }
 GREEDY = dict(do_sample=False, eos_token_id=None, pad_token_id=0)
+SKIPPABLE = ("eager", "teacher_dynamic", "teacher_static")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -54,8 +59,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--compile-decode", action="store_true",
                    help="also time the torch.compile'd decode step: bare_step_compiled_ms and fast_compiled "
                         "(generate(compile_decode=True)) next to the uncompiled rows")
+    p.add_argument("--skip", default="", help=f"comma list of rows to leave out: {', '.join(SKIPPABLE)}")
     p.add_argument("--out", default=None, help="JSON path (default $OUT/generate_speed.json when $OUT is set)")
     a = p.parse_args(argv)
+    a.skip = {x.strip() for x in a.skip.split(",") if x.strip()}
+    if a.skip - set(SKIPPABLE):
+        p.error(f"--skip: unknown row(s) {sorted(a.skip - set(SKIPPABLE))}; choose from {', '.join(SKIPPABLE)}")
     a.batches = [int(b) for b in a.batch.split(",") if b.strip()]
     if not a.batches or min(a.batches) < 1 or a.prompt < 1 or a.new < 2 or a.repeats < 1:
         p.error("--batch sizes, --prompt and --repeats must be >= 1 and --new >= 2")
@@ -160,12 +169,14 @@ def bare_step_ms(model, ids: torch.Tensor, new: int, device: str, compile: bool 
     return statistics.median(times)
 
 
-def teacher_rows(teacher, ids: torch.Tensor, new: int, device: str, repeats: int) -> dict:
+def teacher_rows(teacher, ids: torch.Tensor, new: int, device: str, repeats: int, skip=frozenset()) -> dict:
     """The teacher's generate with its dynamic cache and with transformers' static cache (sized once for both
     calls of generate_row through max_cache_len where transformers has it, so one compiled graph serves both)."""
     from transformers import GenerationConfig
 
-    rows = {"teacher_dynamic": generate_row(teacher, ids, new, device, repeats)}
+    rows = {} if "teacher_dynamic" in skip else {"teacher_dynamic": generate_row(teacher, ids, new, device, repeats)}
+    if "teacher_static" in skip:
+        return rows
     static = dict(cache_implementation="static")
     if hasattr(GenerationConfig(), "max_cache_len"):
         static["max_cache_len"] = ids.shape[1] + new
@@ -178,7 +189,7 @@ def teacher_rows(teacher, ids: torch.Tensor, new: int, device: str, repeats: int
     return rows
 
 
-def run(args: argparse.Namespace) -> dict:
+def run(args: argparse.Namespace, out: str | None = None) -> dict:
     dtype = getattr(torch, args.dtype or ("bfloat16" if args.device == "cuda" else "float32"))
     torch.manual_seed(0)
     teacher, model, mask = build(args.model, args.mask, args.device, dtype)
@@ -197,20 +208,31 @@ def run(args: argparse.Namespace) -> dict:
             row["fast"] = generate_row(model, ids, args.new, args.device, args.repeats)
         if not took:  # the row would time transformers' loop under the fast path's name
             raise RuntimeError("generate() did not take the fast path (hybrid.generation logs why at INFO)")
-        row["eager"] = generate_row(model, ids, args.new, args.device, args.repeats, static_cache=False)
+        if "eager" not in args.skip:
+            row["eager"] = generate_row(model, ids, args.new, args.device, args.repeats, static_cache=False)
         if args.compile_decode:
             with torch.no_grad():
                 row["bare_step_compiled_ms"] = round(bare_step_ms(model, ids, args.new, args.device, True), 3)
             row["fast_compiled"] = generate_row(model, ids, args.new, args.device, args.repeats, compile_decode=True)
         if not args.no_teacher:
-            row.update(teacher_rows(teacher, ids, args.new, args.device, args.repeats))
-        fast, eager = row["fast"]["step_ms"], row["eager"]["step_ms"]
+            row.update(teacher_rows(teacher, ids, args.new, args.device, args.repeats, args.skip))
+        fast, eager = row["fast"]["step_ms"], row.get("eager", {}).get("step_ms")
         row["fast_vs_step"] = round(fast / row["bare_step_ms"], 3) if row["bare_step_ms"] else None
-        row["fast_vs_eager"] = round(eager / fast, 3) if fast else None
-        row["tok_s_fast_vs_eager"] = round(row["fast"]["tok_s"] / row["eager"]["tok_s"], 3)
+        row["fast_vs_eager"] = round(eager / fast, 3) if fast and eager else None
+        row["tok_s_fast_vs_eager"] = round(row["fast"]["tok_s"] / row["eager"]["tok_s"], 3) if eager else None
+        static = row.get("teacher_static", {}).get("step_ms")
+        row["teacher_static_vs_fast"] = round(static / fast, 3) if fast and static else None
         result["rows"].append(row)
         print(line(row), flush=True)
+        if out:
+            write(out, result)
     return result
+
+
+def write(out: str, result: dict) -> None:
+    from headscope.io import write_text
+
+    write_text(Path(out), json.dumps(result, indent=1))
 
 
 def line(row: dict) -> str:
@@ -224,18 +246,16 @@ def line(row: dict) -> str:
         parts.append(f"{name} {r['tok_s']:.0f} tok/s, {r['step_ms']:.3f} ms/step" if "tok_s" in r
                      else f"{name} {r['error'][:80]}")
     parts.append(f"fast/bare step {row['fast_vs_step']}, eager/fast step {row['fast_vs_eager']}, "
-                 f"fast/eager tok/s {row['tok_s_fast_vs_eager']}")
+                 f"fast/eager tok/s {row['tok_s_fast_vs_eager']}, teacher_static/fast step "
+                 f"{row['teacher_static_vs_fast']}")
     return "; ".join(parts)
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    result = run(args)
     out = args.out or (str(Path(os.environ["OUT"]) / "generate_speed.json") if os.environ.get("OUT") else None)
+    run(args, out)
     if out:
-        from headscope.io import write_text
-
-        write_text(Path(out), json.dumps(result, indent=1))
         print(f"wrote {out}")
     return 0
 

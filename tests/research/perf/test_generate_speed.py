@@ -32,3 +32,20 @@ def test_generate_speed_writes_fast_eager_and_teacher_rows(tmp_path, capsys):
 def test_bad_arguments_are_refused(argv):
     with pytest.raises(SystemExit):
         generate_speed.parse_args(argv)
+
+
+@pytest.mark.skipif(not has_default_weights(), reason="the reference model's weights are not on disk")
+def test_skipped_rows_are_left_out_and_their_ratios_are_null(tmp_path):
+    out = tmp_path / "speed.json"
+    assert generate_speed.main(["--prompt", "8", "--new", "3", "--batch", "1", "--repeats", "1",
+                                "--skip", "eager,teacher_dynamic", "--out", str(out)]) == 0
+    row = json.loads(out.read_text())["rows"][0]
+    assert "eager" not in row and "teacher_dynamic" not in row
+    assert row["fast"]["tok_s"] > 0 and row["teacher_static"]["tok_s"] > 0
+    assert row["fast_vs_eager"] is None and row["tok_s_fast_vs_eager"] is None
+    assert row["teacher_static_vs_fast"] > 0
+
+
+def test_an_unknown_skip_is_named():
+    with pytest.raises(SystemExit):
+        generate_speed.parse_args(["--skip", "fast"])
