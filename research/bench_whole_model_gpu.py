@@ -10,7 +10,8 @@ Models (random weights, bf16, built on the GPU; no download):
 Measured, most important first (each unit is skipped, with the reason recorded, when its estimate no longer
 fits --budget-s):
   1. decode time per step (one token per row, hybrid.decoding.Decoder: preallocated StaticHybridCache, CUDA
-     graph unless --no-cuda-graph, plus a few eager steps for comparison) at 128K then 32K context, batch 8 and 1.
+     graph unless --no-cuda-graph, plus a few eager steps for comparison) at 128K then 32K context, batch 8 and 1;
+     --fused-gdn adds the hybrids' step with the fused GDN decode op (fused_gdn_ms), --compile-decode the compiled one.
      The cache rows are set to the context length without a prefill (a step's cost depends on the lengths, not
      on the values; the ragged prefill path is tested on the CPU);
   2. prefill time (logits of the last position only, the cache kept) and peak memory at 128K, 64K, 32K, 16K
@@ -44,6 +45,7 @@ from research.perf.benchmark import Run, bench_ms, build_layers, layer_forward_m
 from hybrid.cache import cache_nbytes, teacher_cache_nbytes
 from hybrid.convert import from_mask
 from hybrid.decoding import Decoder, StaticHybridCache
+from hybrid.layers.hybrid_attention import use_fused_decode
 from hybrid.builders import from_teacher, layerwise_mask
 
 GPU_SHAPE = dict(vocab=151936, C=2048, I=6144, L=28, H=16, K=8, D=128)
@@ -99,7 +101,7 @@ def filled_cache(model, batch: int, ctx: int, capacity: int) -> StaticHybridCach
 
 
 def decode_row(run: Run, name: str, model, ctx: int, batch: int, steps: int, graph: bool, vocab: int,
-               compiled: bool = False) -> dict:
+               compiled: bool = False, fused: bool = False) -> dict:
     dev = run.device
     capacity = round_up(ctx + steps + 16)
     cache = filled_cache(model, batch, ctx, capacity)
@@ -128,6 +130,18 @@ def decode_row(run: Run, name: str, model, ctx: int, batch: int, steps: int, gra
             except Exception as e:
                 row["compiled_error"] = f"{type(e).__name__}: {str(e)[:300]}"
                 run.say(f"compiled step failed for {name} ctx={ctx} B={batch}: {row['compiled_error']}")
+        if fused and use_fused_decode(model, True):  # the fused GDN decode op (hybrid.ops.gdn_decode): own column
+            try:
+                dec = Decoder(model, cache, cuda_graph=graph)
+                row["fused_gdn_ms"] = round(bench_ms(lambda: dec.step(ids), dev, target_ms=200.0, max_reps=steps), 3)
+                del dec
+            except torch.OutOfMemoryError:
+                raise
+            except Exception as e:
+                row["fused_gdn_error"] = f"{type(e).__name__}: {str(e)[:300]}"
+                run.say(f"fused GDN step failed for {name} ctx={ctx} B={batch}: {row['fused_gdn_error']}")
+            finally:
+                use_fused_decode(model, False)
         row["step_ms"] = row.get("graph_ms", row["eager_ms"])
     except torch.OutOfMemoryError as e:
         row["error"] = f"out of memory: {str(e)[:120]}"
@@ -145,7 +159,8 @@ def decode_section(run: Run, models: dict, contexts: list[int], batches: list[in
                 if not run.fits(label, est(name, ctx, batch)):
                     continue
                 row = decode_row(run, name, models[name], ctx, batch, steps, graph, vocab,
-                                 compiled=run.data.get("compile_decode", False))
+                                 compiled=run.data.get("compile_decode", False),
+                                 fused=run.data.get("fused_gdn", False))
                 run.data["decode"].append(row)
                 run.say(f"{label}: {row}")
                 run.save()
@@ -154,6 +169,8 @@ def decode_section(run: Run, models: dict, contexts: list[int], batches: list[in
             for r in run.data["decode"]:
                 if base and r["context"] == ctx and r["batch"] == batch and "step_ms" in r:
                     r["speedup_vs_teacher"] = round(base["step_ms"] / r["step_ms"], 2)
+                    if r.get("fused_gdn_ms"):
+                        r["fused_speedup_vs_teacher"] = round(base["step_ms"] / r["fused_gdn_ms"], 2)
             run.save()
 
 
@@ -332,6 +349,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--batches", type=int, nargs="+", default=None, help="decode batch sizes")
     ap.add_argument("--compile-decode", action="store_true",
                     help="also time the torch.compile'd decode step (column compiled_ms)")
+    ap.add_argument("--fused-gdn", action="store_true",
+                    help="also time the hybrids' step with the fused GDN decode op (hybrid.ops.gdn_decode; columns "
+                         "fused_gdn_ms and fused_speedup_vs_teacher; step_ms stays the split path's)")
     args = ap.parse_args(argv)
     out = args.out or Path(os.environ.get("OUT", ".")) / "bench_whole_model.json"
     if args.dry_run:
@@ -348,7 +368,7 @@ def main(argv: list[str] | None = None) -> dict:
     big = contexts[0]
     run = Run(args.budget_s, out, device, shape=shape, targets=TARGETS, decode=[], prefill=[], cache_bytes=[],
               max_batch=[], layer=[], dry_run=args.dry_run, cuda_graph=not args.no_cuda_graph and device == "cuda",
-              compile_decode=args.compile_decode)
+              compile_decode=args.compile_decode, fused_gdn=args.fused_gdn)
     from hybrid.ops import parity
     from hybrid.ops.gdn import fla_available
 

@@ -49,6 +49,15 @@ def render(data: dict, source: str = "bench_whole_model.json") -> str:
                                               for r in rs[1:]]
         eager = " / ".join(_f(r.get("eager_ms")) for r in rs)
         out.append(f"| {_len(ctx)}, batch {b} | " + " | ".join(cells) + f" | {eager} |")
+    fused = [r for r in dec if r.get("fused_gdn_ms")]
+    if fused:  # --fused-gdn: the hybrids' step with the fused GDN decode op, beside the split step above
+        out.append("")
+        out.append("| decode ms/step, fused GDN op | hybrid_7to1 (speedup) | layer_3to1 (speedup) |")
+        out.append("|---|---|---|")
+        for ctx, b in sorted({(r["context"], r["batch"]) for r in fused}, key=lambda t: (-t[0], -t[1])):
+            rs = [_find(dec, model=n, context=ctx, batch=b) for n in NAMES[1:]]
+            out.append(f"| {_len(ctx)}, batch {b} | " + " | ".join(
+                f"{_f(r.get('fused_gdn_ms'))} ({_f(r.get('fused_speedup_vs_teacher'), 2, 'x')})" for r in rs) + " |")
     pre = data.get("prefill", [])
     out.append("")
     out.append("| prefill (B = 1) | teacher ms | hybrid_7to1 ms (speedup) | layer_3to1 ms (speedup) | "
