@@ -51,7 +51,7 @@ def test_the_rows_train_on_the_long_recipe_with_fixed_steps():
                   "temperature", "train_gdn_qkv", "schedule", "decay_steps", "fused_loss", "data"):
             assert getattr(mine, f) == getattr(theirs, f), (mine.name, mine.seq_len, f)
         assert mine.max_minutes >= theirs.max_minutes  # a safety cap here; the steps end the stage
-        assert mine.steps <= theirs.steps
+    # the study trains longer than the recipe (sized to one 30-minute lease): its rows need a machine held longer
     assert [s.steps for s in tc.stages] == [180, 420, 1300, 1100]
     assert [s.seq_len for s in tc.stages[2:]] == [16384, 32768] and {s.schedule for s in tc.stages[2:]} == {"constant"}
     assert all(s.data.text_windows == "documents" for s in tc.stages[2:])

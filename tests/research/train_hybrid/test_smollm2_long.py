@@ -23,6 +23,7 @@ def recipe(**overrides):
 
 def test_the_recipe_as_written():
     from hybrid.config import HybridOptions
+    from hybrid.train import TrainConfig
 
     cfg = recipe()
     opts = HybridOptions.from_dict(cfg.hybrid)
@@ -30,14 +31,16 @@ def test_the_recipe_as_written():
     assert [s.name for s in cfg.stages] == ["align", "distill", "long", "long"]
     align, distill, long16, long32 = cfg.stages
     assert align.train_gdn_qkv  # stage 1: the new parameters and the GDN heads' q/k/v
-    # stages 1-2 as smollm2_broad.toml's (when this recipe was written)
-    assert (align.steps, align.lr, align.seq_len, align.batch_size, align.max_minutes) == (400, 2e-3, 2048, 16, 1.0)
+    # stages 1-2 as smollm2_broad.toml's, the same fixed steps: the broad recipe's two seeds are the baseline
+    broad = TrainConfig.from_file(ROOT / "research" / "train_hybrid" / "smollm2_broad.toml", mask="m.json", out="r")
+    assert cfg.stages[:2] == broad.stages and cfg.data == broad.data and cfg.eval == broad.eval == "none"
+    assert (align.steps, align.lr, align.seq_len, align.batch_size, align.max_minutes) == (180, 2e-3, 2048, 16, 2.0)
     assert (distill.steps, distill.lr, distill.seq_len, distill.batch_size, distill.max_minutes) == (
-        3000, 5e-4, 2048, 64, 5.0)
+        260, 5e-4, 2048, 64, 6.0)
     assert cfg.data.corpus == "data/corpus/manifest.json" and cfg.data.teacher_corpus == "data/corpus/teacher"
     teacher_positions = 8192  # SmolLM2-135M-Instruct's max_position_embeddings
     for s, T, B in ((long16, 16384, 2), (long32, 32768, 1)):
-        assert (s.seq_len, s.batch_size, s.schedule, s.max_minutes) == (T, B, "constant", 5.0) and T > teacher_positions
+        assert (s.seq_len, s.batch_size, s.schedule, s.max_minutes) == (T, B, "constant", 2.0) and T > teacher_positions
         assert s.decay_steps is None and s.lr == pytest.approx(0.1 * distill.lr)
         assert [s.lr_at(i) for i in (s.warmup_steps, s.steps // 2, s.steps - 1)] == [s.lr] * 3
         d = cfg.data_for(s)
@@ -96,3 +99,12 @@ def test_a_miniature_of_the_recipe_runs_every_stage_past_the_teachers_positions(
     opts = saved.config.options
     assert (opts.fa_rope, opts.fa_log_scale, opts.fa_gate) == (False, True, "sigmoid2")
     assert saved.config.max_position_embeddings == 128  # the teacher's, kept as a record; nothing caps at it
+
+
+def test_the_job_reads_the_broad_recipes_mask_and_runs_the_long_suite_first():
+    from research.launch.jobs import get_job
+
+    args = get_job("smollm2_long_hybrid").args
+    assert args[args.index("--mask") + 1] == "research/train_hybrid/smollm2_broad_mask.json"
+    assert args[args.index("--suite") + 1] == "fidelity_long,fidelity"  # past 8K first: the recipe's question
+    assert args[args.index("--max-eval-length") + 1] == "2048"
