@@ -100,6 +100,20 @@ def filled_cache(model, batch: int, ctx: int, capacity: int) -> StaticHybridCach
 # ---------------------------------------------------------------- 1. decode
 
 
+def timed_column(run: Run, row: dict, key: str, what: str, make, ids, steps: int) -> None:
+    """row[f"{key}_ms"] = the median step of the Decoder ``make()`` builds; a failure other than running out of
+    memory is a finding, not the end of the run: row[f"{key}_error"], said, and the other columns stand."""
+    try:
+        dec = make()
+        row[f"{key}_ms"] = round(bench_ms(lambda: dec.step(ids), run.device, target_ms=200.0, max_reps=steps), 3)
+        del dec
+    except torch.OutOfMemoryError:
+        raise
+    except Exception as e:
+        row[f"{key}_error"] = f"{type(e).__name__}: {str(e)[:300]}"
+        run.say(f"{what} failed for {row['model']} ctx={row['context']} B={row['batch']}: {row[f'{key}_error']}")
+
+
 def decode_row(run: Run, name: str, model, ctx: int, batch: int, steps: int, graph: bool, vocab: int,
                compiled: bool = False, fused: bool = False) -> dict:
     dev = run.device
@@ -111,35 +125,15 @@ def decode_row(run: Run, name: str, model, ctx: int, batch: int, steps: int, gra
         eager = Decoder(model, cache, cuda_graph=False)
         row["eager_ms"] = round(bench_ms(lambda: eager.step(ids), dev, target_ms=100.0, max_reps=5), 3)
         if graph:
-            try:
-                dec = Decoder(model, cache, cuda_graph=True)
-                row["graph_ms"] = round(bench_ms(lambda: dec.step(ids), dev, target_ms=200.0, max_reps=steps), 3)
-                del dec
-            except torch.OutOfMemoryError:
-                raise
-            except Exception as e:  # a capture failure is a finding, not the end of the run: eager stands
-                row["graph_error"] = f"{type(e).__name__}: {str(e)[:300]}"
-                run.say(f"CUDA graph capture failed for {name} ctx={ctx} B={batch}: {row['graph_error']}")
+            timed_column(run, row, "graph", "CUDA graph capture", lambda: Decoder(model, cache, cuda_graph=True),
+                         ids, steps)
         if compiled:  # the torch.compile'd step (inside the graph on CUDA): its own column, never the step_ms
-            try:
-                dec = Decoder(model, cache, cuda_graph=graph, compile=True)
-                row["compiled_ms"] = round(bench_ms(lambda: dec.step(ids), dev, target_ms=200.0, max_reps=steps), 3)
-                del dec
-            except torch.OutOfMemoryError:
-                raise
-            except Exception as e:
-                row["compiled_error"] = f"{type(e).__name__}: {str(e)[:300]}"
-                run.say(f"compiled step failed for {name} ctx={ctx} B={batch}: {row['compiled_error']}")
+            timed_column(run, row, "compiled", "compiled step",
+                         lambda: Decoder(model, cache, cuda_graph=graph, compile=True), ids, steps)
         if fused and use_fused_decode(model, True):  # the fused GDN decode op (hybrid.ops.gdn_decode): own column
             try:
-                dec = Decoder(model, cache, cuda_graph=graph)
-                row["fused_gdn_ms"] = round(bench_ms(lambda: dec.step(ids), dev, target_ms=200.0, max_reps=steps), 3)
-                del dec
-            except torch.OutOfMemoryError:
-                raise
-            except Exception as e:
-                row["fused_gdn_error"] = f"{type(e).__name__}: {str(e)[:300]}"
-                run.say(f"fused GDN step failed for {name} ctx={ctx} B={batch}: {row['fused_gdn_error']}")
+                timed_column(run, row, "fused_gdn", "fused GDN step", lambda: Decoder(model, cache, cuda_graph=graph),
+                             ids, steps)
             finally:
                 use_fused_decode(model, False)
         row["step_ms"] = row.get("graph_ms", row["eager_ms"])
