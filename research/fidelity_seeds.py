@@ -1,6 +1,8 @@
 """A recipe's fidelity over training seeds: the fidelity suite's rows of each seed's run (``fidelity_rows.csv``, or
 a run folder's ``fidelity/results.csv``) as one table of means and spreads per line (held-out source, chat, NIAH
-length) and metric, beside the targets a hybrid that stays its teacher has to reach and the gap to each.
+length) and metric, beside the targets a hybrid that stays its teacher has to reach and the gap to each. Where the
+seed's folder also has run.py's ``eval_rows.csv`` and ``results.json``, the project's own NIAH template
+(``template niah @L``: ``template_accuracy`` and the teacher's) and the stages' GPU minutes (``training``) join it.
 
     python -m research.fidelity_seeds \\
         docs/results/2026-12-03_smollm2_broad_hybrid_fidelity_seed0/fidelity_rows.csv \\
@@ -12,6 +14,7 @@ on the wrong side of its target (0 when met); ``met_every_seed`` whether each se
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -25,10 +28,12 @@ TARGETS = {
     "continuation_agreement": (">=", 0.50),
     "chat_nll_ratio": ("<=", 1.20),
     "accuracy_difference": (">=", -0.05),
+    "template_accuracy": (">=", 0.95),
+    "gpu_minutes": ("<=", 30.0),
 }
 SHOWN = ("perplexity_ratio", "kl_to_teacher", "top1_agreement", "continuation_agreement", "chat_nll_ratio",
          "chat_repeated_4grams_student", "chat_repeated_4grams_teacher", "accuracy_student", "accuracy_teacher",
-         "accuracy_difference")
+         "accuracy_difference", "template_accuracy", "template_accuracy_teacher", "gpu_minutes")
 
 
 def read_rows(path: Path) -> pd.DataFrame:
@@ -45,14 +50,39 @@ def read_rows(path: Path) -> pd.DataFrame:
     return pd.read_csv(path)
 
 
-def seed_table(frames: dict[int, pd.DataFrame]) -> pd.DataFrame:
-    """Long table: a line per (line, metric) with the mean, std and seeds' values, the target and the gap."""
+def extra_rows(path: Path) -> pd.DataFrame:
+    """(source, metric, value) rows from run.py's files beside a seed's fidelity rows (its folder, or the run folder
+    above ``fidelity/``): the template NIAH accuracy per length, hybrid and teacher; the stages' GPU minutes."""
+    folder = path if path.is_dir() else path.parent
+    folders = [folder, folder.parent] if folder.name == "fidelity" else [folder]
+    out = []
+    for f in folders:
+        if (f / "eval_rows.csv").is_file():
+            d = pd.read_csv(f / "eval_rows.csv")
+            d = d[(d.status == "ok") & (d.evaluation == "niah") & (d.metric == "accuracy")]
+            for (model, L), v in d.groupby(["model", "context_length"]).value.mean().items():
+                name = "template_accuracy" if model == "hybrid" else f"template_accuracy_{model}"
+                out.append(dict(source=f"template niah @{int(L)}", metric=name, value=v))
+        if (f / "results.json").is_file():
+            minutes = (json.loads((f / "results.json").read_text()).get("train") or {}).get("minutes_total")
+            if minutes is not None:
+                out.append(dict(source="training", metric="gpu_minutes", value=float(minutes)))
+        if out:
+            break
+    return pd.DataFrame(out, columns=["source", "metric", "value"])
+
+
+def seed_table(frames: dict[int, pd.DataFrame], extras: dict[int, pd.DataFrame] | None = None) -> pd.DataFrame:
+    """Long table: a line per (line, metric) with the mean, std and seeds' values, the target and the gap.
+    ``extras``: per seed, more (source, metric, value) rows (``extra_rows``)."""
     from headscope.evaluate.tables import fidelity_table
 
     per_seed = []
     for seed, df in frames.items():
         t = fidelity_table(df.drop(columns=[c for c in ("model", "seed") if c in df.columns]))
         long = t.drop(columns="kind").reset_index().melt(id_vars="source", var_name="metric").dropna()
+        if extras is not None and seed in extras and len(extras[seed]):
+            long = pd.concat([long, extras[seed]], ignore_index=True)
         per_seed.append(long.assign(seed=seed))
     d = pd.concat(per_seed)
     d = d[d.metric.isin(SHOWN)]
@@ -85,7 +115,7 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
         frames = {s: read_rows(p) for s, p in zip(seeds, a.rows)}
     except FileNotFoundError as e:
         ap.error(str(e))
-    table = seed_table(frames)
+    table = seed_table(frames, {s: extra_rows(p) for s, p in zip(seeds, a.rows)})
     with pd.option_context("display.width", 200, "display.max_rows", 500, "display.float_format", "{:.3f}".format):
         print(table.to_string(index=False))
     if a.out is not None:

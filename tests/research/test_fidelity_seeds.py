@@ -1,4 +1,5 @@
 """research.fidelity_seeds: means, spreads and gaps to the targets over seeds' fidelity rows."""
+import json
 import math
 
 import pandas as pd
@@ -49,3 +50,21 @@ def test_bad_input_names_the_fix(tmp_path, capsys):
     with pytest.raises(SystemExit):
         fidelity_seeds.main([str(tmp_path / "missing")])
     assert "no such file" in capsys.readouterr().err
+
+
+def test_the_template_niah_and_gpu_minutes_join_from_the_run_files(tmp_path):
+    for seed, (acc, minutes) in enumerate(((1.0, 4.0), (0.9, 5.0))):
+        folder = tmp_path / f"s{seed}" / "fidelity"
+        folder.mkdir(parents=True)
+        rows(1.0, 0.9, 0.9).to_csv(folder / "results.csv", index=False)  # run.py's run folder: fidelity/results.csv
+        pd.DataFrame([dict(model=m, evaluation="niah", metric="accuracy", value=v, context_length=2040, status="ok")
+                      for m, v in (("hybrid", acc), ("teacher", 1.0))]).to_csv(folder.parent / "eval_rows.csv",
+                                                                                  index=False)
+        (folder.parent / "results.json").write_text(json.dumps({"train": {"minutes_total": minutes}}))
+    t = fidelity_seeds.main([str(tmp_path / "s0"), str(tmp_path / "s1" / "fidelity" / "results.csv")])
+    t = t.set_index(["line", "metric"])
+    tmpl = t.loc[("template niah @2040", "template_accuracy")]
+    assert tmpl["mean"] == pytest.approx(0.95) and tmpl["target"] == ">= 0.95" and not tmpl["met_every_seed"]
+    assert t.loc[("template niah @2040", "template_accuracy_teacher"), "mean"] == 1.0
+    gpu = t.loc[("training", "gpu_minutes")]
+    assert gpu["mean"] == 4.5 and gpu["gap"] == 0 and gpu["met_every_seed"]
