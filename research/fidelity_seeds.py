@@ -8,6 +8,7 @@ seed's folder also has run.py's ``eval_rows.csv`` and ``results.json``, the proj
         docs/results/2026-12-03_smollm2_broad_hybrid_fidelity_seed0/fidelity_rows.csv \\
         docs/results/2026-12-03_smollm2_broad_hybrid_fidelity_seed1/fidelity_rows.csv --seeds 0,1 --out seeds.csv
 
+A single rows file with a ``train_seed`` column (several seeds' rows in one file) gives its seeds by that column.
 ``std`` is the sample standard deviation over the seeds (ddof 1; NaN for one seed). ``gap`` is how far the mean is
 on the wrong side of its target (0 when met); ``met_every_seed`` whether each seed meets it on its own.
 """
@@ -112,10 +113,18 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
     if len(seeds) != len(a.rows) or len(set(seeds)) != len(seeds):
         ap.error(f"--seeds needs {len(a.rows)} distinct values, one per rows file; got {a.seeds!r}")
     try:
-        frames = {s: read_rows(p) for s, p in zip(seeds, a.rows)}
+        loaded = [read_rows(p) for p in a.rows]
     except FileNotFoundError as e:
         ap.error(str(e))
-    table = seed_table(frames, {s: extra_rows(p) for s, p in zip(seeds, a.rows)})
+    frames, extras = {}, {}
+    for seed, path, df in zip(seeds, a.rows, loaded):
+        if "train_seed" in df.columns:  # one file holding several seeds' rows (its train_seed column names them)
+            if a.seeds is not None or len(a.rows) > 1:
+                ap.error(f"{path} holds the rows of several seeds (train_seed column): give it alone, without --seeds")
+            frames = {int(s): g for s, g in df.groupby("train_seed")}
+        else:
+            frames[seed], extras[seed] = df, extra_rows(path)
+    table = seed_table(frames, extras)
     with pd.option_context("display.width", 200, "display.max_rows", 500, "display.float_format", "{:.3f}".format):
         print(table.to_string(index=False))
     if a.out is not None:

@@ -68,3 +68,14 @@ def test_the_template_niah_and_gpu_minutes_join_from_the_run_files(tmp_path):
     assert t.loc[("template niah @2040", "template_accuracy_teacher"), "mean"] == 1.0
     gpu = t.loc[("training", "gpu_minutes")]
     assert gpu["mean"] == 4.5 and gpu["gap"] == 0 and gpu["met_every_seed"]
+
+
+def test_one_file_with_a_train_seed_column_gives_its_seeds(tmp_path, capsys):
+    both = pd.concat([rows(1.10, 0.70, 0.88).assign(train_seed=0), rows(1.30, 0.74, 0.80).assign(train_seed=1)])
+    both.to_csv(tmp_path / "both.csv", index=False)
+    t = fidelity_seeds.main([str(tmp_path / "both.csv")]).set_index(["line", "metric"])
+    assert t.loc[("prose", "perplexity_ratio"), "mean"] == pytest.approx(1.20)
+    assert t.loc[("prose", "perplexity_ratio"), "seeds"] == 2
+    with pytest.raises(SystemExit):
+        fidelity_seeds.main([str(tmp_path / "both.csv"), "--seeds", "5"])
+    assert "train_seed column" in capsys.readouterr().err
