@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from hybrid.ops.utils import acc  # noqa: F401  (re-exported: the layers' accumulation dtype)
 
-__all__ = ["acc", "autocast_input", "index_on", "fused_linear", "inference_constant", "RMSNorm", "RotaryEmbedding", "apply_rope", "MLP", "ShortConv", "log_length_scale",
+__all__ = ["acc", "autocast_input", "index_on", "head_runs", "take_heads", "fused_linear", "inference_constant", "RMSNorm", "RotaryEmbedding", "apply_rope", "MLP", "ShortConv", "log_length_scale",
            "window_attention", "window_attention_dense", "grouped_attention"]
 
 
@@ -42,6 +42,33 @@ def index_on(heads: tuple[int, ...], device: torch.device) -> torch.Tensor:
     if key not in _INDEX_CACHE:
         _INDEX_CACHE[key] = torch.tensor(heads, dtype=torch.long, device=device)
     return _INDEX_CACHE[key]
+
+
+def head_runs(heads: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
+    """``heads`` as runs of consecutive indices, (start, stop) each: (0, 1, 2, 6, 7) -> ((0, 3), (6, 8));
+    a repeated index starts a new run: (0, 0, 1) -> ((0, 1), (0, 2))."""
+    runs: list[list[int]] = []
+    for h in heads:
+        if runs and runs[-1][1] == h:
+            runs[-1][1] += 1
+        else:
+            runs.append([h, h + 1])
+    return tuple((a, b) for a, b in runs)
+
+
+MAX_SLICE_RUNS = 4  # take_heads: up to this many runs eagerly, slices and one cat; more: index_select
+
+
+def take_heads(t: torch.Tensor, dim: int, heads: tuple[int, ...]) -> torch.Tensor:
+    """``t.index_select(dim, heads)`` by slices: one run is a view, a few are one ``cat``. Under torch.compile
+    always slices: an index tensor made in the graph is a device constant, which AOTAutograd's cache cannot
+    serialize on CUDA ("unable to serialize compiled graph"), so every start of a run compiled those layers
+    again. Eagerly, more than ``MAX_SLICE_RUNS`` runs take one ``index_select`` (one kernel) instead."""
+    runs = head_runs(tuple(heads))
+    if len(runs) > MAX_SLICE_RUNS and not torch.compiler.is_compiling():
+        return t.index_select(dim, index_on(tuple(heads), t.device))
+    parts = [t.narrow(dim, a, b - a) for a, b in runs]
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim)
 
 
 def _param_key(params) -> tuple:

@@ -23,7 +23,8 @@ import torch.nn.functional as F
 from hybrid.cache import LayerCache
 from hybrid.config import HybridConfig
 from hybrid.layers.common import (NewLinear, RMSNorm, ShortConv, acc, apply_rope, fused_linear, grouped_attention,
-                                  index_on, inference_constant, log_length_scale, mark_new, window_attention)
+                                  inference_constant, log_length_scale, mark_new, take_heads,
+                                  window_attention)
 from hybrid.layers.merge import FORMER_NAME, HeadMerge
 from hybrid.ops.gdn_decode import DECODE_BACKENDS
 
@@ -106,8 +107,7 @@ class FullAttentionBranch(nn.Module):
             keep = self.window - 1 if self.window is not None else None
             k, v, k_start = cache.append_kv(k, v, keep=keep)  # [B, S, K, D]
         if not self.gqa:  # irregular head subset: one KV copy per FA head (cache still holds K heads)
-            idx = index_on(self.kv_of, k.device)
-            k, v = k.index_select(2, idx), v.index_select(2, idx)  # [B, S, H, D]
+            k, v = take_heads(k, 2, self.kv_of), take_heads(v, 2, self.kv_of)  # [B, S, H, D]
         if self.window is not None:
             if k.shape[2] != self.n_heads:  # GQA here (consecutive runs): repeat each KV head
                 rep = self.n_heads // k.shape[2]
@@ -132,8 +132,7 @@ class FullAttentionBranch(nn.Module):
 
             return decode_attention(q, keys, values, cache.step.kv_len, self.head_dim ** -0.5, self.window)
         if not self.gqa:  # irregular head subset: one KV copy per FA head
-            idx = index_on(self.kv_of, keys.device)
-            keys, values = keys.index_select(2, idx), values.index_select(2, idx)  # [B, S, H, D]
+            keys, values = take_heads(keys, 2, self.kv_of), take_heads(values, 2, self.kv_of)  # [B, S, H, D]
         return grouped_attention(q, keys, values, mask, self.head_dim ** -0.5)
 
 

@@ -40,7 +40,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from headscope.registry import Registry
-from hybrid.layers.common import NewLinear, acc, index_on, mark_new
+from hybrid.layers.common import MAX_SLICE_RUNS, NewLinear, acc, index_on, mark_new, take_heads
 
 __all__ = ["HeadMerge", "MergeMode", "MERGES", "register_merge", "head_rms", "output_rms", "calibrate_merge",
            "PROJECT_MIN_TOKENS", "FORMER_NAME"]
@@ -79,7 +79,10 @@ def _branch_gate(merge: "HeadMerge", hidden: int) -> nn.Module:
 def _branch_scales(merge: "HeadMerge", x: torch.Tensor) -> torch.Tensor:
     """x [B, T, C] -> [B, T, H]: 2 a_FA on FA heads, 2 a_GDN on GDN heads, a = softmax over the 2 branches."""
     a = 2 * torch.softmax(acc(merge.branch_gate(x)), dim=-1).to(x.dtype)  # [B, T, 2]
-    return a.index_select(-1, index_on(merge.branch_of_head, x.device))  # [B, T, H]
+    if len(merge.runs) > MAX_SLICE_RUNS and not torch.compiler.is_compiling():
+        return a.index_select(-1, index_on(merge.branch_of_head, x.device))  # [B, T, H]
+    parts = [a[..., (0 if fa else 1):(1 if fa else 2)].expand(*a.shape[:-1], b - s) for fa, s, b in merge.runs]
+    return parts[0] if len(parts) == 1 else torch.cat(parts, -1)  # [B, T, H]: no index tensor in a compiled graph
 
 
 def _head_gate(merge: "HeadMerge", hidden: int) -> nn.Module:
@@ -182,7 +185,8 @@ class HeadMerge(nn.Module):
         if o_fa is None:
             return o_la
         o_la = o_la.to(o_fa.dtype)
-        if len(self.runs) <= 4:  # heads in a few runs (e.g. whole KV groups): one cat of slices (one kernel)
+        if len(self.runs) <= MAX_SLICE_RUNS or torch.compiler.is_compiling():  # a few runs (e.g. whole KV groups):
+            # one cat of slices (one kernel); compiled, always (common.take_heads: no index tensor in the graph)
             parts = [(o_fa if fa else o_la)[:, :, a:b] for fa, a, b in self.runs]  # [B, T, h, D] each
             return torch.cat(parts, 2)  # [B, T, H, D]
         B, T = o_fa.shape[:2]
@@ -219,15 +223,14 @@ class HeadMerge(nn.Module):
             o_fa, o_la = head_rms(o_fa, self.eps), head_rms(o_la, self.eps)  # [B, T, H_F, D], [B, T, H_L, D]
         if self.spec.scales is not None:
             a = self.spec.scales(self, x).to(o_fa.dtype)  # [B, T, H]
-            o_fa = o_fa * a.index_select(-1, index_on(self.fa_heads, a.device))[..., None]  # [B, T, H_F, D]
-            o_la = o_la * a.index_select(-1, index_on(self.la_heads, a.device))[..., None]  # [B, T, H_L, D]
+            o_fa = o_fa * take_heads(a, -1, self.fa_heads)[..., None]  # [B, T, H_F, D]
+            o_la = o_la * take_heads(a, -1, self.la_heads)[..., None]  # [B, T, H_L, D]
         W = o_proj.weight.view(o_proj.out_features, self.n_heads, self.head_dim)  # [C, H, D] (columns by head)
         out = None
         for o, heads, bias in ((o_fa, self.fa_heads, o_proj.bias), (o_la, self.la_heads, None)):
-            idx = index_on(heads, W.device)  # [h]
-            w = W.index_select(1, idx)  # [C, h, D]
+            w = take_heads(W, 1, heads)  # [C, h, D]
             if self.gamma is not None:  # gamma folded into the columns of each head
-                w = w * self.gamma.to(W.dtype)[idx][:, None]
+                w = w * take_heads(self.gamma.to(W.dtype), 0, heads)[:, None]
             y = F.linear(o.reshape(B, T, -1), w.reshape(W.shape[0], -1), bias)  # [B, T, C]
             out = y if out is None else out + y
         return out  # [B, T, C]

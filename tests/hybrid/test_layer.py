@@ -337,3 +337,48 @@ def test_head_index_is_not_cached_from_inside_a_compiled_graph():
     assert torch.equal(got, x[:, [5, 1, 3]])
     eager = common.index_on(heads, x.device)  # eager calls still cache
     assert common._INDEX_CACHE[key] is eager and eager.tolist() == [5, 1, 3]
+
+
+def test_take_heads_equals_index_select_in_every_form():
+    """common.take_heads: runs of consecutive heads (repeats start a run) give index_select's values, a view for
+    one run, one cat for a few, index_select itself past MAX_SLICE_RUNS."""
+    from hybrid.layers.common import MAX_SLICE_RUNS, head_runs, take_heads
+
+    assert head_runs((0, 1, 2, 6, 7)) == ((0, 3), (6, 8)) and head_runs((0, 0, 1)) == ((0, 1), (0, 2))
+    x = torch.randn(2, 3, 10, 4)  # [B, T, H, D]
+    for heads in [(3, 4, 5), (0, 1, 2, 6, 7, 8), (0, 0, 1), (9,), (0, 2, 4, 6, 8), tuple(range(10))[::-1]]:
+        got = take_heads(x, 2, heads)  # [B, T, h, D]
+        assert torch.equal(got, x.index_select(2, torch.tensor(heads))), heads
+        assert torch.equal(take_heads(x[0, 0, :, 0], -1, heads), x[0, 0, list(heads), 0])
+        if len(head_runs(heads)) == 1:
+            assert got.data_ptr() == x[:, :, heads[0]].data_ptr()  # a view, no copy
+    assert len(head_runs((0, 2, 4, 6, 8))) > MAX_SLICE_RUNS
+
+
+@pytest.mark.parametrize("merge", ["norm", "gated_branch"])
+@pytest.mark.parametrize("fast", [False, True])
+def test_a_compiled_hybrid_layer_has_no_head_index_tensor_in_its_graph(merge, fast):
+    """No index tensor is made inside a compiled hybrid layer (FA heads 0, 1, 3 of 4: not one run per KV head;
+    both merge paths): such a tensor is a device constant of the graph, which AOTAutograd's cache cannot
+    serialize on CUDA ("unable to serialize compiled graph ... aten._to_copy(tensor([...], device='cuda:0',
+    size=(24,), dtype=torch.uint8)", seen on the H200), so every run that resumed compiled those layers again."""
+    teacher = tiny_model("qwen3", dtype=torch.float64)
+    model = from_mask(teacher, HeadMask.for_model(teacher, [(0, 0), (0, 1), (0, 3)]), merge=merge)
+    layer = model.model.layers[0]
+    assert not layer.self_attn.fa.gqa and layer.self_attn.la is not None
+    layer.self_attn.merge.project_min_tokens = 0 if fast else 1 << 62
+    x = torch.randn(2, 9, 64, dtype=torch.float64)  # [B, T, C]
+    pos = torch.arange(9)
+    cos, sin = model.model.rotary_emb(pos, x.dtype)
+    graphs = []
+
+    def capture(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    got = torch.compile(layer, backend=capture)(x, pos, cos, sin, None)  # [B, T, C]
+    assert_close("compiled layer", got, layer(x, pos, cos, sin, None), "fp64_exact")
+    made = [n.format_node() for g in graphs for n in g.graph.nodes
+            if n.op == "call_function" and n.target in (torch.tensor, torch.as_tensor)]
+    assert len(graphs) == 1 and made == []
