@@ -23,3 +23,14 @@ def test_only_stage_one_scope_differs():
     assert b_stages[1:] == w_stages[1:]  # distill, long
     b0, w0 = dict(b_stages[0]), dict(w_stages[0])
     assert (b0.pop("train_gdn_qkv", True), w0.pop("train_gdn_qkv", True)) == (False, True) and b0 == w0
+
+
+def test_align_long_differs_from_align_qkv_by_stage_one_length_alone():
+    """reference_cpu_align_long.toml: reference_cpu_align_qkv.toml with stage 1 three times as long."""
+    wide, long_ = load("reference_cpu_align_qkv.toml"), load("reference_cpu_align_long.toml")
+    w, g = wide.to_dict(), long_.to_dict()
+    w_stages, g_stages = w.pop("stages"), g.pop("stages")
+    assert w == g and w_stages[1:] == g_stages[1:]
+    w0, g0 = dict(w_stages[0]), dict(g_stages[0])
+    assert (w0.pop("steps"), g0.pop("steps")) == (100, 300)
+    assert w0.pop("max_minutes") < g0.pop("max_minutes") and w0 == g0
