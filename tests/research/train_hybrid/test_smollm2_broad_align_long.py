@@ -2,29 +2,13 @@
 so that its fidelity numbers against smollm2_broad.toml's measure stage 1's length alone."""
 from __future__ import annotations
 
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[3]
-BROAD = ROOT / "research" / "train_hybrid" / "smollm2_broad.toml"
-LONG = ROOT / "research" / "train_hybrid" / "smollm2_broad_align_long.toml"
-
-
-def load(path: Path):
-    from hybrid.train import TrainConfig
-
-    return TrainConfig.from_file(path, mask="mask.json", out="run")
+from recipe_diff import load, recipe_diff
 
 
 def test_only_the_align_steps_and_their_time_cap_differ():
-    broad, long_ = load(BROAD).to_dict(), load(LONG).to_dict()
-    b_stages, l_stages = broad.pop("stages"), long_.pop("stages")
-    assert broad == long_  # teacher, data mixture, corpus, teacher text, hybrid options, speed settings, seed
-    assert b_stages[1:] == l_stages[1:]  # distill
-    b, g = dict(b_stages[0]), dict(l_stages[0])
-    assert (b.pop("steps"), g.pop("steps")) == (180, 540)
-    assert (b.pop("max_minutes"), g.pop("max_minutes")) == (2.0, 6.0)
-    assert b == g  # lr, warm-up, batch, length, train_gdn_qkv (the default: true)
-    assert load(LONG).stages[0].train_gdn_qkv
+    assert recipe_diff("smollm2_broad.toml", "smollm2_broad_align_long.toml") == {
+        0: {"max_minutes": (2.0, 6.0), "steps": (180, 540)}}
+    assert load("smollm2_broad_align_long.toml").stages[0].train_gdn_qkv  # the default: q/k/v trained in stage 1
 
 
 def test_jobs():

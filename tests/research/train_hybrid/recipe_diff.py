@@ -1,0 +1,31 @@
+"""What two recipe files differ in: each research recipe that varies another by one setting is held to that by a
+test built on this."""
+from __future__ import annotations
+
+from pathlib import Path
+
+RECIPES = Path(__file__).resolve().parents[3] / "research" / "train_hybrid"
+
+
+def load(name: str):
+    """research/train_hybrid/<name> as a TrainConfig (mask and out set, so no run folder is needed)."""
+    from hybrid.train import TrainConfig
+
+    return TrainConfig.from_file(RECIPES / name, mask="mask.json", out="run")
+
+
+def recipe_diff(base: str, variant: str) -> dict:
+    """{"top": {key: (base, variant)}, stage index: {key: (base, variant)}} for every setting that differs
+    (a stage key absent from one side reads None); the stage counts must match."""
+    b, v = load(base).to_dict(), load(variant).to_dict()
+    b_stages, v_stages = b.pop("stages"), v.pop("stages")
+    assert len(b_stages) == len(v_stages), (len(b_stages), len(v_stages))
+    diff: dict = {}
+    top = {k: (b.get(k), v.get(k)) for k in sorted(set(b) | set(v)) if b.get(k) != v.get(k)}
+    if top:
+        diff["top"] = top
+    for i, (bs, vs) in enumerate(zip(b_stages, v_stages)):
+        d = {k: (bs.get(k), vs.get(k)) for k in sorted(set(bs) | set(vs)) if bs.get(k) != vs.get(k)}
+        if d:
+            diff[i] = d
+    return diff
