@@ -11,6 +11,15 @@ seed's folder also has run.py's ``eval_rows.csv`` and ``results.json``, the proj
 A single rows file with a ``train_seed`` column (several seeds' rows in one file) gives its seeds by that column.
 ``std`` is the sample standard deviation over the seeds (ddof 1; NaN for one seed). ``gap`` is how far the mean is
 on the wrong side of its target (0 when met); ``met_every_seed`` whether each seed meets it on its own.
+
+``--base`` compares a recipe with another (e.g. a one-setting variant with the recipe it changes): the base's seeds
+(files or folders as above) add ``base_mean``, ``base_std``, ``change`` (mean - base_mean) and ``outside_base``:
+true where every seed of this recipe lies beyond every seed of the base, on the same side (false where the two
+overlap; empty where either lacks the line).
+
+    python -m research.fidelity_seeds docs/results/2026-12-04_smollm2_broad_align_long_fidelity_seed0 \
+        --base docs/results/2026-12-03_smollm2_broad_hybrid_fidelity_seed0 \
+               docs/results/2026-12-03_smollm2_broad_hybrid_fidelity_seed1
 """
 from __future__ import annotations
 
@@ -102,29 +111,57 @@ def seed_table(frames: dict[int, pd.DataFrame], extras: dict[int, pd.DataFrame] 
     return out.reset_index().rename(columns={"source": "line"})
 
 
+def compare(table: pd.DataFrame, base: pd.DataFrame) -> pd.DataFrame:
+    """``table`` (``seed_table``) with the base recipe's mean and spread beside each line, the change of the mean and
+    whether every seed of ``table`` lies beyond every seed of ``base`` on one side."""
+    key = ["line", "metric"]
+    cols = lambda t: [c for c in t.columns if c.startswith("seed_")]  # noqa: E731
+    b = base.set_index(key)
+    t = table.set_index(key)
+    out = t.copy()
+    out["base_mean"] = b["mean"].reindex(t.index)
+    out["base_std"] = b["std"].reindex(t.index)
+    out["change"] = out["mean"] - out["base_mean"]
+    lo_t, hi_t = t[cols(t)].min(axis=1), t[cols(t)].max(axis=1)
+    lo_b, hi_b = b[cols(b)].min(axis=1).reindex(t.index), b[cols(b)].max(axis=1).reindex(t.index)
+    outside = (lo_t > hi_b) | (hi_t < lo_b)
+    out["outside_base"] = outside.where(out["base_mean"].notna() & out["mean"].notna())
+    return out.reset_index()
+
+
+def load_seeds(ap: argparse.ArgumentParser, paths: list[Path], seeds_arg: str | None, what: str):
+    """Per seed, the suite's rows and run.py's extra rows, from files or folders (or one file with train_seed)."""
+    seeds = list(range(len(paths))) if seeds_arg is None else [int(s) for s in seeds_arg.split(",") if s.strip()]
+    if len(seeds) != len(paths) or len(set(seeds)) != len(seeds):
+        ap.error(f"--seeds needs {len(paths)} distinct values, one per rows file; got {seeds_arg!r}")
+    try:
+        loaded = [read_rows(p) for p in paths]
+    except FileNotFoundError as e:
+        ap.error(f"{what}: {e}")
+    frames, extras = {}, {}
+    for seed, path, df in zip(seeds, paths, loaded):
+        if "train_seed" in df.columns:  # one file holding several seeds' rows (its train_seed column names them)
+            if seeds_arg is not None or len(paths) > 1:
+                ap.error(f"{path} holds the rows of several seeds (train_seed column): give it alone, without --seeds")
+            frames = {int(s): g for s, g in df.groupby("train_seed")}
+        else:
+            frames[seed], extras[seed] = df, extra_rows(path)
+    return frames, extras
+
+
 def main(argv: list[str] | None = None) -> pd.DataFrame:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     ap.add_argument("rows", nargs="+", type=Path, help="each seed's fidelity_rows.csv (or its run folder)")
     ap.add_argument("--seeds", default=None, help="comma list, one per rows file (default 0, 1, ...)")
     ap.add_argument("--out", type=Path, default=None, help="write the table as CSV here")
+    ap.add_argument("--base", nargs="+", type=Path, default=None,
+                    help="another recipe's seeds (files or folders): its mean and spread beside each line")
     a = ap.parse_args(argv)
-    seeds = list(range(len(a.rows))) if a.seeds is None else [int(s) for s in a.seeds.split(",") if s.strip()]
-    if len(seeds) != len(a.rows) or len(set(seeds)) != len(seeds):
-        ap.error(f"--seeds needs {len(a.rows)} distinct values, one per rows file; got {a.seeds!r}")
-    try:
-        loaded = [read_rows(p) for p in a.rows]
-    except FileNotFoundError as e:
-        ap.error(str(e))
-    frames, extras = {}, {}
-    for seed, path, df in zip(seeds, a.rows, loaded):
-        if "train_seed" in df.columns:  # one file holding several seeds' rows (its train_seed column names them)
-            if a.seeds is not None or len(a.rows) > 1:
-                ap.error(f"{path} holds the rows of several seeds (train_seed column): give it alone, without --seeds")
-            frames = {int(s): g for s, g in df.groupby("train_seed")}
-        else:
-            frames[seed], extras[seed] = df, extra_rows(path)
+    frames, extras = load_seeds(ap, a.rows, a.seeds, "rows")
     table = seed_table(frames, extras)
+    if a.base is not None:
+        table = compare(table, seed_table(*load_seeds(ap, a.base, None, "--base")))
     with pd.option_context("display.width", 200, "display.max_rows", 500, "display.float_format", "{:.3f}".format):
         print(table.to_string(index=False))
     if a.out is not None:

@@ -79,3 +79,23 @@ def test_one_file_with_a_train_seed_column_gives_its_seeds(tmp_path, capsys):
     with pytest.raises(SystemExit):
         fidelity_seeds.main([str(tmp_path / "both.csv"), "--seeds", "5"])
     assert "train_seed column" in capsys.readouterr().err
+
+
+def test_base_puts_another_recipes_mean_and_spread_beside_each_line(tmp_path):
+    rows(1.10, 0.80, 0.88).to_csv(tmp_path / "v.csv", index=False)  # the variant: one seed
+    rows(1.30, 0.78, 0.80).to_csv(tmp_path / "b0.csv", index=False)  # the base: two seeds
+    rows(1.32, 0.82, 0.86).to_csv(tmp_path / "b1.csv", index=False)
+    t = fidelity_seeds.main([str(tmp_path / "v.csv"), "--seeds", "0", "--base", str(tmp_path / "b0.csv"),
+                             str(tmp_path / "b1.csv")]).set_index(["line", "metric"])
+    ppl = t.loc[("prose", "perplexity_ratio")]
+    assert ppl["base_mean"] == pytest.approx(1.31) and ppl["base_std"] == pytest.approx(0.01414, abs=1e-4)
+    assert ppl["change"] == pytest.approx(-0.21) and ppl["outside_base"]  # 1.10 below both 1.30 and 1.32
+    assert not t.loc[("prose", "top1_agreement"), "outside_base"]  # 0.80 lies between the base's 0.78 and 0.82
+    assert t.loc[("niah @2040", "accuracy_student"), "change"] == pytest.approx(0.05)
+
+
+def test_a_missing_base_is_named(tmp_path, capsys):
+    rows(1.0, 0.9, 0.9).to_csv(tmp_path / "a.csv", index=False)
+    with pytest.raises(SystemExit):
+        fidelity_seeds.main([str(tmp_path / "a.csv"), "--base", str(tmp_path / "nope.csv")])
+    assert "--base" in capsys.readouterr().err
