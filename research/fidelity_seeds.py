@@ -42,7 +42,8 @@ TARGETS = {
     "gpu_minutes": ("<=", 30.0),
 }
 SHOWN = ("perplexity_ratio", "kl_to_teacher", "top1_agreement", "continuation_agreement", "chat_nll_ratio",
-         "chat_repeated_4grams_student", "chat_repeated_4grams_teacher", "accuracy_student", "accuracy_teacher",
+         "chat_nll_ratio_no_loops", "chat_repeated_4grams_student", "chat_repeated_4grams_teacher",
+         "accuracy_student", "accuracy_teacher",
          "accuracy_difference", "template_accuracy", "template_accuracy_teacher", "gpu_minutes")
 
 

@@ -310,6 +310,9 @@ def nll_ratios(nll_student_answers, nll_teacher_answers) -> tuple[list[float | N
     return out, sum(r is None for r in out)
 
 
+LOOP_SHARE = 0.3  # an answer repeating more than this share of its 4-grams loops (chat_nll_ratio_no_loops)
+
+
 def repeated_ngrams(tokens: Sequence[int], n: int = 4) -> float:
     """The share of an answer's token n-grams that already occurred earlier in it (0 for a loop-free answer, near 1
     for one that repeats a phrase to its end); 0 for answers shorter than n + 1 tokens. The teacher's NLL rewards
@@ -364,6 +367,10 @@ def fidelity_chat(model, tokenizer, cfg: ChatConfig, ctx: EvalContext, teacher=N
     note = f"{left_out} instruction(s) left out: the teacher's own answer had NLL 0" if left_out else None
     n = len(kept)
     rep_s, rep_t = [repeated_ngrams(a) for a in ans_s], [repeated_ngrams(a) for a in ans_t]
+    # the ratio where neither answer loops: a loop is easy for the teacher to predict, so fewer loops can raise the
+    # mean ratio while the answers get better; this one compares like with like
+    calm = [r for r, g_s, g_t in zip(ratios, rep_s, rep_t)
+            if r is not None and g_s <= LOOP_SHARE and g_t <= LOOP_SHARE]
     rows = [row("fidelity_chat", "chat_nll_ratio", statistics.fmean(kept) if kept else None, n, note=note, **fields),
             row("fidelity_chat", "chat_nll_ratio_median", statistics.median(kept) if kept else None, n, note=note,
                 **fields),
@@ -371,7 +378,10 @@ def fidelity_chat(model, tokenizer, cfg: ChatConfig, ctx: EvalContext, teacher=N
             row("fidelity_chat", "chat_nll_teacher_answer", statistics.fmean(nll_t), len(nll_t), **fields),
             row("fidelity_chat", "chat_same_answer", 1 - len(diff) / len(items), len(items), **fields),
             row("fidelity_chat", "chat_repeated_4grams_student", statistics.fmean(rep_s), len(rep_s), **fields),
-            row("fidelity_chat", "chat_repeated_4grams_teacher", statistics.fmean(rep_t), len(rep_t), **fields)]
+            row("fidelity_chat", "chat_repeated_4grams_teacher", statistics.fmean(rep_t), len(rep_t), **fields),
+            row("fidelity_chat", "chat_nll_ratio_no_loops", statistics.fmean(calm) if calm else None, len(calm),
+                note=None if calm else f"every answer pair has a loop (> {LOOP_SHARE:g} of its 4-grams repeated)",
+                **fields)]
     if ctx.artifacts is not None:
         ctx.artifacts[ANSWERS_FILE] = [
             {**it, "teacher_answer": tok.decode(a_t, skip_special_tokens=True),

@@ -11,7 +11,7 @@ import torch
 
 import headscope
 from headscope.evaluate import get_evaluation, list_suites, read_results, save_results
-from headscope.evaluate.fidelity import ANSWERS_FILE, MissingTeacherError, nll_ratios
+from headscope.evaluate.fidelity import ANSWERS_FILE, LOOP_SHARE, MissingTeacherError, nll_ratios
 from headscope.evaluate.fidelity_data import (DATA, UnknownSourceError, list_sources, load_instructions, load_source,
                                               load_sources, manifest)
 
@@ -157,6 +157,14 @@ def test_chat_ratio_with_a_chat_template(student, teacher, chat_tok, tmp_path):
     assert len(records) == 6 and records[0]["instruction"] == load_instructions()[0]["instruction"]
     ratios = [r["nll_student_answer"] / r["nll_teacher_answer"] for r in records]
     assert ratio == pytest.approx(sum(ratios) / len(ratios))
+    calm = [r["ratio"] for r in records
+            if r["student_repeated_4grams"] <= LOOP_SHARE and r["teacher_repeated_4grams"] <= LOOP_SHARE]
+    no_loops = df[df.metric == "chat_nll_ratio_no_loops"]
+    assert no_loops.n.item() == len(calm)
+    if calm:
+        assert no_loops.value.item() == pytest.approx(sum(calm) / len(calm))
+    else:
+        assert no_loops.value.isna().all() and no_loops.note.str.contains("has a loop").all()
     out = save_results(df, tmp_path / "res", figures=False)
     lines = (out / ANSWERS_FILE).read_text(encoding="utf-8").splitlines()
     assert len(lines) == 6 and set(json.loads(lines[0])) >= {"instruction", "topic", "kind", "teacher_answer",
