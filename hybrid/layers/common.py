@@ -334,13 +334,31 @@ def window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: 
     return torch.cat(outs, 1)  # [B, T, H, D]
 
 
+# mask elements (B x H/K x T x S) per SDPA call of grouped_attention: a longer prefill goes in query chunks, so that
+# the head-expanded mask (and the float copy SDPA makes of a boolean one) stays ~1 GiB instead of growing as B x T x S
+GROUPED_MASK_ELEMENTS = 1 << 28
+
+
 def grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
                       scale: float) -> torch.Tensor:
     """Masked attention with GQA and no KV copy: the H / K query heads of each KV head become extra query rows.
 
     q [B, T, H, D]; k, v [B, S, K, D] with H a multiple of K (query head h reads KV head h // (H / K));
     mask [B, T, S] bool, True where query (b, t) may attend key s. Returns o [B, T, H, D]. A query row whose
-    mask is all False gives NaN (SDPA); callers always leave the query's own key visible."""
+    mask is all False gives NaN (SDPA); callers always leave the query's own key visible. Queries go to SDPA in
+    chunks of at most ``GROUPED_MASK_ELEMENTS`` mask elements (each query row's result does not depend on the
+    others; a decode step of one token per row is one call)."""
+    B, T, H, D = q.shape
+    rep, S = H // k.shape[2], mask.shape[-1]
+    step = max(1, GROUPED_MASK_ELEMENTS // max(1, B * rep * S))
+    if T <= step:
+        return _grouped_attention(q, k, v, mask, scale)
+    return torch.cat([_grouped_attention(q[:, a:a + step], k, v, mask[:, a:a + step], scale)
+                      for a in range(0, T, step)], 1)  # [B, T, H, D]
+
+
+def _grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+                       scale: float) -> torch.Tensor:
     B, T, H, D = q.shape
     K = k.shape[2]
     rep = H // K

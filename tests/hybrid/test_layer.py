@@ -382,3 +382,30 @@ def test_a_compiled_hybrid_layer_has_no_head_index_tensor_in_its_graph(merge, fa
     made = [n.format_node() for g in graphs for n in g.graph.nodes
             if n.op == "call_function" and n.target in (torch.tensor, torch.as_tensor)]
     assert len(graphs) == 1 and made == []
+
+
+@pytest.mark.parametrize("rep", [1, 3])
+def test_grouped_attention_in_query_chunks_equals_one_call(monkeypatch, rep):
+    """A long prefill goes to SDPA in query chunks (the head-expanded mask stays bounded); each query row's output
+    is the one-call output, for GQA (3 query heads per KV head) and one KV copy per head, ragged rows included."""
+    from hybrid.layers import common
+
+    torch.manual_seed(0)
+    B, T, K, D = 2, 37, 2, 8
+    q = torch.randn(B, T, K * rep, D)  # [B, T, H, D]
+    k, v = torch.randn(B, T, K, D), torch.randn(B, T, K, D)  # [B, S, K, D]
+    lengths = torch.tensor([T, 25])
+    pos = torch.arange(T)
+    mask = (pos[None, None, :] <= pos[None, :, None]) & (pos[None, None, :] < lengths[:, None, None])  # [B, T, S]
+    mask |= torch.eye(T, dtype=torch.bool)[None]  # every query sees its own key
+    whole = common.grouped_attention(q, k, v, mask, D ** -0.5)  # [B, T, H, D]
+    calls = []
+    real = common._grouped_attention
+    monkeypatch.setattr(common, "_grouped_attention", lambda *a: calls.append(a[0].shape[1]) or real(*a))
+    monkeypatch.setattr(common, "GROUPED_MASK_ELEMENTS", B * rep * T * 5)  # 5 query rows per call
+    chunked = common.grouped_attention(q, k, v, mask, D ** -0.5)
+    assert calls == [5] * 7 + [2]
+    torch.testing.assert_close(chunked, whole, rtol=1e-6, atol=1e-6)
+    calls.clear()
+    common.grouped_attention(q[:, :1], k, v, mask[:, :1], D ** -0.5)  # one token per row: one call
+    assert calls == [1]
