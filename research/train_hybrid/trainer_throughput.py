@@ -6,7 +6,8 @@ in the hybrid stages; of the H200's 790 TFLOP/s bf16 peak).
     python research/train_hybrid/trainer_throughput.py --config research/train_hybrid/smollm2_stage2_speed.toml \
         [--mask MASK.json] [--out DIR] [--device cpu]
 
-Prints one line per stage and writes ``OUT/trainer_throughput.json``.
+Prints one line per stage and writes ``OUT/trainer_throughput.json``. A stage name may repeat (e.g. "align" at two
+batch sizes, ``smollm2_stage1_speed.toml``): each stage is read by its place in the config.
 """
 from __future__ import annotations
 
@@ -36,18 +37,21 @@ def main(argv: list[str] | None = None) -> int:
     student, teacher = trainer.run("all", resume=False, allow_config_change=False).model, trainer.teacher
     records = [r for r in read_log(Path(cfg.out) / "log.jsonl") if "tok_per_s" in r]
     rows = []
-    for st in cfg.stages:
-        mine = [r for r in records if r["stage"] == st.name]
+    repeated = len({st.name for st in cfg.stages}) < len(cfg.stages)
+    for index, st in enumerate(cfg.stages):
+        mine = [r for r in records if r.get("stage_index", index) == index and r["stage"] == st.name]
         tps = [r["tok_per_s"] for r in mine]
+        label = f"{st.name} (stage {index + 1})" if repeated else st.name
         if not tps:
-            print(f"{st.name}: no log records with tokens/s (log_every larger than the steps run?)")
+            print(f"{label}: no log records with tokens/s (log_every larger than the steps run?)")
             continue
         T, kind, med = st.seq_len, STAGES[st.name], statistics.median(tps)
         flops = None  # align trains the new parameters only: its backward is not 2x the forward; not counted
         if kind.trains == "all":  # forward + backward of every weight (3x), plus the teacher's forward if it runs
             flops = 3 * forward_flops_per_token(student, T)
             flops += forward_flops_per_token(teacher, T) if kind.uses_teacher and teacher is not None else 0.0
-        row = {"stage": st.name, "batch_size": st.batch_size, "seq_len": T, "log_records": len(tps),
+        row = {"stage": st.name, "stage_index": index, "batch_size": st.batch_size, "seq_len": T,
+               "log_records": len(tps),
                "steps": max(r["step"] for r in mine), "tok_per_s_median": med, "tok_per_s_min": min(tps),
                "tok_per_s_max": max(tps), "model_flops_per_token": flops,
                "tflops": round(med * flops / 1e12, 2) if flops else None,
@@ -56,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(row)
         rate = (f", {row['tflops']} TFLOP/s = MFU {row['mfu']:.1%} of {H200_BF16_PEAK / 1e12:.0f}" if flops else
                 " (MFU not counted: only the new parameters train)")
-        print(f"{st.name}: batch {st.batch_size} x {T}, {row['steps']} steps: {med:,.0f} tokens/s (median of "
+        print(f"{label}: batch {st.batch_size} x {T}, {row['steps']} steps: {med:,.0f} tokens/s (median of "
               f"{len(tps)} log records, {min(tps):,.0f}-{max(tps):,.0f}){rate}")
     write_text(Path(cfg.out) / "trainer_throughput.json", json.dumps({"config": a.config, "rows": rows}, indent=1))
     return 0

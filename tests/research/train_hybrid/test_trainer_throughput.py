@@ -39,3 +39,20 @@ def test_tiny_run_reports_tokens_per_second_and_mfu_per_stage(tmp_path):
     assert lg["mfu"] == pytest.approx(lg["tok_per_s_median"] * lg["model_flops_per_token"] / H200_BF16_PEAK,
                                       rel=1e-3)
     assert f"distill: batch {d['batch_size']} x {d['seq_len']}" in p.stdout and "MFU" in p.stdout
+
+
+def test_a_repeated_stage_name_is_read_by_its_place(tmp_path):
+    """Two "align" stages at batch 1 and 2 (as smollm2_stage1_speed.toml has at 16 and 64): a row each, in order."""
+    text = (ROOT / "research/train_hybrid/tiny.toml").read_text()
+    head = text[:text.index("[[stages]]")]
+    stages = "".join(f'[[stages]]\nname = "align"\nsteps = 3\nlr = 2e-3\nseq_len = 64\nbatch_size = {b}\n\n'
+                     for b in (1, 2))
+    (tmp_path / "two.toml").write_text(head + stages)
+    mask = reference_kv_group_mask(tmp_path / "mask.json")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    p = subprocess.run([sys.executable, str(SCRIPT), "--config", str(tmp_path / "two.toml"), "--mask", str(mask),
+                        "--out", str(tmp_path / "o")], env=env, cwd=ROOT, capture_output=True, text=True, check=True)
+    rows = json.loads((tmp_path / "o" / "trainer_throughput.json").read_text())["rows"]
+    assert [(r["stage"], r["stage_index"], r["batch_size"]) for r in rows] == [("align", 0, 1), ("align", 1, 2)]
+    assert [r["log_records"] for r in rows] == [3, 3]  # log_every 1: each stage its own 3 records, not both's 6
+    assert "align (stage 1): batch 1 x 64" in p.stdout and "align (stage 2): batch 2 x 64" in p.stdout
