@@ -18,13 +18,17 @@ def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("answers", type=Path, help="a chat_answers.jsonl of the fidelity suite")
     ap.add_argument("--tokenizer", default="smollm2-135m", help="headscope.load_model name whose tokenizer to use")
-    ap.add_argument("--over", type=float, default=0.3, help="count answers with more than this share repeated")
+    ap.add_argument("--over", type=float, default=None, help="count answers with more than this share repeated "
+                    "(default: the suite's LOOP_SHARE, 0.3)")
     a = ap.parse_args(argv)
     if not a.answers.is_file():
         ap.error(f"{a.answers}: no such file; give the chat_answers.jsonl a fidelity run wrote")
 
     import headscope
-    from headscope.evaluate.fidelity import repeated_ngrams
+    from headscope.evaluate.fidelity import LOOP_SHARE, repeated_ngrams
+
+    if a.over is None:
+        a.over = LOOP_SHARE
 
     _, tok = headscope.load_model(a.tokenizer)
     rows = [json.loads(line) for line in a.answers.read_text(encoding="utf-8").splitlines() if line.strip()]

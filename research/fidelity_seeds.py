@@ -166,7 +166,9 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
     with pd.option_context("display.width", 200, "display.max_rows", 500, "display.float_format", "{:.3f}".format):
         print(table.to_string(index=False))
     if a.out is not None:
-        table.to_csv(a.out, index=False, float_format="%.6g")
+        from headscope.io import write_text
+
+        write_text(a.out, table.to_csv(index=False, float_format="%.6g"))
         print(f"wrote {a.out}", file=sys.stderr)
     return table
 
