@@ -144,6 +144,9 @@ def decode_row(run: Run, name: str, model, ctx: int, batch: int, steps: int, gra
     return row
 
 
+SECTIONS = ("decode", "prefill", "max_batch", "layer")  # --sections: most important first
+
+
 def decode_section(run: Run, models: dict, contexts: list[int], batches: list[int], steps: int, graph: bool,
                    vocab: int, est) -> None:
     for ctx in contexts:
@@ -346,7 +349,14 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--fused-gdn", action="store_true",
                     help="also time the hybrids' step with the fused GDN decode op (hybrid.ops.gdn_decode; columns "
                          "fused_gdn_ms and fused_speedup_vs_teacher; step_ms stays the split path's)")
+    ap.add_argument("--sections", default=",".join(SECTIONS),
+                    help=f"comma list of the units to run, of {', '.join(SECTIONS)} (default all; the cache bytes "
+                         "always run: they are instant)")
     args = ap.parse_args(argv)
+    sections = [s.strip() for s in args.sections.split(",") if s.strip()]
+    unknown = sorted(set(sections) - set(SECTIONS))
+    if unknown or not sections:
+        ap.error(f"--sections {args.sections!r}: unknown {unknown or 'nothing given'}; choose from {', '.join(SECTIONS)}")
     out = args.out or Path(os.environ.get("OUT", ".")) / "bench_whole_model.json"
     if args.dry_run:
         device, dtype, shape = "cpu", torch.float32, DRY_SHAPE
@@ -395,14 +405,20 @@ def main(argv: list[str] | None = None) -> dict:
 
     graph = run.data["cuda_graph"]
     # most important first: the issue's targets (decode, prefill, max batch at the longest context)
-    decode_section(run, models, contexts[:1], batches, steps, graph, shape["vocab"], dec_est)
-    prefill_section(run, models, lengths[:1], shape["vocab"], pre_est)
-    max_batch_section(run, models, big, shape["vocab"], mem_cap, limit)
-    decode_section(run, models, contexts[1:], batches, steps, graph, shape["vocab"], dec_est)
-    prefill_section(run, models, lengths[1:], shape["vocab"], pre_est)
+    run.data["sections"] = sections
+    if "decode" in sections:
+        decode_section(run, models, contexts[:1], batches, steps, graph, shape["vocab"], dec_est)
+    if "prefill" in sections:
+        prefill_section(run, models, lengths[:1], shape["vocab"], pre_est)
+    if "max_batch" in sections:
+        max_batch_section(run, models, big, shape["vocab"], mem_cap, limit)
+    if "decode" in sections:
+        decode_section(run, models, contexts[1:], batches, steps, graph, shape["vocab"], dec_est)
+    if "prefill" in sections:
+        prefill_section(run, models, lengths[1:], shape["vocab"], pre_est)
     del models
     free(device)
-    if run.fits(f"one layer T={layer_T}", 40.0 if gpu else 5.0):
+    if "layer" in sections and run.fits(f"one layer T={layer_T}", 40.0 if gpu else 5.0):
         layer_section(run, shape, layer_T, dtype)
     run.say(f"done; skipped {run.data['skipped'] or 'nothing'}")
     run.save()

@@ -59,6 +59,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--compile-decode", action="store_true",
                    help="also time the torch.compile'd decode step: bare_step_compiled_ms and fast_compiled "
                         "(generate(compile_decode=True)) next to the uncompiled rows")
+    p.add_argument("--fused-gdn", action="store_true",
+                   help="also time the fast path with the fused GDN decode op (hybrid.ops.gdn_decode; row "
+                        "fast_fused_gdn beside fast, and its bare step)")
     p.add_argument("--skip", default="", help=f"comma list of rows to leave out: {', '.join(SKIPPABLE)}")
     p.add_argument("--out", default=None, help="JSON path (default $OUT/generate_speed.json when $OUT is set)")
     a = p.parse_args(argv)
@@ -208,6 +211,16 @@ def run(args: argparse.Namespace, out: str | None = None) -> dict:
             row["fast"] = generate_row(model, ids, args.new, args.device, args.repeats)
         if not took:  # the row would time transformers' loop under the fast path's name
             raise RuntimeError("generate() did not take the fast path (hybrid.generation logs why at INFO)")
+        if args.fused_gdn:
+            from hybrid.layers.hybrid_attention import use_fused_decode
+
+            use_fused_decode(model)
+            try:
+                with torch.no_grad():
+                    row["bare_step_fused_gdn_ms"] = round(bare_step_ms(model, ids, args.new, args.device), 3)
+                row["fast_fused_gdn"] = generate_row(model, ids, args.new, args.device, args.repeats)
+            finally:
+                use_fused_decode(model, on=False)
         if "eager" not in args.skip:
             row["eager"] = generate_row(model, ids, args.new, args.device, args.repeats, static_cache=False)
         if args.compile_decode:
@@ -239,7 +252,9 @@ def line(row: dict) -> str:
     parts = [f"B={row['batch']}: bare step {row['bare_step_ms']:.3f} ms"]
     if "bare_step_compiled_ms" in row:
         parts.append(f"compiled bare step {row['bare_step_compiled_ms']:.3f} ms")
-    for name in ("fast", "fast_compiled", "eager", "teacher_dynamic", "teacher_static"):
+    if "bare_step_fused_gdn_ms" in row:
+        parts.append(f"fused-GDN bare step {row['bare_step_fused_gdn_ms']:.3f} ms")
+    for name in ("fast", "fast_fused_gdn", "fast_compiled", "eager", "teacher_dynamic", "teacher_static"):
         r = row.get(name)
         if r is None:
             continue

@@ -409,3 +409,30 @@ def test_grouped_attention_in_query_chunks_equals_one_call(monkeypatch, rep):
     calls.clear()
     common.grouped_attention(q[:, :1], k, v, mask[:, :1], D ** -0.5)  # one token per row: one call
     assert calls == [1]
+
+
+@pytest.mark.gpu
+def test_grouped_attention_8k_prefill_of_32_rows_stays_small_on_cuda():
+    """The fidelity suite's float32 8K prefill of 32 rows (SmolLM2's 9 query / 3 KV heads of 64): in query chunks
+    it needs a few GiB above its inputs, where one call built a 6.4 GB boolean mask and SDPA a 25.7 GB float copy;
+    the rows equal one call on a slice small enough to make in one piece."""
+    from hybrid.layers import common
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    torch.manual_seed(0)
+    dev, B, T, H, K, D = "cuda", 32, 8192, 9, 3, 64
+    q = torch.randn(B, T, H, D, device=dev)  # [B, T, H, D]
+    k, v = torch.randn(B, T, K, D, device=dev), torch.randn(B, T, K, D, device=dev)  # [B, S, K, D]
+    mask = torch.ones(T, T, dtype=torch.bool, device=dev).tril()[None].expand(B, T, T)  # [B, T, S]
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    o = common.grouped_attention(q, k, v, mask, D ** -0.5)  # [B, T, H, D]
+    torch.cuda.synchronize()
+    extra = (torch.cuda.max_memory_allocated() - before) / 2**30
+    assert o.shape == (B, T, H, D) and torch.isfinite(o).all()
+    assert extra < 8.0, f"{extra:.1f} GiB above the inputs"
+    rows = slice(T - 64, T)  # the last 64 query rows of two sequences, one call
+    one = common._grouped_attention(q[:2, rows], k[:2], v[:2], mask[:2, rows], D ** -0.5)  # [2, 64, H, D]
+    torch.testing.assert_close(o[:2, rows], one, rtol=2e-5, atol=2e-5)

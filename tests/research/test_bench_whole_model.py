@@ -85,3 +85,18 @@ def test_dry_run_times_the_fused_gdn_step_beside_the_split_step(tmp_path):
                    "old\n<!-- whole-model results: end -->\n")
     run_script("render_whole_model", str(out), "--doc", str(doc))
     assert "| decode ms/step, fused GDN op | hybrid_7to1 (speedup) |" in doc.read_text()
+
+
+def test_sections_runs_only_the_units_named(tmp_path):
+    """--sections decode times the decode rows and nothing slower (no prefill, max batch or layer rows); an unknown
+    name is refused with the list to choose from."""
+    out = tmp_path / "bench.json"
+    run_script("bench_whole_model_gpu", "--dry-run", "--sections", "decode", "--out", str(out), "--contexts", "32",
+               "--batches", "1", "--steps", "2")
+    data = json.loads(out.read_text())
+    assert {r["model"] for r in data["decode"]} == MODELS and data["sections"] == ["decode"]
+    assert data["prefill"] == [] and data["max_batch"] == [] and data["layer"] == []
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    bad = subprocess.run([sys.executable, str(ROOT / "research" / "bench_whole_model_gpu.py"), "--dry-run",
+                          "--sections", "decode,prefil"], env=env, cwd=ROOT, capture_output=True, text=True)
+    assert bad.returncode == 2 and "unknown ['prefil']" in bad.stderr and "max_batch" in bad.stderr

@@ -49,3 +49,26 @@ def test_skipped_rows_are_left_out_and_their_ratios_are_null(tmp_path):
 def test_an_unknown_skip_is_named():
     with pytest.raises(SystemExit):
         generate_speed.parse_args(["--skip", "fast"])
+
+
+@pytest.mark.skipif(not has_default_weights(), reason="the reference model's weights are not on disk")
+def test_fused_gdn_adds_its_rows_and_switches_the_model_back(tmp_path, capsys, monkeypatch):
+    """--fused-gdn times the fast path again with every GDN branch on the fused decode op, then restores the split
+    path (the eager and teacher rows after it run as before)."""
+    from hybrid.layers.hybrid_attention import GatedDeltaNetBranch
+
+    seen = []
+    real = generate_speed.generate_row
+
+    def spy(model, *a, **kw):
+        seen.append({m.decode_backend for m in model.modules() if isinstance(m, GatedDeltaNetBranch)})
+        return real(model, *a, **kw)
+
+    monkeypatch.setattr(generate_speed, "generate_row", spy)
+    out = tmp_path / "speed.json"
+    assert generate_speed.main(["--prompt", "8", "--new", "3", "--batch", "1", "--repeats", "1", "--fused-gdn",
+                                "--skip", "teacher_dynamic,teacher_static", "--out", str(out)]) == 0
+    row = json.loads(out.read_text())["rows"][0]
+    assert row["fast_fused_gdn"]["tok_s"] > 0 and row["bare_step_fused_gdn_ms"] > 0
+    assert seen[:3] == [{"split"}, {"fused"}, {"split"}]  # fast, fast_fused_gdn, eager
+    assert "fast_fused_gdn" in capsys.readouterr().out
