@@ -26,7 +26,8 @@ padding (transformers passes it the mask's padding lengths); processors that rea
 (``no_repeat_ngram_size``, ``sequence_bias``) see the pad ids, as they do in transformers.
 
 The cache and the captured decode graph are kept for the next call with the same batch size, capacity (prompt +
-new tokens, rounded up to ``CAPACITY_STEP``), dtype and device, unless a weight or a hook changed in between:
+new tokens, rounded up to ``CAPACITY_STEP``), dtype and device, unless a weight, a hook or a decode op
+(``use_fused_decode``) changed in between:
 ``release(model)`` frees them. A model with forward hooks (headscope's interventions) steps without the graph, so
 its hooks run at every step.
 
@@ -362,11 +363,13 @@ _KEPT: "weakref.WeakKeyDictionary[torch.nn.Module, _Kept]" = weakref.WeakKeyDict
 
 def _model_key(model) -> tuple:
     """What a captured decode step depends on besides shapes: every parameter's storage and in-place version
-    (an optimizer step changes it) and the hooks on the modules."""
+    (an optimizer step changes it), the hooks on the modules, and each module's ``decode_backend`` (the GDN
+    branches' split or fused decode op, ``use_fused_decode``)."""
     params = tuple((p.data_ptr(), p._version) for p in model.parameters())
     hooks = tuple(id(h) for m in model.modules() for d in (m._forward_hooks, m._forward_pre_hooks)
                   for h in d.values())
-    return params, hooks
+    backends = tuple(m.decode_backend for m in model.modules() if hasattr(m, "decode_backend"))
+    return params, hooks, backends
 
 
 def _take(model, batch: int, need: int, cuda: bool, compile: bool = False) -> _Kept:

@@ -90,9 +90,14 @@ def round_up(n: int, m: int = 64) -> int:
 
 def filled_cache(model, batch: int, ctx: int, capacity: int) -> StaticHybridCache:
     """A StaticHybridCache whose rows already hold `ctx` positions (zeros: a step's cost depends on lengths)."""
-    cache = StaticHybridCache.allocate(model, batch, capacity)
+    return rewind(StaticHybridCache.allocate(model, batch, capacity), ctx)
+
+
+def rewind(cache: StaticHybridCache, ctx: int) -> StaticHybridCache:
+    """Set every row of ``cache`` back to ``ctx`` positions in place (the addresses a CUDA graph holds stay), so
+    each timed column starts from the same context and the columns together never outgrow the capacity."""
     cache.lengths.fill_(ctx)
-    cache.host_lengths = [ctx] * batch
+    cache.host_lengths = [ctx] * cache.lengths.shape[0]
     cache.seen_tokens = ctx
     return cache
 
@@ -100,10 +105,13 @@ def filled_cache(model, batch: int, ctx: int, capacity: int) -> StaticHybridCach
 # ---------------------------------------------------------------- 1. decode
 
 
-def timed_column(run: Run, row: dict, key: str, what: str, make, ids, steps: int) -> None:
-    """row[f"{key}_ms"] = the median step of the Decoder ``make()`` builds; a failure other than running out of
-    memory is a finding, not the end of the run: row[f"{key}_error"], said, and the other columns stand."""
+def timed_column(run: Run, row: dict, key: str, what: str, make, ids, steps: int, cache=None) -> None:
+    """row[f"{key}_ms"] = the median step of the Decoder ``make()`` builds, from the row's context (``cache``
+    rewound to it first); a failure other than running out of memory is a finding, not the end of the run:
+    row[f"{key}_error"], said, and the other columns stand."""
     try:
+        if cache is not None:
+            rewind(cache, row["context"])
         dec = make()
         row[f"{key}_ms"] = round(bench_ms(lambda: dec.step(ids), run.device, target_ms=200.0, max_reps=steps), 3)
         del dec
@@ -126,14 +134,14 @@ def decode_row(run: Run, name: str, model, ctx: int, batch: int, steps: int, gra
         row["eager_ms"] = round(bench_ms(lambda: eager.step(ids), dev, target_ms=100.0, max_reps=5), 3)
         if graph:
             timed_column(run, row, "graph", "CUDA graph capture", lambda: Decoder(model, cache, cuda_graph=True),
-                         ids, steps)
+                         ids, steps, cache=cache)
         if compiled:  # the torch.compile'd step (inside the graph on CUDA): its own column, never the step_ms
             timed_column(run, row, "compiled", "compiled step",
-                         lambda: Decoder(model, cache, cuda_graph=graph, compile=True), ids, steps)
+                         lambda: Decoder(model, cache, cuda_graph=graph, compile=True), ids, steps, cache=cache)
         if fused and use_fused_decode(model, True):  # the fused GDN decode op (hybrid.ops.gdn_decode): own column
             try:
                 timed_column(run, row, "fused_gdn", "fused GDN step", lambda: Decoder(model, cache, cuda_graph=graph),
-                             ids, steps)
+                             ids, steps, cache=cache)
             finally:
                 use_fused_decode(model, False)
         row["step_ms"] = row.get("graph_ms", row["eager_ms"])

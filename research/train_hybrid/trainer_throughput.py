@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     for index, st in enumerate(cfg.stages):
         mine = [r for r in records if r.get("stage_index", index) == index and r["stage"] == st.name]
         tps = [r["tok_per_s"] for r in mine]
-        label = f"{st.name} (stage {index + 1})" if repeated else st.name
+        label = f"{st.name} (schedule entry {index + 1})" if repeated else st.name
         if not tps:
             print(f"{label}: no log records with tokens/s (log_every larger than the steps run?)")
             continue

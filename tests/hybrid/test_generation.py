@@ -471,6 +471,28 @@ def test_the_kept_cache_is_reused_and_dropped_when_a_weight_changes(models):
     assert model not in generation._KEPT
 
 
+def test_switching_the_gdn_decode_op_makes_a_new_decode_step(models):
+    """use_fused_decode between two calls: the kept step (a CUDA graph on CUDA) was made with the split op, so the
+    next call makes a new one, with the fused op, and greedy tokens stay those of the split path."""
+    from hybrid.layers.hybrid_attention import use_fused_decode
+
+    teacher = tiny_model("qwen3", dtype=torch.float64)
+    model = _perturbed(BUILDERS["head"](teacher))
+    ids, mask = _padded(_rows((6, 4), seed=15))
+    split = model.generate(ids, attention_mask=mask, max_new_tokens=5, **GREEDY)
+    kept = generation._KEPT[model]
+    assert use_fused_decode(model) > 0
+    try:
+        fused = model.generate(ids, attention_mask=mask, max_new_tokens=5, **GREEDY)
+        assert generation._KEPT[model] is not kept
+        assert torch.equal(fused, split)
+    finally:
+        use_fused_decode(model, on=False)
+    model.generate(ids, attention_mask=mask, max_new_tokens=5, **GREEDY)
+    assert generation._KEPT[model].key[-1] == kept.key[-1]  # back on the split op: the same key as the first
+    generation.release(model)
+
+
 def test_forward_hooks_run_at_every_step(models):
     """A hook (headscope's interventions) sees every forward of the fast path, as on the eager path, and its
     output change is honoured; adding it gives a new kept cache (no CUDA graph with hooks on CUDA)."""

@@ -100,3 +100,27 @@ def test_sections_runs_only_the_units_named(tmp_path):
     bad = subprocess.run([sys.executable, str(ROOT / "research" / "bench_whole_model_gpu.py"), "--dry-run",
                           "--sections", "decode,prefil"], env=env, cwd=ROOT, capture_output=True, text=True)
     assert bad.returncode == 2 and "unknown ['prefil']" in bad.stderr and "max_batch" in bad.stderr
+
+
+def test_every_decode_column_starts_from_the_rows_context(tmp_path, monkeypatch):
+    """Each timed column rewinds the cache to the row's context first, so each column is timed at the context the
+    row names and the columns' steps together never outgrow the capacity (--compile-decode and --fused-gdn
+    together filled it on the GPU: "StaticHybridCache is full")."""
+    import torch
+
+    from research import bench_whole_model_gpu as bench
+    from research.perf.benchmark import Run
+
+    starts, real = [], bench.Decoder
+
+    def spy(model, cache, **kw):
+        starts.append(cache.host_lengths[0])
+        return real(model, cache, **kw)
+
+    monkeypatch.setattr(bench, "Decoder", spy)
+    models = bench.build_models(bench.DRY_SHAPE, "cpu", torch.float32)
+    run = Run(600, tmp_path / "b.json", "cpu", decode=[])
+    row = bench.decode_row(run, "hybrid_7to1", models["hybrid_7to1"], 32, 1, 3, False, bench.DRY_SHAPE["vocab"],
+                           fused=True)
+    assert "fused_gdn_error" not in row and row["fused_gdn_ms"] > 0, row
+    assert starts == [32, 32]  # the eager column, then the fused one after the eager column's steps

@@ -55,4 +55,4 @@ def test_a_repeated_stage_name_is_read_by_its_place(tmp_path):
     rows = json.loads((tmp_path / "o" / "trainer_throughput.json").read_text())["rows"]
     assert [(r["stage"], r["stage_index"], r["batch_size"]) for r in rows] == [("align", 0, 1), ("align", 1, 2)]
     assert [r["log_records"] for r in rows] == [3, 3]  # log_every 1: each stage its own 3 records, not both's 6
-    assert "align (stage 1): batch 1 x 64" in p.stdout and "align (stage 2): batch 2 x 64" in p.stdout
+    assert "align (schedule entry 1): batch 1 x 64" in p.stdout and "align (schedule entry 2): batch 2 x 64" in p.stdout

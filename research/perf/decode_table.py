@@ -1,0 +1,150 @@
+"""Decode step times over repeated runs of research/bench_whole_model_gpu.py: each path's mean and spread, the
+ratios against the faster teacher, and each step against its bandwidth floor.
+
+    python -m research.perf.decode_table RUN1.json RUN2.json [...] [--bandwidth 4.3e12] [--markdown]
+
+Paths (columns of a decode row): ``graph`` (the CUDA-graph step, the default path), ``fused_gdn`` (the same with
+the fused GDN decode op), ``compiled`` (the ``torch.compile``d step in the graph). The teacher's best is the
+faster of its graph and compiled steps (each the mean over the runs that have it); every hybrid path's speed-up is
+against that. The floor is the bytes one step must read, the weights (bf16, the tied embedding read once as the
+output head) plus every row's cache at the context (the FA keys/values scale with it, the GDN state does not), at
+``--bandwidth`` bytes/s (the H200's 4.8 TB/s peak, ~4.3 TB/s reachable by a copy). Prints one line per (context,
+batch, model); ``--markdown`` prints the table for the docs.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+PATHS = ("graph", "fused_gdn", "compiled")
+TARGETS = {(131072, 8): 5.0, (131072, 1): 2.5, (32768, 1): 1.5}  # speed-up over the teacher, 7:1 hybrid
+
+
+def load(paths: list[str]) -> list[dict]:
+    runs = []
+    for p in paths:
+        try:
+            data = json.loads(Path(p).read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            sys.exit(f"decode_table: cannot read {p}: {e}; pass the bench_whole_model JSON files a GPU run wrote")
+        if data.get("dry_run"):
+            sys.exit(f"decode_table: {p} is a CPU dry run (a tiny model), not a measurement; pass GPU runs")
+        if not data.get("decode"):
+            sys.exit(f"decode_table: {p} has no decode rows; run the bench with --sections decode (or all)")
+        runs.append(data)
+    return runs
+
+
+def floor_ms(data: dict, model: str, context: int, batch: int, bandwidth: float) -> float | None:
+    """Bytes a step reads (weights + every row's cache at ``context``) / bandwidth, in ms."""
+    cache = next((c for c in data.get("cache_bytes", []) if c["model"] == model), None)
+    params = data.get("params", {}).get(model)
+    if cache is None or params is None:
+        return None
+    per_row = cache["fa_kv_bytes"] * context / cache["context"] + cache["gdn_state_bytes"]
+    return (2 * params + batch * per_row) / bandwidth * 1e3
+
+
+def summarize(runs: list[dict], bandwidth: float = 4.3e12) -> list[dict]:
+    """One dict per (context, batch, model): mean / spread / count of each path, floor, ratios."""
+    cells: dict[tuple, dict[str, list[float]]] = {}
+    for data in runs:
+        for r in data["decode"]:
+            cell = cells.setdefault((r["context"], r["batch"], r["model"]), {p: [] for p in PATHS})
+            for p in PATHS:
+                if r.get(f"{p}_ms") is not None:
+                    cell[p].append(r[f"{p}_ms"])
+    out = []
+    order = {"teacher": 0, "hybrid_7to1": 1, "layer_3to1": 2}
+    for (ctx, batch, model), cell in sorted(cells.items(),
+                                            key=lambda kv: (-kv[0][0], -kv[0][1], order.get(kv[0][2], 9), kv[0][2])):
+        row = dict(context=ctx, batch=batch, model=model)
+        for p, xs in cell.items():
+            if xs:
+                row[f"{p}_ms"] = statistics.mean(xs)
+                row[f"{p}_spread"] = max(xs) - min(xs)
+                row[f"{p}_runs"] = len(xs)
+        fl = floor_ms(runs[0], model, ctx, batch, bandwidth)
+        row["floor_ms"] = fl
+        out.append(row)
+    for row in out:
+        teacher = next((t for t in out if t["model"] == "teacher" and t["context"] == row["context"]
+                        and t["batch"] == row["batch"]), None)
+        best = min((teacher[f"{p}_ms"], p) for p in PATHS if teacher and f"{p}_ms" in teacher) if teacher else None
+        row["teacher_best_ms"], row["teacher_best_path"] = best if best else (None, None)
+        for p in PATHS:
+            if f"{p}_ms" in row:
+                if best:
+                    row[f"{p}_speedup"] = best[0] / row[f"{p}_ms"]
+                if row["floor_ms"]:
+                    row[f"{p}_vs_floor"] = row[f"{p}_ms"] / row["floor_ms"]
+    return out
+
+
+def _len(n: int) -> str:
+    return f"{n // 1024}K" if n % 1024 == 0 else str(n)
+
+
+def _cell(row: dict, p: str) -> str:
+    if f"{p}_ms" not in row:
+        return "-"
+    s = f"{row[f'{p}_ms']:.2f}"
+    if row.get(f"{p}_runs", 1) > 1:
+        s += f" ± {row[f'{p}_spread'] / 2:.2f}"
+    if row["model"] != "teacher" and f"{p}_speedup" in row:
+        s += f" ({row[f'{p}_speedup']:.2f}x)"
+    return s
+
+
+def markdown(rows: list[dict]) -> str:
+    lines = ["| context, batch | model | graph ms (speed-up) | fused GDN ms | compiled ms | floor ms | best / floor |",
+             "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        best = min((r[f"{p}_ms"], p) for p in PATHS if f"{p}_ms" in r)
+        vs = f"{best[0] / r['floor_ms']:.2f}x ({best[1]})" if r["floor_ms"] else "-"
+        fl = f"{r['floor_ms']:.2f}" if r["floor_ms"] else "-"
+        lines.append(f"| {_len(r['context'])}, {r['batch']} | {r['model']} | {_cell(r, 'graph')} | "
+                     f"{_cell(r, 'fused_gdn')} | {_cell(r, 'compiled')} | {fl} | {vs} |")
+    return "\n".join(lines)
+
+
+def verdicts(rows: list[dict]) -> list[str]:
+    out = []
+    for (ctx, batch), target in TARGETS.items():
+        r = next((x for x in rows if x["model"] == "hybrid_7to1" and x["context"] == ctx and x["batch"] == batch), None)
+        if r is None:
+            out.append(f"decode {_len(ctx)} batch {batch}: not measured")
+            continue
+        best = max((r[f"{p}_speedup"], p) for p in PATHS if f"{p}_speedup" in r)
+        met = "met" if best[0] >= target else "MISSED"
+        out.append(f"decode {_len(ctx)} batch {batch}, 7:1 vs the faster teacher ({r['teacher_best_path']}): {met} "
+                   f"({best[0]:.2f}x with {best[1]} vs >= {target:g}x)")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("runs", nargs="+", help="bench_whole_model JSON files (GPU runs)")
+    ap.add_argument("--bandwidth", type=float, default=4.3e12, help="bytes/s for the floor (default 4.3e12)")
+    ap.add_argument("--markdown", action="store_true", help="print the docs table")
+    args = ap.parse_args(argv)
+    if args.bandwidth <= 0:
+        ap.error(f"--bandwidth must be > 0 bytes/s, got {args.bandwidth}")
+    rows = summarize(load(args.runs), args.bandwidth)
+    if args.markdown:
+        print(markdown(rows))
+    else:
+        for r in rows:
+            print(f"{_len(r['context'])} B={r['batch']} {r['model']}: " + ", ".join(
+                f"{p} {_cell(r, p)}" for p in PATHS if f"{p}_ms" in r)
+                + (f"; floor {r['floor_ms']:.2f} ms" if r["floor_ms"] else ""))
+    for v in verdicts(rows):
+        print(v)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

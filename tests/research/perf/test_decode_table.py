@@ -1,0 +1,53 @@
+"""research.perf.decode_table: means and spreads over runs, ratios against the faster teacher path, the floor."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from research.perf import decode_table
+
+SHAPE_CACHE = [dict(model="teacher", context=1024, fa_kv_bytes=1000, gdn_state_bytes=0),
+               dict(model="hybrid_7to1", context=1024, fa_kv_bytes=125, gdn_state_bytes=10)]
+
+
+def bench(tmp_path, name, teacher_graph, hybrid_graph, teacher_compiled=None, fused=None):
+    t = dict(model="teacher", context=2048, batch=2, graph_ms=teacher_graph)
+    h = dict(model="hybrid_7to1", context=2048, batch=2, graph_ms=hybrid_graph)
+    if teacher_compiled:
+        t["compiled_ms"] = teacher_compiled
+    if fused:
+        h["fused_gdn_ms"] = fused
+    path = tmp_path / name
+    path.write_text(json.dumps(dict(decode=[t, h], cache_bytes=SHAPE_CACHE,
+                                    params=dict(teacher=500, hybrid_7to1=600))))
+    return str(path)
+
+
+def test_means_spreads_best_teacher_and_floor(tmp_path, capsys):
+    runs = [bench(tmp_path, "a.json", 10.0, 4.0, fused=3.0), bench(tmp_path, "b.json", 12.0, 6.0, 8.0, fused=3.0)]
+    rows = decode_table.summarize(decode_table.load(runs), bandwidth=1e6)
+    teacher, hybrid = rows
+    assert teacher["model"] == "teacher" and teacher["graph_ms"] == 11.0 and teacher["graph_spread"] == 2.0
+    assert teacher["teacher_best_ms"] == 8.0 and teacher["teacher_best_path"] == "compiled"  # faster than 11
+    assert hybrid["graph_ms"] == 5.0 and hybrid["graph_speedup"] == pytest.approx(8.0 / 5.0)
+    assert hybrid["fused_gdn_speedup"] == pytest.approx(8.0 / 3.0) and hybrid["fused_gdn_runs"] == 2
+    # floor: 2 bytes per parameter + 2 rows x (FA bytes at 2048 = 2 x 125, + 10 of state), at 1e6 bytes/s
+    assert hybrid["floor_ms"] == pytest.approx((2 * 600 + 2 * (250 + 10)) / 1e6 * 1e3)
+    assert decode_table.main(runs + ["--markdown"]) == 0
+    out = capsys.readouterr().out
+    assert "| 2K, 2 | hybrid_7to1 | 5.00 ± 1.00 (1.60x) | 3.00 ± 0.00 (2.67x) | - |" in out
+    assert "not measured" in out  # no 128K / 32K rows in these runs
+
+
+def test_dry_runs_and_missing_files_are_refused_with_the_fix(tmp_path):
+    dry = tmp_path / "dry.json"
+    dry.write_text(json.dumps(dict(dry_run=True, decode=[{}])))
+    with pytest.raises(SystemExit, match="CPU dry run"):
+        decode_table.load([str(dry)])
+    with pytest.raises(SystemExit, match="cannot read"):
+        decode_table.load([str(tmp_path / "missing.json")])
+    empty = tmp_path / "empty.json"
+    empty.write_text(json.dumps(dict(decode=[])))
+    with pytest.raises(SystemExit, match="--sections decode"):
+        decode_table.load([str(empty)])
