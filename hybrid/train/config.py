@@ -171,6 +171,10 @@ class StageConfig:
     # copied from the teacher (stage 1 then trains every part that replaced an attention head); False: only the
     # parameters the hybrid adds (hybrid.train.stages.new_parameter_names). Other stages train everything anyway.
     train_gdn_qkv: bool = True
+    # "distill_on_policy": the last on_policy_tokens of every row are the student's own continuation of the rest
+    # (sampled at sample_temperature, 0 = greedy, without gradient), and the KL to the teacher counts on them too
+    on_policy_tokens: int = 0
+    sample_temperature: float = 1.0
 
     def __post_init__(self) -> None:
         from hybrid.train.stages import STAGES
@@ -211,6 +215,18 @@ class StageConfig:
                  "compute their loss from the logits); leave it 'auto'")
         if not 0.0 <= self.head_drop < 1.0:
             _bad(where, "head_drop", self.head_drop, "must be in [0, 1)")
+        if self.name == "distill_on_policy":
+            if not isinstance(self.on_policy_tokens, int) or not 1 <= self.on_policy_tokens < self.seq_len:
+                _bad(where, "on_policy_tokens", self.on_policy_tokens, f"the student's own tokens per row: an int "
+                     f"in [1, seq_len) = [1, {self.seq_len}) (the rest of the row is the prompt it continues)")
+            if not self.kl_weight > 0:
+                _bad(where, "kl_weight", self.kl_weight, "the on-policy stage learns from the KL on the student's "
+                     "own tokens: kl_weight must be > 0")
+        elif self.on_policy_tokens != 0:
+            _bad(where, "on_policy_tokens", self.on_policy_tokens, "an option of the 'distill_on_policy' stage; "
+                 "leave it out here")
+        if not isinstance(self.sample_temperature, (int, float)) or self.sample_temperature < 0:
+            _bad(where, "sample_temperature", self.sample_temperature, "must be >= 0 (0: greedy)")
         if not self.max_minutes >= 0:
             _bad(where, "max_minutes", self.max_minutes, "must be >= 0 (0: no time budget)")
         if self.data is not None and not isinstance(self.data, DataConfig):
@@ -275,7 +291,7 @@ _LATER_DEFAULTS = {"working_dtype": "float32", "teacher_dtype": "float32"}
 # DataConfig fields added later: left out of to_dict (so of the fingerprint) at these values, as JSON writes them
 _LATER_DATA_DEFAULTS = {"sources": [], "teacher_corpus": "", "teacher_corpus_share": 0.5, "text_windows": "random"}
 # StageConfig fields added later: left out of to_dict (so of the fingerprint) at these values
-_LATER_STAGE_DEFAULTS = {"schedule": "cosine"}
+_LATER_STAGE_DEFAULTS = {"schedule": "cosine", "on_policy_tokens": 0, "sample_temperature": 1.0}
 # train_gdn_qkv: stages before it trained the GDN q/k/v in every stage but "align" (where they stayed frozen). So
 # to_dict leaves it out of the stages where it has no effect (every one but "align", where it is always true), and
 # the fingerprint also leaves it out of an "align" stage that keeps the former behaviour (false): runs made before
@@ -376,7 +392,7 @@ class TrainConfig:
             _bad("run", "mask", self.mask, f"stages {hybrid_stages} build a hybrid: give the head-mask JSON")
         if hybrid_stages and not self.teacher:
             _bad("run", "teacher", self.teacher, "the hybrid stages need a teacher (a name or a model folder)")
-        short = [s.seq_len for s in stages if s.name in ("align", "distill")]
+        short = [s.seq_len for s in stages if STAGES[s.name].number in (1, 2)]  # align, distill(_on_policy)
         for s in stages:
             if s.name == "long" and short and s.seq_len < LONG_FACTOR * max(short):
                 _bad(f"stages[{s.name}]", "seq_len", s.seq_len,

@@ -3,6 +3,9 @@
     "align"    (stage 1) hybrid; the new parameters train, and the GDN heads' reused q/k/v unless the stage's
                train_gdn_qkv is false; per-layer hidden-state MSE vs the teacher
     "distill"  (stage 2) hybrid; everything trains; kl_weight * KL(teacher || student, tau) + ce_weight * CE
+    "distill_on_policy" (stage 2, on the student's own text) as "distill", but the last on_policy_tokens of each
+               row are the student's continuation of the rest (sampled without gradient): the KL counts on every
+               position, the CE on the corpus part only
     "long"     (stage 3) hybrid; everything trains; next-token CE at >= 4x the stage 1-2 length
     "pretrain"           a fresh (or init_from) model; everything trains; weighted next-token CE
 
@@ -120,6 +123,56 @@ def distill_loss(cfg, student, teacher, ids, w, autocast) -> list[Term]:
     return terms
 
 
+def _sample_seed(ids: torch.Tensor) -> int:
+    """A sampling seed that is a function of the batch: a resumed run samples the same continuations."""
+    head = ids[:, : min(ids.shape[1], 32)].long()  # [B, <=32]
+    weights = torch.arange(1, head.numel() + 1, device=ids.device).view_as(head)
+    return int((head * weights).sum().item()) % (2**31 - 1)
+
+
+@torch.no_grad()
+def student_continuation(cfg, student, prompt: torch.Tensor, autocast) -> torch.Tensor:
+    """The student's own ``cfg.on_policy_tokens`` tokens after each row of ``prompt`` [B, P] -> [B, G], sampled
+    at ``cfg.sample_temperature`` (0: greedy) on the static-cache decode path, in eval mode, without gradient."""
+    from hybrid.decoding import sample_decode
+
+    m = getattr(student, "module", student)  # DDP
+    if not hasattr(m, "config") or not hasattr(m, "model"):
+        raise TypeError(f"stage '{cfg.name}': the student must be a hybrid model that decodes (got "
+                        f"{type(m).__name__}); FSDP-sharded students cannot generate here: use distributed = "
+                        "'ddp' or one process")
+    was = m.training
+    m.eval()
+    try:
+        gen = torch.Generator(device=prompt.device).manual_seed(_sample_seed(prompt))
+        with autocast:
+            tokens, _ = sample_decode(m, list(prompt), cfg.on_policy_tokens, temperature=cfg.sample_temperature,
+                                      generator=gen, cuda_graph=False)  # [B, G]
+    finally:
+        m.train(was)
+    return tokens.to(prompt.dtype)
+
+
+def on_policy_loss(cfg, student, teacher, ids, w, autocast) -> list[Term]:
+    B, T = ids.shape
+    P = T - cfg.on_policy_tokens
+    seq = torch.cat([ids[:, :P], student_continuation(cfg, student, ids[:, :P], autocast)], 1)  # [B, T]
+    with torch.no_grad(), autocast:
+        t_logits = teacher(input_ids=seq, attention_mask=_real(seq), use_cache=False).logits  # [B, T, V]
+    with autocast:
+        s_logits = student(input_ids=seq, attention_mask=_real(seq), use_cache=False).logits  # [B, T, V]
+    own = torch.zeros(B, T, dtype=torch.bool, device=ids.device)  # [B, T]: positions predicting the student's tokens
+    own[:, P - 1:] = True
+    terms = [("kl", cfg.kl_weight, *kl_div(s_logits, t_logits, cfg.temperature))]
+    with torch.no_grad():  # logged only (weight 0): the KL on the student's own tokens and on the corpus part
+        for name, mask in (("kl_own", own), ("kl_corpus", ~own)):
+            total, count = kl_div(s_logits.detach(), t_logits, cfg.temperature, mask)
+            terms.append((name, 0.0, total, count))
+    if cfg.ce_weight:
+        terms.append(("ce", cfg.ce_weight, *weighted_ce(s_logits[:, :P], ids[:, :P], w[:, :P])))
+    return terms
+
+
 # ---- the fused loss (hybrid.train.fused_loss): lm_head + KL + CE in chunks, no [B, T, V] logits -------------------
 FUSED_LOSS = ("auto", "on", "off")  # StageConfig.fused_loss
 AUTO_DEVICES = ("cuda",)  # where "auto" fuses (CPU keeps the naive path: its bit-identity tests)
@@ -217,5 +270,7 @@ def register_stage(stage: Stage, *, overwrite: bool = False) -> None:
 
 register_stage(Stage("align", 1, True, True, "new", align_loss, "hidden-state MSE per layer, new parameters only"))
 register_stage(Stage("distill", 2, True, True, "all", distill_loss, "KL(teacher || student) + CE, all parameters"))
+register_stage(Stage("distill_on_policy", 2, True, True, "all", on_policy_loss,
+                     "KL(teacher || student) on rows the student continues itself + CE on the corpus part"))
 register_stage(Stage("long", 3, True, False, "all", lm_loss, "next-token CE at a longer context"))
 register_stage(Stage("pretrain", None, False, False, "all", lm_loss, "weighted next-token CE (reference model)"))
