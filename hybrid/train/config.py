@@ -210,7 +210,7 @@ class StageConfig:
 
         if self.fused_loss not in FUSED_LOSS:
             _bad(where, "fused_loss", self.fused_loss, f"must be one of {FUSED_LOSS}")
-        if self.fused_loss == "on" and self.name != "distill":
+        if self.fused_loss == "on" and self.name not in ("distill", "distill_on_policy"):
             _bad(where, "fused_loss", self.fused_loss, "the fused loss is a 'distill' option (the other stages "
                  "compute their loss from the logits); leave it 'auto'")
         if not 0.0 <= self.head_drop < 1.0:

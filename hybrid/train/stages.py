@@ -100,7 +100,8 @@ def align_loss(cfg, student, teacher, ids, w, autocast) -> list[Term]:
     return [("mse", 1.0, total, count)]
 
 
-def distill_loss(cfg, student, teacher, ids, w, autocast) -> list[Term]:
+def _fused_terms(cfg, student, teacher, ids, w, autocast) -> list[Term] | None:
+    """The distill terms by the fused loss where the stage's ``fused_loss`` and the models allow it, else None."""
     if use_fused_loss(cfg, student, teacher if cfg.kl_weight else None, ids):
         try:
             return _distill_fused(cfg, student, teacher, ids, w, autocast)
@@ -111,6 +112,13 @@ def distill_loss(cfg, student, teacher, ids, w, autocast) -> list[Term]:
 
             warnings.warn(f"{err}; stage '{cfg.name}' continues with the naive loss (full logits)", stacklevel=2)
             _FUSED_OFF.add(getattr(student, "module", student))
+    return None
+
+
+def distill_loss(cfg, student, teacher, ids, w, autocast) -> list[Term]:
+    fused = _fused_terms(cfg, student, teacher, ids, w, autocast)
+    if fused is not None:
+        return fused
     with torch.no_grad(), autocast:
         t_logits = teacher(input_ids=ids, attention_mask=_real(ids), use_cache=False).logits  # [B, T, V]
     with autocast:
@@ -146,8 +154,9 @@ def student_continuation(cfg, student, prompt: torch.Tensor, autocast) -> torch.
     try:
         gen = torch.Generator(device=prompt.device).manual_seed(_sample_seed(prompt))
         with autocast:
+            # on CUDA the step is captured as a CUDA graph for this batch (the weights change every step)
             tokens, _ = sample_decode(m, list(prompt), cfg.on_policy_tokens, temperature=cfg.sample_temperature,
-                                      generator=gen, cuda_graph=False)  # [B, G]
+                                      generator=gen)  # [B, G]
     finally:
         m.train(was)
     return tokens.to(prompt.dtype)
@@ -157,6 +166,11 @@ def on_policy_loss(cfg, student, teacher, ids, w, autocast) -> list[Term]:
     B, T = ids.shape
     P = T - cfg.on_policy_tokens
     seq = torch.cat([ids[:, :P], student_continuation(cfg, student, ids[:, :P], autocast)], 1)  # [B, T]
+    w_corpus = w.clone()  # [B, T]: w[t] weighs the target seq[t + 1]; the student's own tokens get no CE
+    w_corpus[:, P - 1:] = 0
+    fused = _fused_terms(cfg, student, teacher, seq, w_corpus, autocast)  # KL over every position, CE on the corpus
+    if fused is not None:  # (the KL's parts are not logged on this path)
+        return fused
     with torch.no_grad(), autocast:
         t_logits = teacher(input_ids=seq, attention_mask=_real(seq), use_cache=False).logits  # [B, T, V]
     with autocast:
@@ -169,7 +183,7 @@ def on_policy_loss(cfg, student, teacher, ids, w, autocast) -> list[Term]:
             total, count = kl_div(s_logits.detach(), t_logits, cfg.temperature, mask)
             terms.append((name, 0.0, total, count))
     if cfg.ce_weight:
-        terms.append(("ce", cfg.ce_weight, *weighted_ce(s_logits[:, :P], ids[:, :P], w[:, :P])))
+        terms.append(("ce", cfg.ce_weight, *weighted_ce(s_logits, seq, w_corpus)))
     return terms
 
 

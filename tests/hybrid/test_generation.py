@@ -543,3 +543,25 @@ def test_gpu_fast_path_replays_a_cuda_graph_and_matches_eager(name, monkeypatch)
         handle.remove()
     generation.release(model)
     assert model not in generation._KEPT
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_fused_gdn_decode_gives_the_eager_paths_greedy_tokens():
+    """With the fused GDN decode op (one Triton kernel per branch and step) the fast path's greedy tokens, in
+    float32 on CUDA, equal the eager path's row by row: what switching the op on by default needs."""
+    from hybrid.layers.hybrid_attention import use_fused_decode
+
+    teacher = tiny_model("qwen3", head_dim=64).to("cuda")
+    model = _perturbed(BUILDERS["head"](teacher)).to("cuda")
+    rows = [r.to("cuda") for r in _rows((40, 23, 70, 23), seed=16)]
+    ids, mask = (t.to("cuda") for t in _padded([r.cpu() for r in rows]))
+    assert use_fused_decode(model) > 0
+    try:
+        out = model.generate(ids, attention_mask=mask, max_new_tokens=12, **GREEDY)
+        assert generation._KEPT[model].decoder.use_graph
+    finally:
+        use_fused_decode(model, on=False)
+    for b, ref in enumerate(_per_row(model, rows, max_new_tokens=12, **GREEDY)):
+        assert out[b, ids.shape[1]:].tolist() == ref.tolist(), b
+    generation.release(model)

@@ -99,3 +99,17 @@ def test_a_missing_base_is_named(tmp_path, capsys):
     with pytest.raises(SystemExit):
         fidelity_seeds.main([str(tmp_path / "a.csv"), "--base", str(tmp_path / "nope.csv")])
     assert "--base" in capsys.readouterr().err
+
+
+def test_a_run_folder_of_another_fidelity_suite_is_read_and_two_suites_are_refused(tmp_path):
+    """run.py --suite fidelity_reference writes fidelity_reference/results.csv: the folder is read as it is; a
+    folder with two suites' rows names both instead of picking one."""
+    for seed in (0, 1):
+        folder = tmp_path / f"s{seed}" / "fidelity_reference"
+        folder.mkdir(parents=True)
+        rows(1.0 + seed / 10, 0.9, 0.9).to_csv(folder / "results.csv", index=False)
+    assert len(fidelity_seeds.read_rows(tmp_path / "s0")) == len(rows(1.0, 0.9, 0.9))
+    (tmp_path / "s1" / "fidelity_long").mkdir()
+    rows(1.0, 0.9, 0.9).to_csv(tmp_path / "s1" / "fidelity_long" / "results.csv", index=False)
+    with pytest.raises(FileNotFoundError, match="2 suites' rows .*fidelity_long.*fidelity_reference"):
+        fidelity_seeds.read_rows(tmp_path / "s1")

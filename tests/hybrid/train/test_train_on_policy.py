@@ -94,3 +94,33 @@ def test_a_short_on_policy_run_trains_and_resumes_bit_identical(tmp_path, tiny_t
     resumed = run(cfg, resume=True).model.state_dict()
     for k, v in full.model.state_dict().items():
         assert torch.equal(resumed[k], v), k
+
+
+def test_the_fused_loss_gives_the_naive_terms_on_the_same_continuation(tiny_teacher_dir, tiny_mask):
+    """fused_loss='on' (the CUDA default 'auto', forced on the CPU here): the chunked KL over every position and the
+    CE on the corpus part equal the naive path's (same sampled rows: the seed is the batch's)."""
+    from contextlib import nullcontext
+
+    from transformers import AutoModelForCausalLM
+
+    from headscope.mask import HeadMask
+    from hybrid.convert import from_mask
+    from hybrid.train.config import StageConfig
+    from hybrid.train.stages import STAGES
+
+    teacher = AutoModelForCausalLM.from_pretrained(tiny_teacher_dir).eval()
+    student = from_mask(teacher, HeadMask.from_json(tiny_mask)).train()
+    torch.manual_seed(1)
+    ids = torch.randint(5, 4000, (2, 24))  # [B, T]
+    w = torch.rand(2, 24)  # [B, T]
+    terms = {}
+    for mode in ("off", "on"):
+        cfg = StageConfig(name="distill_on_policy", steps=1, lr=1e-3, seq_len=24, on_policy_tokens=6,
+                          fused_loss=mode)
+        terms[mode] = {n: (wt, t, c) for n, wt, t, c in STAGES["distill_on_policy"].loss(cfg, student, teacher, ids,
+                                                                                          w, nullcontext())}
+    assert set(terms["on"]) == {"kl", "ce"}
+    for name in ("kl", "ce"):
+        torch.testing.assert_close(terms["on"][name][1], terms["off"][name][1], rtol=1e-4, atol=1e-4)
+        assert float(terms["on"][name][2]) == pytest.approx(float(terms["off"][name][2]))
+    assert float(terms["off"]["ce"][2]) == pytest.approx(float(w[:, :17].sum()))  # targets 1..17 only
