@@ -124,3 +124,18 @@ def test_the_fused_loss_gives_the_naive_terms_on_the_same_continuation(tiny_teac
         torch.testing.assert_close(terms["on"][name][1], terms["off"][name][1], rtol=1e-4, atol=1e-4)
         assert float(terms["on"][name][2]) == pytest.approx(float(terms["off"][name][2]))
     assert float(terms["off"]["ce"][2]) == pytest.approx(float(w[:, :17].sum()))  # targets 1..17 only
+
+
+@pytest.mark.e2e  # two whole runs, one compiled (~40 s): CI's second lane
+def test_a_compiled_student_samples_and_trains_as_the_eager_one(tmp_path, tiny_teacher_dir, tiny_mask):
+    """compile = true (the GPU recipes' setting): the compiled decoder layers also run the sampling's prefill and
+    decode steps; the losses follow the eager run's (greedy sampling, so the same continuations)."""
+    stages = [on_policy(steps=2, sample_temperature=0.0)]
+    eager = run(tiny_config(tmp_path / "e", tiny_teacher_dir, tiny_mask, stages=stages))
+    comp = run(tiny_config(tmp_path / "c", tiny_teacher_dir, tiny_mask, stages=stages, compile=True))
+    got = [[r[k] for k in ("loss", "loss_kl_own")] for r in comp.history if r.get("stage") == "distill_on_policy"
+           and "loss" in r]
+    want = [[r[k] for k in ("loss", "loss_kl_own")] for r in eager.history if r.get("stage") == "distill_on_policy"
+            and "loss" in r]
+    assert len(got) == 2
+    torch.testing.assert_close(torch.tensor(got), torch.tensor(want), rtol=1e-3, atol=1e-4)
