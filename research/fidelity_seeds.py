@@ -1,6 +1,7 @@
 """A recipe's fidelity over training seeds: the fidelity suite's rows of each seed's run (``fidelity_rows.csv``, or
-a run folder's ``fidelity/results.csv``, or another suite's ``fidelity_reference/results.csv``) as one table of means and spreads per line (held-out source, chat, NIAH
-length) and metric, beside the targets a hybrid that stays its teacher has to reach and the gap to each. Where the
+a run folder's ``fidelity/results.csv``, or another suite's, e.g. ``fidelity_reference/results.csv``) as one table
+of means and spreads per line (held-out source, chat, NIAH length) and metric, beside the targets a hybrid that
+stays its teacher has to reach and the gap to each. Where the
 seed's folder also has run.py's ``eval_rows.csv`` and ``results.json``, the project's own NIAH template
 (``template niah @L``: ``template_accuracy`` and the teacher's) and the stages' GPU minutes (``training``) join it.
 
@@ -49,9 +50,10 @@ SHOWN = ("perplexity_ratio", "kl_to_teacher", "top1_agreement", "continuation_ag
 
 def read_rows(path: Path) -> pd.DataFrame:
     if path.is_dir():
+        # in this order: a results folder's rows, the fidelity suite's, else the one other suite's (fidelity_reference)
         found = [path / n for n in ("fidelity_rows.csv", "fidelity/results.csv") if (path / n).is_file()]
-        found = found or sorted(path.glob("fidelity_*/results.csv"))  # another suite's folder (fidelity_reference)
-        if len(found) != 1 and not (found and found[0].name == "fidelity_rows.csv"):
+        found = found[:1] or sorted(path.glob("fidelity_*/results.csv"))
+        if len(found) != 1:
             what = f"{len(found)} suites' rows ({', '.join(str(f.parent.name) for f in found)})" if found else \
                 "no fidelity_rows.csv or fidelity*/results.csv"
             raise FileNotFoundError(f"{path}: {what}; give the rows of one fidelity suite (a results folder, "

@@ -381,7 +381,7 @@ class TrainConfig:
         if self.eval not in CHECKS:
             _bad("run", "eval", self.eval, f"not a registered evaluation check (hybrid.train.CHECKS); known: "
                  f"{sorted(CHECKS)}")
-        from hybrid.train.stages import STAGES
+        from hybrid.train.stages import STAGES, transfer_lengths
 
         names = [s.name for s in stages]
         hybrid_stages = [n for n in names if STAGES[n].hybrid]
@@ -392,7 +392,7 @@ class TrainConfig:
             _bad("run", "mask", self.mask, f"stages {hybrid_stages} build a hybrid: give the head-mask JSON")
         if hybrid_stages and not self.teacher:
             _bad("run", "teacher", self.teacher, "the hybrid stages need a teacher (a name or a model folder)")
-        short = [s.seq_len for s in stages if STAGES[s.name].number in (1, 2)]  # align, distill(_on_policy)
+        short = transfer_lengths(stages)
         for s in stages:
             if s.name == "long" and short and s.seq_len < LONG_FACTOR * max(short):
                 _bad(f"stages[{s.name}]", "seq_len", s.seq_len,

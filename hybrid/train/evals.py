@@ -124,9 +124,9 @@ def eval_lengths(teacher: nn.Module, config, *, cap: int = MAX_EVAL_LENGTH,
     kept (at least one: the smallest multiple)."""
     from headscope.evaluate import training_length
 
-    from hybrid.train.stages import STAGES
+    from hybrid.train.stages import transfer_lengths
 
-    short = [s.seq_len for s in config.stages if STAGES[s.name].number in (1, 2)] or [
+    short = transfer_lengths(config.stages) or [
         min(s.seq_len for s in config.stages)]
     L0 = min(max(short), training_length(teacher))
     long = tuple(m * L0 for m in multiples if m * L0 <= cap) or (min(multiples) * L0,)

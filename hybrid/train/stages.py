@@ -42,6 +42,11 @@ class Stage:
     doc: str = ""
 
 
+def transfer_lengths(stages) -> list[int]:
+    """The ``seq_len`` of each stage-1 or stage-2 stage (align, distill, distill_on_policy) of a run's stages."""
+    return [s.seq_len for s in stages if STAGES[s.name].number in (1, 2)]
+
+
 def new_parameter_names(model: nn.Module) -> set[str]:
     """Names of the parameters new in the hybrid, as the layers mark them where they create them
     (``HybridForCausalLM.new_parameters``)."""
@@ -115,7 +120,10 @@ def _fused_terms(cfg, student, teacher, ids, w, autocast) -> list[Term] | None:
     return None
 
 
-def distill_loss(cfg, student, teacher, ids, w, autocast) -> list[Term]:
+def distill_loss(cfg, student, teacher, ids, w, autocast, kl_parts=()) -> list[Term]:
+    """kl_weight * KL over every position + ce_weight * CE weighted by ``w`` (the fused loss where it runs, else
+    from the full logits). ``kl_parts``: (name, mask [B, T]) pairs whose KL is logged too, with weight 0, on the
+    full-logits path only."""
     fused = _fused_terms(cfg, student, teacher, ids, w, autocast)
     if fused is not None:
         return fused
@@ -126,6 +134,9 @@ def distill_loss(cfg, student, teacher, ids, w, autocast) -> list[Term]:
     terms = []
     if cfg.kl_weight:
         terms.append(("kl", cfg.kl_weight, *kl_div(s_logits, t_logits, cfg.temperature)))
+    with torch.no_grad():
+        for name, mask in kl_parts:
+            terms.append((name, 0.0, *kl_div(s_logits.detach(), t_logits, cfg.temperature, mask)))
     if cfg.ce_weight:
         terms.append(("ce", cfg.ce_weight, *weighted_ce(s_logits, ids, w)))
     return terms
@@ -168,23 +179,11 @@ def on_policy_loss(cfg, student, teacher, ids, w, autocast) -> list[Term]:
     seq = torch.cat([ids[:, :P], student_continuation(cfg, student, ids[:, :P], autocast)], 1)  # [B, T]
     w_corpus = w.clone()  # [B, T]: w[t] weighs the target seq[t + 1]; the student's own tokens get no CE
     w_corpus[:, P - 1:] = 0
-    fused = _fused_terms(cfg, student, teacher, seq, w_corpus, autocast)  # KL over every position, CE on the corpus
-    if fused is not None:  # (the KL's parts are not logged on this path)
-        return fused
-    with torch.no_grad(), autocast:
-        t_logits = teacher(input_ids=seq, attention_mask=_real(seq), use_cache=False).logits  # [B, T, V]
-    with autocast:
-        s_logits = student(input_ids=seq, attention_mask=_real(seq), use_cache=False).logits  # [B, T, V]
     own = torch.zeros(B, T, dtype=torch.bool, device=ids.device)  # [B, T]: positions predicting the student's tokens
     own[:, P - 1:] = True
-    terms = [("kl", cfg.kl_weight, *kl_div(s_logits, t_logits, cfg.temperature))]
-    with torch.no_grad():  # logged only (weight 0): the KL on the student's own tokens and on the corpus part
-        for name, mask in (("kl_own", own), ("kl_corpus", ~own)):
-            total, count = kl_div(s_logits.detach(), t_logits, cfg.temperature, mask)
-            terms.append((name, 0.0, total, count))
-    if cfg.ce_weight:
-        terms.append(("ce", cfg.ce_weight, *weighted_ce(s_logits, seq, w_corpus)))
-    return terms
+    # the KL over every position, the CE on the corpus part; logged: the KL on the student's own tokens and the rest
+    return distill_loss(cfg, student, teacher, seq, w_corpus, autocast,
+                        kl_parts=(("kl_own", own), ("kl_corpus", ~own)))
 
 
 # ---- the fused loss (hybrid.train.fused_loss): lm_head + KL + CE in chunks, no [B, T, V] logits -------------------
