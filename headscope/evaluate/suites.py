@@ -9,6 +9,7 @@
                fidelity_reference: lengths within the reference model's 2048 positions (its hybrid, on the CPU)
     fidelity_long  past the teacher's context: held-out perplexity at 8K-32K and NIAH at 16K-64K, the teacher's
                rows "not_applicable" past its positions (headscope.evaluate.fidelity_long)
+               fidelity_long_reference: held-out perplexity at 1K-8K, for the reference model's hybrid (CPU)
 """
 from __future__ import annotations
 
@@ -81,3 +82,7 @@ register_evaluation("fidelity_long_niah", fidelity_long.fidelity_long_niah, fide
                     "NIAH in held-out phrasings and haystacks at 16K-64K; the teacher where it has the positions",
                     needs_teacher=True)
 register_suite("fidelity_long", ["fidelity_long_text", "fidelity_long_niah"])
+# the reference model's hybrid past the reference teacher's 2048 positions (2x, 4x), with 1x and 0.5x to compare:
+# held-out perplexity only, since the reference teacher answers NIAH in no held-out phrasing (0.00 within 2048)
+register_suite("fidelity_long_reference", [("fidelity_long_text", {"lengths": (1024, 2048, 4096, 8192),
+                                                                    "n_windows": 2})])

@@ -8,6 +8,9 @@ static cache, whose forward transformers compiles on CUDA: ``compiled`` in its r
     python -m research.perf.generate_speed --device cuda --compile-decode   # + the torch.compile'd step's rows
     python -m research.perf.generate_speed --device cuda --model smollm2-135m --prompt 8192 --new 128 --batch 32 \
         --skip eager,teacher_dynamic          # only the rows the targets need: bare step, fast, the faster teacher
+    python -m research.perf.generate_speed --device cuda --model smollm2-135m --hybrid RUN/run/hybrid \
+        --prompt 32768 --teacher-prompt 8192 --new 128 --batch 1 --skip eager,teacher_dynamic
+                                              # a trained hybrid past the teacher's context, the teacher at its own
 
 Per batch size and path: ``tok_s`` = B * new / the whole call (prefill included; the median of --repeats calls
 after one untimed call, which captures the graph), ``step_ms`` = (call with ``new`` tokens - call with 1) /
@@ -18,6 +21,15 @@ random token ids of --prompt tokens, greedy, EOS off, so every call makes exactl
 to --out (default $OUT/generate_speed.json when $OUT is set) after each batch size, so a run cut by a time limit
 keeps the batch sizes it finished. --skip leaves out slow rows (transformers' loop on the hybrid: ``eager``; the
 teacher's dynamic cache: ``teacher_dynamic``; ``teacher_static``); the ratios that need a skipped row are null.
+
+``--hybrid FOLDER`` times a saved (trained) hybrid instead of the untrained one the mask builds; ``--teacher-prompt``
+gives the teacher's rows their own prompt length (e.g. the teacher's longest context beside a hybrid that reads four
+times as far). Each row records the decode cache's bytes at prompt + new positions (``hybrid.cache.cache_nbytes``:
+``cache_bytes`` for the hybrid, FA keys/values + GDN states; ``teacher_cache_bytes`` for the teacher's KV cache at
+its own prompt) and their ratio; ``--cache-only`` prints and writes those without timing anything (any machine):
+
+    python -m research.perf.generate_speed --model smollm2-135m --mask research/train_hybrid/smollm2_broad_mask.json \
+        --prompt 32768 --teacher-prompt 8192 --new 128 --batch 1 --dtype bfloat16 --cache-only
 """
 from __future__ import annotations
 
@@ -48,7 +60,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--model", default="default", help="headscope.load_model name or folder (default: default)")
     p.add_argument("--mask", default=None, help="head-mask JSON (default: the model's shipped 7:1 mask, else a "
                                                 "random 7:1 mask per layer, seed 0)")
+    p.add_argument("--hybrid", default=None, help="a saved hybrid folder (hybrid.save; e.g. a run's run/hybrid) to "
+                                                  "time instead of the untrained hybrid of --mask")
     p.add_argument("--prompt", type=int, default=64, help="prompt tokens per row (default 64)")
+    p.add_argument("--teacher-prompt", type=int, default=None,
+                   help="the teacher's prompt tokens per row (default: --prompt), e.g. its longest context")
     p.add_argument("--new", type=int, default=32, help="new tokens per row (default 32)")
     p.add_argument("--batch", default="1,4", help="comma-separated batch sizes (default 1,4)")
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
@@ -62,6 +78,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--fused-gdn", action="store_true",
                    help="also time the fast path with the fused GDN decode op (hybrid.ops.gdn_decode; row "
                         "fast_fused_gdn beside fast, and its bare step)")
+    p.add_argument("--cache-only", action="store_true",
+                   help="only the decode caches' bytes per batch size (nothing timed, nothing generated)")
     p.add_argument("--skip", default="", help=f"comma list of rows to leave out: {', '.join(SKIPPABLE)}")
     p.add_argument("--out", default=None, help="JSON path (default $OUT/generate_speed.json when $OUT is set)")
     a = p.parse_args(argv)
@@ -69,20 +87,34 @@ def parse_args(argv=None) -> argparse.Namespace:
     if a.skip - set(SKIPPABLE):
         p.error(f"--skip: unknown row(s) {sorted(a.skip - set(SKIPPABLE))}; choose from {', '.join(SKIPPABLE)}")
     a.batches = [int(b) for b in a.batch.split(",") if b.strip()]
-    if not a.batches or min(a.batches) < 1 or a.prompt < 1 or a.new < 2 or a.repeats < 1:
-        p.error("--batch sizes, --prompt and --repeats must be >= 1 and --new >= 2")
+    if a.teacher_prompt is None:
+        a.teacher_prompt = a.prompt
+    if not a.batches or min(a.batches) < 1 or min(a.prompt, a.teacher_prompt) < 1 or a.new < 2 or a.repeats < 1:
+        p.error("--batch sizes, --prompt, --teacher-prompt and --repeats must be >= 1 and --new >= 2")
+    if a.hybrid is not None and a.mask is not None:
+        p.error("give --hybrid (a trained hybrid, its mask inside) or --mask (an untrained one), not both")
+    if a.hybrid is not None and not (Path(a.hybrid) / "config.json").is_file():
+        p.error(f"--hybrid {a.hybrid}: no saved hybrid there (no config.json); give the folder hybrid.save wrote, "
+                "e.g. a training run's run/hybrid")
     if a.device == "cuda" and not torch.cuda.is_available():
         p.error("--device cuda: no CUDA device here")
     return a
 
 
-def build(model_name: str, mask_path: str | None, device: str, dtype: torch.dtype):
-    """(teacher, hybrid, the mask's description): the teacher and its hybrid, in eval mode on ``device``."""
+def build(model_name: str, mask_path: str | None, device: str, dtype: torch.dtype, saved: str | None = None):
+    """(teacher, hybrid, the mask's description): the teacher and its hybrid (the saved one at ``saved``, else
+    built from the mask), in eval mode on ``device``."""
     import headscope
     import hybrid
 
     teacher, _ = headscope.load_model(model_name)
     teacher = teacher.to(device=device, dtype=dtype).eval()
+    if saved is not None:
+        model = hybrid.load(saved).to(device=device, dtype=dtype).eval()
+        if model.config.vocab_size != teacher.config.vocab_size:
+            raise ValueError(f"--hybrid {saved}: its vocabulary ({model.config.vocab_size}) is not the teacher's "
+                             f"({teacher.config.vocab_size}); give the --model it was converted from")
+        return teacher, model, f"saved hybrid {saved}"
     path = mask_path or SHIPPED_MASKS.get(model_name)
     mask, what = None, None
     if path is not None and Path(path).exists():
@@ -195,16 +227,23 @@ def teacher_rows(teacher, ids: torch.Tensor, new: int, device: str, repeats: int
 def run(args: argparse.Namespace, out: str | None = None) -> dict:
     dtype = getattr(torch, args.dtype or ("bfloat16" if args.device == "cuda" else "float32"))
     torch.manual_seed(0)
-    teacher, model, mask = build(args.model, args.mask, args.device, dtype)
+    teacher, model, mask = build(args.model, args.mask, args.device, dtype, args.hybrid)
     vocab = model.config.vocab_size
     result = dict(model=args.model, mask=mask, device=args.device, dtype=str(dtype).replace("torch.", ""),
-                  prompt=args.prompt, new=args.new, repeats=args.repeats, threads=torch.get_num_threads(),
-                  torch=torch.__version__, rows=[])
+                  prompt=args.prompt, teacher_prompt=args.teacher_prompt, new=args.new, repeats=args.repeats,
+                  threads=torch.get_num_threads(), torch=torch.__version__, rows=[])
     if args.device == "cuda":
         result["gpu"] = torch.cuda.get_device_name()
     for B in args.batches:
         ids = torch.randint(3, vocab, (B, args.prompt), generator=torch.Generator().manual_seed(B)).to(args.device)
-        row = dict(batch=B)
+        row = dict(batch=B, **cache_bytes(model, teacher, args.prompt + args.new, args.teacher_prompt + args.new, B,
+                                          dtype))
+        if args.cache_only:
+            result["rows"].append(row)
+            print(cache_line(row, args), flush=True)
+            if out:
+                write(out, result)
+            continue
         with torch.no_grad():
             row["bare_step_ms"] = round(bare_step_ms(model, ids, args.new, args.device), 3)
         with fast_path_count() as took:
@@ -228,7 +267,9 @@ def run(args: argparse.Namespace, out: str | None = None) -> dict:
                 row["bare_step_compiled_ms"] = round(bare_step_ms(model, ids, args.new, args.device, True), 3)
             row["fast_compiled"] = generate_row(model, ids, args.new, args.device, args.repeats, compile_decode=True)
         if not args.no_teacher:
-            row.update(teacher_rows(teacher, ids, args.new, args.device, args.repeats, args.skip))
+            t_ids = ids if args.teacher_prompt == args.prompt else torch.randint(
+                3, vocab, (B, args.teacher_prompt), generator=torch.Generator().manual_seed(B)).to(args.device)
+            row.update(teacher_rows(teacher, t_ids, args.new, args.device, args.repeats, args.skip))
         fast, eager = row["fast"]["step_ms"], row.get("eager", {}).get("step_ms")
         row["fast_vs_step"] = round(fast / row["bare_step_ms"], 3) if row["bare_step_ms"] else None
         row["fast_vs_eager"] = round(eager / fast, 3) if fast and eager else None
@@ -242,6 +283,23 @@ def run(args: argparse.Namespace, out: str | None = None) -> dict:
     return result
 
 
+def cache_bytes(model, teacher, positions: int, teacher_positions: int, batch: int, dtype: torch.dtype) -> dict:
+    """The decode caches' bytes (``hybrid.cache``'s analytic counts, as the static cache allocates them): the
+    hybrid's at ``positions`` (FA keys/values, GDN and conv states), the teacher's KV cache at
+    ``teacher_positions``, and hybrid / teacher."""
+    from hybrid.cache import cache_nbytes, teacher_cache_nbytes
+
+    mine = cache_nbytes(model, positions, batch, dtype)["total"]
+    theirs = teacher_cache_nbytes(teacher, teacher_positions, batch, dtype)
+    return dict(cache_bytes=mine, teacher_cache_bytes=theirs, cache_vs_teacher=round(mine / theirs, 4))
+
+
+def cache_line(row: dict, args: argparse.Namespace) -> str:
+    return (f"B={row['batch']}: hybrid cache at {args.prompt} + {args.new} positions {row['cache_bytes'] / 2**20:.1f} "
+            f"MiB; teacher's at {args.teacher_prompt} + {args.new} {row['teacher_cache_bytes'] / 2**20:.1f} MiB; "
+            f"hybrid / teacher {row['cache_vs_teacher']}")
+
+
 def write(out: str, result: dict) -> None:
     from headscope.io import write_text
 
@@ -249,7 +307,9 @@ def write(out: str, result: dict) -> None:
 
 
 def line(row: dict) -> str:
-    parts = [f"B={row['batch']}: bare step {row['bare_step_ms']:.3f} ms"]
+    parts = [f"B={row['batch']}: bare step {row['bare_step_ms']:.3f} ms",
+             f"cache {row['cache_bytes'] / 2**20:.1f} MiB (teacher {row['teacher_cache_bytes'] / 2**20:.1f} MiB, "
+             f"x{row['cache_vs_teacher']})"]
     if "bare_step_compiled_ms" in row:
         parts.append(f"compiled bare step {row['bare_step_compiled_ms']:.3f} ms")
     if "bare_step_fused_gdn_ms" in row:

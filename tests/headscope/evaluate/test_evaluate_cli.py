@@ -71,8 +71,9 @@ def test_a_failed_write_leaves_the_old_folder(folder, tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("args,msg", [
-    (["--suite", "nope"], "unknown suite 'nope'; known suites: default, fidelity, fidelity_long, fidelity_reference, "
-                          "fidelity_smoke, full, reasoning, retrieval, smoke"),
+    (["--suite", "nope"], "unknown suite 'nope'; known suites: default, fidelity, fidelity_long, "
+                          "fidelity_long_reference, fidelity_reference, fidelity_smoke, full, reasoning, retrieval, "
+                          "smoke"),
     (["--suite", "niah", "nope"], "unknown evaluation 'nope'"),
     (["--set", "niah.bogus=1"], "no config field"),
     (["--set", "niahn=1"], "EVAL.FIELD=VALUE"),

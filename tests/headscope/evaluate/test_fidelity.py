@@ -84,6 +84,16 @@ def test_suites_registered_with_the_teacher_flag():
     assert not get_evaluation("niah").needs_teacher
 
 
+def test_fidelity_long_reference_reads_past_the_reference_positions():
+    """fidelity_long_reference: held-out perplexity at 0.5x, 1x, 2x and 4x the reference model's 2048 positions."""
+    from headscope.evaluate.api import plan
+
+    label, cfgs = plan("fidelity_long_reference")
+    cfg = dict(cfgs)
+    assert label == "fidelity_long_reference" and list(cfg) == ["fidelity_long_text"]
+    assert cfg["fidelity_long_text"].lengths == (1024, 2048, 4096, 8192) and cfg["fidelity_long_text"].sources == ()
+
+
 def test_fidelity_reference_stays_within_the_reference_positions():
     """fidelity_reference: every length within the reference model's 2048 positions, NIAH at 1016 and 2040."""
     from headscope.evaluate.api import plan

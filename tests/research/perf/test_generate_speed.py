@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from headscope.reference import has_default_weights
 from research.perf import generate_speed
@@ -72,3 +73,58 @@ def test_fused_gdn_adds_its_rows_and_switches_the_model_back(tmp_path, capsys, m
     assert row["fast_fused_gdn"]["tok_s"] > 0 and row["bare_step_fused_gdn_ms"] > 0
     assert seen[:3] == [{"split"}, {"fused"}, {"split"}]  # fast, fast_fused_gdn, eager
     assert "fast_fused_gdn" in capsys.readouterr().out
+
+
+@pytest.mark.skipif(not has_default_weights(), reason="the reference model's weights are not on disk")
+def test_a_saved_hybrid_past_the_teachers_prompt_and_both_caches_bytes(tmp_path, capsys):
+    """--hybrid times a saved hybrid (here the untrained 7:1 one, saved), --teacher-prompt gives the teacher its own
+    prompt length, and every row records both decode caches' bytes as hybrid.cache counts them."""
+    import headscope
+    import hybrid
+    from hybrid.cache import cache_nbytes, teacher_cache_nbytes
+
+    teacher, _ = headscope.load_model("default")
+    saved = tmp_path / "hybrid"
+    hybrid.save(hybrid.from_mask(teacher, str(generate_speed.SHIPPED_MASKS["default"])), saved)
+    out = tmp_path / "speed.json"
+    assert generate_speed.main(["--hybrid", str(saved), "--prompt", "16", "--teacher-prompt", "8", "--new", "3",
+                                "--batch", "2", "--repeats", "1", "--skip", "eager,teacher_dynamic",
+                                "--out", str(out)]) == 0
+    data = json.loads(out.read_text())
+    row = data["rows"][0]
+    assert data["mask"] == f"saved hybrid {saved}" and (data["prompt"], data["teacher_prompt"]) == (16, 8)
+    assert row["cache_bytes"] == cache_nbytes(hybrid.load(saved), 16 + 3, 2, torch.float32)["total"]
+    assert row["teacher_cache_bytes"] == teacher_cache_nbytes(teacher, 8 + 3, 2, torch.float32)
+    assert row["cache_vs_teacher"] == pytest.approx(row["cache_bytes"] / row["teacher_cache_bytes"], abs=1e-4)
+    assert row["fast"]["tok_s"] > 0 and row["teacher_static"]["tok_s"] > 0
+    assert "MiB (teacher" in capsys.readouterr().out
+
+
+def test_a_missing_saved_hybrid_or_both_sources_are_refused(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        generate_speed.parse_args(["--hybrid", str(tmp_path)])
+    assert "no saved hybrid there" in capsys.readouterr().err
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(SystemExit):
+        generate_speed.parse_args(["--hybrid", str(tmp_path), "--mask", "m.json"])
+    assert "not both" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not has_default_weights(), reason="the reference model's weights are not on disk")
+def test_cache_only_counts_bytes_and_times_nothing(tmp_path, monkeypatch, capsys):
+    from hybrid.cache import teacher_cache_nbytes
+
+    monkeypatch.setattr(generate_speed, "generate_row", lambda *a, **k: pytest.fail("--cache-only timed a row"))
+    out = tmp_path / "cache.json"
+    assert generate_speed.main(["--prompt", "4096", "--teacher-prompt", "2048", "--new", "128", "--batch", "1,2",
+                                "--dtype", "bfloat16", "--cache-only", "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["batch"] for r in rows] == [1, 2] and set(rows[0]) == {"batch", "cache_bytes", "teacher_cache_bytes",
+                                                                     "cache_vs_teacher"}
+    assert rows[1]["cache_bytes"] == 2 * rows[0]["cache_bytes"]
+    import headscope
+
+    teacher, _ = headscope.load_model("default")
+    assert rows[0]["teacher_cache_bytes"] == teacher_cache_nbytes(teacher, 2048 + 128, 1, torch.bfloat16)
+    assert rows[0]["cache_bytes"] < rows[0]["teacher_cache_bytes"]  # 1/8 of the KV at twice the positions + states
+    assert "hybrid / teacher" in capsys.readouterr().out

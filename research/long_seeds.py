@@ -1,0 +1,122 @@
+"""Recipes past their teacher's context, over training seeds: each seed's rows of a suite with ``fidelity_long_text``
+(``fidelity_long``, ``fidelity_long_reference``: run.py's ``<run>/<suite>/results.csv``), as one long table of
+recipe x held-out source x window length: the student's perplexity (mean, spread, every seed), its growth from the
+teacher's length (``growth``: perplexity(L) / perplexity(base length), per seed; at most 1 is the target: the
+student uses the longer context instead of breaking on it), the ratio to the teacher read in chunks of its positions
+(``perplexity_ratio_chunked``), and where the teacher has the positions its ratio and top-1 agreement. A line "mean
+over sources" averages each seed's sources first. With run.py's ``eval_rows.csv`` beside the suite, the project's
+own-template NIAH per length joins (``template_accuracy``, hybrid and teacher).
+
+    python -m research.long_seeds nope=runs/ref_cpu_long_s0,runs/ref_cpu_long_s1 \\
+        rope=runs/ref_cpu_long_rope_s0,runs/ref_cpu_long_rope_s1 --base-length 2048 --out long_seeds.csv
+
+``std`` is the sample standard deviation over seeds (ddof 1; NaN for one seed).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+TEXT_METRICS = ("perplexity_student", "perplexity_ratio_chunked", "perplexity_ratio", "top1_agreement")
+MEAN_LINE = "mean over sources"
+
+
+def suite_rows(run: Path) -> pd.DataFrame:
+    """The ``fidelity_long_text`` rows (status ok) of a run folder (its one ``*/results.csv`` that holds them) or of
+    that results.csv itself."""
+    if run.is_dir():
+        found = [p for p in sorted(run.glob("*/results.csv"))
+                 if "fidelity_long_text" in set(pd.read_csv(p, usecols=["evaluation"]).evaluation)]
+        if len(found) != 1:
+            raise FileNotFoundError(f"{run}: {len(found)} suites with fidelity_long_text rows "
+                                    f"({', '.join(p.parent.name for p in found) or 'none'}); give the results.csv")
+        run = found[0]
+    if not run.is_file():
+        raise FileNotFoundError(f"{run}: no such file; give a run folder or a suite's results.csv")
+    d = pd.read_csv(run)
+    return d[(d.evaluation == "fidelity_long_text") & (d.status == "ok") & d.metric.isin(TEXT_METRICS)]
+
+
+def seed_lines(rows: pd.DataFrame, base_length: int) -> pd.DataFrame:
+    """One seed: (line, length, metric, value), ``growth`` added per source, and the mean-over-sources line."""
+    d = rows.groupby(["family", "context_length", "metric"]).value.mean().reset_index()
+    d = d.rename(columns={"family": "line", "context_length": "length"})
+    ppl = d[d.metric == "perplexity_student"].set_index(["line", "length"]).value
+    base = ppl.xs(base_length, level="length") if base_length in ppl.index.get_level_values("length") else None
+    if base is None:
+        raise ValueError(f"no perplexity at the base length {base_length}; the suite's lengths are "
+                         f"{sorted(set(ppl.index.get_level_values('length')))}: give one of them as --base-length")
+    growth = (ppl / base.reindex(ppl.index.get_level_values("line")).to_numpy()).rename("value").reset_index()
+    d = pd.concat([d, growth.assign(metric="growth")], ignore_index=True)
+    mean = d.groupby(["length", "metric"]).value.mean().reset_index().assign(line=MEAN_LINE)
+    return pd.concat([d, mean], ignore_index=True)
+
+
+def template_lines(run: Path) -> pd.DataFrame:
+    """run.py's own-template NIAH accuracy per length, hybrid and teacher (none when eval_rows.csv is absent)."""
+    folder = run if run.is_dir() else run.parent.parent
+    f = folder / "eval_rows.csv"
+    if not f.is_file():
+        return pd.DataFrame(columns=["line", "length", "metric", "value"])
+    d = pd.read_csv(f)
+    d = d[(d.status == "ok") & (d.evaluation == "niah") & (d.metric == "accuracy")]
+    out = d.groupby(["model", "context_length"]).value.mean().reset_index()
+    return pd.DataFrame({"line": "template niah", "length": out.context_length,
+                         "metric": ["template_accuracy" if m == "hybrid" else f"template_accuracy_{m}"
+                                    for m in out.model], "value": out.value})
+
+
+def recipe_table(runs: list[Path], base_length: int) -> pd.DataFrame:
+    per_seed = []
+    for i, run in enumerate(runs):
+        lines = pd.concat([seed_lines(suite_rows(run), base_length), template_lines(run)], ignore_index=True)
+        per_seed.append(lines.assign(seed=i))
+    d = pd.concat(per_seed, ignore_index=True)
+    wide = d.pivot_table(index=["line", "length", "metric"], columns="seed", values="value", sort=False)
+    out = pd.DataFrame({"mean": wide.mean(axis=1), "std": wide.std(axis=1, ddof=1), "seeds": wide.count(axis=1)})
+    for s in wide.columns:
+        out[f"seed_{s}"] = wide[s]
+    return out.reset_index()
+
+
+def parse_recipe(ap: argparse.ArgumentParser, spec: str) -> tuple[str, list[Path]]:
+    name, sep, paths = spec.partition("=")
+    if not sep or not name or not paths:
+        ap.error(f"{spec!r}: give NAME=RUN[,RUN...] (a recipe's label and its seeds' run folders)")
+    return name, [Path(p) for p in paths.split(",") if p]
+
+
+def main(argv: list[str] | None = None) -> pd.DataFrame:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    ap.add_argument("recipes", nargs="+", help="NAME=RUN[,RUN...]: a recipe's label and its seeds' run folders")
+    ap.add_argument("--base-length", type=int, default=2048,
+                    help="the window length growth is counted from (the teacher's positions; default 2048)")
+    ap.add_argument("--out", type=Path, default=None, help="write the long table as CSV here")
+    a = ap.parse_args(argv)
+    tables = []
+    for spec in a.recipes:
+        name, runs = parse_recipe(ap, spec)
+        try:
+            tables.append(recipe_table(runs, a.base_length).assign(recipe=name))
+        except (FileNotFoundError, ValueError) as e:
+            ap.error(f"{name}: {e}")
+    table = pd.concat(tables, ignore_index=True)
+    table = table[["recipe"] + [c for c in table.columns if c != "recipe"]]
+    with pd.option_context("display.width", 200, "display.max_rows", 1000, "display.float_format", "{:.3f}".format):
+        shown = table[table.metric.isin(["growth", "perplexity_student", "template_accuracy"])]
+        print(shown.pivot_table(index=["metric", "line", "length"], columns="recipe", values="mean",
+                                sort=False).to_string())
+    if a.out is not None:
+        from headscope.io import write_text
+
+        write_text(a.out, table.to_csv(index=False, float_format="%.6g"))
+        print(f"wrote {a.out}", file=sys.stderr)
+    return table
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,56 @@
+"""research/long_seeds.py: recipes' perplexity past the teacher's context over seeds, from each run's suite rows."""
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import pytest
+
+from research import long_seeds
+
+
+def _run(folder, ppl: dict[tuple[str, int], float], template: dict[int, float] | None = None):
+    rows = [dict(evaluation="fidelity_long_text", family=src, context_length=L, metric="perplexity_student",
+                 value=v, status="ok") for (src, L), v in ppl.items()]
+    rows.append(dict(evaluation="fidelity_long_text", family="a", context_length=4096, metric="perplexity_teacher",
+                     value=None, status="not_applicable"))
+    (folder / "fidelity_long_reference").mkdir(parents=True)
+    pd.DataFrame(rows).to_csv(folder / "fidelity_long_reference" / "results.csv", index=False)
+    (folder / "fidelity_reference").mkdir()
+    pd.DataFrame([dict(evaluation="fidelity_text", family="a", context_length=1024, metric="perplexity_ratio",
+                       value=1.0, status="ok")]).to_csv(folder / "fidelity_reference" / "results.csv", index=False)
+    if template:
+        pd.DataFrame([dict(model=m, evaluation="niah", context_length=L, metric="accuracy", value=v, status="ok")
+                      for L, v in template.items() for m in ("hybrid", "teacher")]).to_csv(
+            folder / "eval_rows.csv", index=False)
+    return folder
+
+
+def test_growth_is_per_seed_from_the_base_length_and_averaged_over_seeds(tmp_path):
+    s0 = _run(tmp_path / "s0", {("a", 2048): 10.0, ("a", 4096): 9.0, ("b", 2048): 20.0, ("b", 4096): 24.0},
+              {4096: 0.5})
+    s1 = _run(tmp_path / "s1", {("a", 2048): 12.0, ("a", 4096): 12.0, ("b", 2048): 20.0, ("b", 4096): 20.0},
+              {4096: 1.0})
+    t = long_seeds.main([f"nope={s0},{s1}", "--out", str(tmp_path / "t.csv")]).set_index(["line", "length", "metric"])
+    assert t.loc[("a", 4096, "growth"), "seed_0"] == pytest.approx(0.9)
+    assert t.loc[("a", 4096, "growth"), "mean"] == pytest.approx(0.95)
+    assert t.loc[("a", 4096, "growth"), "std"] == pytest.approx(math.sqrt(0.005))
+    assert t.loc[("b", 4096, "growth"), "mean"] == pytest.approx(1.1)
+    assert t.loc[(long_seeds.MEAN_LINE, 4096, "growth"), "seed_0"] == pytest.approx((0.9 + 1.2) / 2)
+    assert t.loc[("a", 2048, "growth"), "mean"] == 1.0
+    assert t.loc[("template niah", 4096, "template_accuracy"), "mean"] == pytest.approx(0.75)
+    assert t.loc[("template niah", 4096, "template_accuracy_teacher"), "seeds"] == 2
+    assert (tmp_path / "t.csv").is_file()
+
+
+def test_bad_input_names_the_fix(tmp_path, capsys):
+    s0 = _run(tmp_path / "s0", {("a", 1024): 10.0, ("a", 4096): 9.0})
+    with pytest.raises(SystemExit):
+        long_seeds.main([f"nope={s0}"])  # no perplexity at 2048
+    assert "give one of them as --base-length" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        long_seeds.main([str(s0)])
+    assert "NAME=RUN" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        long_seeds.main([f"x={tmp_path}"])
+    assert "0 suites with fidelity_long_text rows" in capsys.readouterr().err
