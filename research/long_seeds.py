@@ -1,9 +1,10 @@
 """Recipes past their teacher's context, over training seeds: each seed's rows of a suite with ``fidelity_long_text``
 (``fidelity_long``, ``fidelity_long_reference``: run.py's ``<run>/<suite>/results.csv``), as one long table of
-recipe x held-out source x window length: the student's perplexity (mean, spread, every seed), its growth from the
-teacher's length (``growth``: perplexity(L) / perplexity(base length), per seed; at most 1 is the target: the
-student uses the longer context instead of breaking on it), the ratio to the teacher read in chunks of its positions
-(``perplexity_ratio_chunked``), and where the teacher has the positions its ratio and top-1 agreement. A line "mean
+recipe x held-out source x window length: the student's perplexity (mean, spread, every seed); ``long_context_ratio``,
+the same tokens read whole over read in chunks of the teacher's positions (at most 1: the student uses the longer
+context instead of breaking on it); ``growth``, perplexity(L) / perplexity(base length) per seed (other windows of
+the text at each length, so it mixes the text's difficulty in); the ratio to the teacher read in chunks of its
+positions (``perplexity_ratio_chunked``), and where the teacher has the positions its ratio and top-1 agreement. A line "mean
 over sources" averages each seed's sources first. With run.py's ``eval_rows.csv`` beside the suite, the project's
 own-template NIAH per length joins (``template_accuracy``, hybrid and teacher).
 
@@ -20,7 +21,8 @@ from pathlib import Path
 
 import pandas as pd
 
-TEXT_METRICS = ("perplexity_student", "perplexity_ratio_chunked", "perplexity_ratio", "top1_agreement")
+TEXT_METRICS = ("perplexity_student", "perplexity_student_chunked", "long_context_ratio", "perplexity_ratio_chunked",
+                "perplexity_ratio", "top1_agreement")
 MEAN_LINE = "mean over sources"
 
 
@@ -107,7 +109,8 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
     table = pd.concat(tables, ignore_index=True)
     table = table[["recipe"] + [c for c in table.columns if c != "recipe"]]
     with pd.option_context("display.width", 200, "display.max_rows", 1000, "display.float_format", "{:.3f}".format):
-        shown = table[table.metric.isin(["growth", "perplexity_student", "template_accuracy"])]
+        shown = table[table.metric.isin(["long_context_ratio", "perplexity_ratio_chunked", "growth",
+                                         "perplexity_student", "template_accuracy"])]
         print(shown.pivot_table(index=["metric", "line", "length"], columns="recipe", values="mean",
                                 sort=False).to_string())
     if a.out is not None:

@@ -14,12 +14,17 @@ Two evaluations (registered with ``needs_teacher=True``), on the held-out data o
   ``perplexity_teacher_chunked``: the teacher's perplexity of the same tokens read in consecutive chunks of its
   positions, each chunk from an empty context (the teacher's score where it can run; one chunk, so equal to
   ``perplexity_teacher``, when the window fits), and ``perplexity_ratio_chunked`` = student / that: below 1, the
-  student reads the long context better than a teacher that must forget it every ``positions`` tokens.
+  student reads the long context better than a teacher that must forget it every ``positions`` tokens. And
+  ``perplexity_student_chunked``, the student's own perplexity of the same tokens read in chunks of the teacher's
+  positions, with ``long_context_ratio`` = perplexity_student / that: at most 1, the student reads a long window at
+  least as well as it reads the same tokens in teacher-length pieces (it uses the longer context instead of breaking
+  on it); 1 exactly where the window fits. Unlike comparing the perplexity at two window lengths (other windows of
+  the text), both sides of these ratios score the same tokens.
 - ``fidelity_long_niah``: single-key NIAH in the fidelity suite's held-out phrasings and haystack sources at 16K, 32K
   and 64K (prompt lengths 16376, 32760, 65528: 8 positions left for the answer). The haystack of a source that holds
   fewer than 9/8 of the prompt length in tokens goes on with the held-out sources after it (manifest order, wrapping
-  around) until it does (the row's note names them). ``accuracy_student`` at every length (a student with learned position embeddings
-  stops at its positions); ``accuracy_teacher`` where the prompt fits the teacher's positions, else status
+  around) until it does (the row's note names them). ``accuracy_student`` at every length (a student with learned
+  position embeddings stops at its positions); ``accuracy_teacher`` where the prompt fits the teacher's positions, else status
   "not_applicable" (``teacher_beyond_positions=True`` runs the teacher there anyway, noted).
 
 The student's ``max_position_embeddings`` is not a limit here: a hybrid keeps its teacher's number as a record and
@@ -49,7 +54,8 @@ __all__ = ["FidelityLongTextConfig", "FidelityLongNiahConfig", "fidelity_long_te
 NOT_APPLICABLE = "not_applicable"  # the status of a teacher row past the teacher's positions
 HAYSTACK_MARGIN = 1.125  # a NIAH haystack holds at least this many times the prompt length in tokens
 _CHUNK_ELEMENTS = 1 << 22  # float32 log-softmax rows at once: positions x vocab (16 MiB)
-CHUNKED_METRICS = ("perplexity_teacher_chunked", "perplexity_ratio_chunked")
+CHUNKED_METRICS = ("perplexity_teacher_chunked", "perplexity_ratio_chunked", "perplexity_student_chunked",
+                   "long_context_ratio")
 
 
 def _lengths(name: str, v) -> tuple[int, ...]:
@@ -185,13 +191,18 @@ def fidelity_long_text(model, tokenizer, cfg: FidelityLongTextConfig, ctx: EvalC
                     note = "the window fits the teacher's positions: one chunk, the teacher's own perplexity"
                     rows += [row("fidelity_long_text", "perplexity_teacher_chunked", ppl_t, n, note=note, **fields),
                              row("fidelity_long_text", "perplexity_ratio_chunked", ppl_s / ppl_t, n, note=note,
-                                 **fields)]
+                                 **fields),
+                             row("fidelity_long_text", "perplexity_student_chunked", ppl_s, n, note=note, **fields),
+                             row("fidelity_long_text", "long_context_ratio", 1.0, n, note=note, **fields)]
                 else:  # past the teacher's positions: the student alone, the teacher in chunks of its positions
                     nll_s = fewer_rows_after_oom(lambda c: sequence_nll(model, windows, c, f"student {name} @{W}"),
                                                  ctx, windows.shape[1], device)
                     nll_t = fewer_rows_after_oom(lambda c: chunked_nll(teacher, windows, P, c, f"teacher {name} @{W}"),
                                                  ctx, P + 1, device)
-                    ppl_s, ppl_t = _ppl(nll_s), _ppl(nll_t)
+                    nll_sc = fewer_rows_after_oom(lambda c: chunked_nll(model, windows, P, c,
+                                                                        f"student in chunks {name} @{W}"),
+                                                  ctx, P + 1, device)
+                    ppl_s, ppl_t, ppl_sc = _ppl(nll_s), _ppl(nll_t), _ppl(nll_sc)
                     na = (f"{W}-token windows are past the teacher's {P} positions: no teacher score at this length "
                           "(perplexity_teacher_chunked: the teacher on the same tokens in chunks of its positions)")
                     rows.append(row("fidelity_long_text", "perplexity_student", ppl_s, n, **fields))
@@ -200,6 +211,10 @@ def fidelity_long_text(model, tokenizer, cfg: FidelityLongTextConfig, ctx: EvalC
                     rows += [row("fidelity_long_text", "perplexity_teacher_chunked", ppl_t, n, note=note, **fields),
                              row("fidelity_long_text", "perplexity_ratio_chunked", ppl_s / ppl_t, n, note=note,
                                  **fields)]
+                    note = (f"the student reads the same tokens in chunks of the teacher's {P} positions, each from "
+                            "an empty context")
+                    rows += [row("fidelity_long_text", "perplexity_student_chunked", ppl_sc, n, note=note, **fields),
+                             row("fidelity_long_text", "long_context_ratio", ppl_s / ppl_sc, n, note=note, **fields)]
             except BudgetExceeded:
                 rows += _skip("fidelity_long_text", metrics, ctx.budget_note(f"fidelity_long_text on {name} at {W}"),
                               **fields)

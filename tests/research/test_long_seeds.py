@@ -10,8 +10,8 @@ from research import long_seeds
 
 
 def _run(folder, ppl: dict[tuple[str, int], float], template: dict[int, float] | None = None):
-    rows = [dict(evaluation="fidelity_long_text", family=src, context_length=L, metric="perplexity_student",
-                 value=v, status="ok") for (src, L), v in ppl.items()]
+    rows = [dict(evaluation="fidelity_long_text", family=src, context_length=L, metric=m, value=v * k, status="ok")
+            for (src, L), v in ppl.items() for m, k in (("perplexity_student", 1.0), ("long_context_ratio", 0.1))]
     rows.append(dict(evaluation="fidelity_long_text", family="a", context_length=4096, metric="perplexity_teacher",
                      value=None, status="not_applicable"))
     (folder / "fidelity_long_reference").mkdir(parents=True)
@@ -38,6 +38,8 @@ def test_growth_is_per_seed_from_the_base_length_and_averaged_over_seeds(tmp_pat
     assert t.loc[("b", 4096, "growth"), "mean"] == pytest.approx(1.1)
     assert t.loc[(long_seeds.MEAN_LINE, 4096, "growth"), "seed_0"] == pytest.approx((0.9 + 1.2) / 2)
     assert t.loc[("a", 2048, "growth"), "mean"] == 1.0
+    assert t.loc[("b", 4096, "long_context_ratio"), "mean"] == pytest.approx(2.2)  # as the rows give it
+    assert t.loc[(long_seeds.MEAN_LINE, 4096, "long_context_ratio"), "seed_1"] == pytest.approx(1.6)
     assert t.loc[("template niah", 4096, "template_accuracy"), "mean"] == pytest.approx(0.75)
     assert t.loc[("template niah", 4096, "template_accuracy_teacher"), "seeds"] == 2
     assert (tmp_path / "t.csv").is_file()

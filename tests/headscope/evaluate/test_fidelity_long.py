@@ -23,7 +23,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 FA = [(0, 1), (1, 0), (1, 3), (2, 2)]
 TEXT = {"perplexity_student", "perplexity_teacher", "perplexity_ratio", "kl_to_teacher", "top1_agreement",
-        "perplexity_teacher_chunked", "perplexity_ratio_chunked"}
+        "perplexity_teacher_chunked", "perplexity_ratio_chunked", "perplexity_student_chunked", "long_context_ratio"}
 
 
 @pytest.fixture(scope="module")
@@ -79,9 +79,9 @@ def test_text_rows_inside_and_past_the_teachers_positions(student, teacher, tok,
     assert set(df.metric) == TEXT and set(df.context_length) == {128, 512} and set(df.family) == {"prose"}
     inside, past = df[df.context_length == 128], df[df.context_length == 512]
     assert (inside.status == "ok").all()
-    assert set(past[past.status == NOT_APPLICABLE].metric) == TEXT - {"perplexity_student",
-                                                                       "perplexity_teacher_chunked",
-                                                                       "perplexity_ratio_chunked"}
+    assert set(past[past.status == NOT_APPLICABLE].metric) == TEXT - {
+        "perplexity_student", "perplexity_teacher_chunked", "perplexity_ratio_chunked", "perplexity_student_chunked",
+        "long_context_ratio"}
     assert past[past.status == NOT_APPLICABLE].note.str.contains("past the teacher's 256 positions").all()
     # inside: the chunked perplexity is the teacher's own (one chunk)
     assert ok(df, "perplexity_teacher_chunked", context_length=128).value.tolist() == ok(
@@ -89,6 +89,12 @@ def test_text_rows_inside_and_past_the_teachers_positions(student, teacher, tok,
     s, t = (ok(df, m, context_length=512).value.item() for m in ("perplexity_student", "perplexity_teacher_chunked"))
     assert math.isfinite(s) and math.isfinite(t) and ok(df, "perplexity_ratio_chunked", context_length=512
                                                          ).value.item() == pytest.approx(s / t)
+    # the student on the same tokens in chunks of the teacher's 256 positions; inside, one chunk: its own, ratio 1
+    sc = ok(df, "perplexity_student_chunked", context_length=512).value.item()
+    assert ok(df, "long_context_ratio", context_length=512).value.item() == pytest.approx(s / sc) and sc != s
+    assert ok(df, "long_context_ratio", context_length=128).value.tolist() == [1.0]
+    assert ok(df, "perplexity_student_chunked", context_length=128).value.tolist() == ok(
+        df, "perplexity_student", context_length=128).value.tolist()
 
 
 def test_chunked_nll_reads_each_chunk_from_an_empty_context(teacher):

@@ -171,6 +171,26 @@ def test_the_long_table_shows_niah_perplexity_and_fidelity_per_row():
     assert alone.loc["nope-log", "targets met"].startswith("3 of 5")  # 1.2 > 1.15 at 8K
 
 
+def test_the_same_tokens_ratio_judges_the_past_8k_target_where_the_rows_have_it():
+    """Rows with long_context_ratio (the same tokens read whole / in chunks of the teacher's positions) add a column
+    per length past the teacher's and decide "ppl past 8K <= at 8K" instead of other windows' growth."""
+    from research.studies.metrics import long_headline, long_table
+
+    collected = collected_by_hand()
+    rows = long_rows(0.85, 0.9)  # growth 0.9 and 0.81: met by the windows' growth
+    for src, worse in (("prose", 1.02), ("code", 0.97)):
+        rows += [_row("fidelity_long_text", "long_context_ratio", 1.0, src, 8192),
+                 _row("fidelity_long_text", "long_context_ratio", worse, src, 16384),
+                 _row("fidelity_long_text", "long_context_ratio", 0.95, src, 32768)]
+    collected["runs"][0]["long"]["fidelity_long"] = long_headline(rows)
+    assert collected["runs"][0]["long"]["fidelity_long"]["long_context_ratio"]["prose"]["16384"] == 1.02
+    m = long_table(collected, "fidelity_long", "fidelity").set_index("variant").loc["nope-log"]
+    assert (m["ppl 16K whole / chunked (worst source)"], m["ppl 32K whole / chunked (worst source)"]) == (
+        "1.020", "0.950")
+    assert "ppl 8K whole / chunked (worst source)" not in m.index  # the teacher's own length: 1 by definition
+    assert m["targets met"] == "3 of 5: NIAH 32K >= 0.8, ppl ratio <= 1.15, top-1 >= 0.8"
+
+
 def test_the_perplexity_table_per_source_and_the_markdown_block():
     from research.studies.metrics import long_perplexity_table, markdown_block
 
