@@ -6,7 +6,8 @@ context instead of breaking on it); ``growth``, perplexity(L) / perplexity(base 
 the text at each length, so it mixes the text's difficulty in); the ratio to the teacher read in chunks of its
 positions (``perplexity_ratio_chunked``), and where the teacher has the positions its ratio and top-1 agreement. A line "mean
 over sources" averages each seed's sources first. With run.py's ``eval_rows.csv`` beside the suite, the project's
-own-template NIAH per length joins (``template_accuracy``, hybrid and teacher).
+own-template NIAH per length joins (``template_accuracy``, hybrid and teacher), and the hybrid's from ``headscope eval
+--suite niah`` folders named ``niah_*`` in the run folder (a length past run.py's).
 
     python -m research.long_seeds nope=runs/ref_cpu_long_s0,runs/ref_cpu_long_s1 \\
         rope=runs/ref_cpu_long_rope_s0,runs/ref_cpu_long_rope_s1 --base-length 2048 --out long_seeds.csv
@@ -58,12 +59,16 @@ def seed_lines(rows: pd.DataFrame, base_length: int) -> pd.DataFrame:
 
 
 def template_lines(run: Path) -> pd.DataFrame:
-    """run.py's own-template NIAH accuracy per length, hybrid and teacher (none when eval_rows.csv is absent)."""
+    """The own-template NIAH accuracy per length: run.py's (``eval_rows.csv``, hybrid and teacher) and the hybrid's
+    from ``headscope eval --suite niah`` folders in the run folder named ``niah_*`` (e.g. a length past run.py's)."""
     folder = run if run.is_dir() else run.parent.parent
-    f = folder / "eval_rows.csv"
-    if not f.is_file():
+    frames = []
+    if (folder / "eval_rows.csv").is_file():
+        frames.append(pd.read_csv(folder / "eval_rows.csv"))
+    frames += [pd.read_csv(f).assign(model="hybrid") for f in sorted(folder.glob("niah_*/results.csv"))]
+    if not frames:
         return pd.DataFrame(columns=["line", "length", "metric", "value"])
-    d = pd.read_csv(f)
+    d = pd.concat(frames, ignore_index=True)
     d = d[(d.status == "ok") & (d.evaluation == "niah") & (d.metric == "accuracy")]
     out = d.groupby(["model", "context_length"]).value.mean().reset_index()
     return pd.DataFrame({"line": "template niah", "length": out.context_length,

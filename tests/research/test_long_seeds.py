@@ -23,6 +23,9 @@ def _run(folder, ppl: dict[tuple[str, int], float], template: dict[int, float] |
         pd.DataFrame([dict(model=m, evaluation="niah", context_length=L, metric="accuracy", value=v, status="ok")
                       for L, v in template.items() for m in ("hybrid", "teacher")]).to_csv(
             folder / "eval_rows.csv", index=False)
+        (folder / "niah_8184").mkdir()  # headscope eval --suite niah in the run folder: the hybrid's, no model column
+        pd.DataFrame([dict(evaluation="niah", context_length=8184, metric="accuracy", value=v / 2, status="ok")
+                      for v in template.values()]).to_csv(folder / "niah_8184" / "results.csv", index=False)
     return folder
 
 
@@ -42,6 +45,8 @@ def test_growth_is_per_seed_from_the_base_length_and_averaged_over_seeds(tmp_pat
     assert t.loc[(long_seeds.MEAN_LINE, 4096, "long_context_ratio"), "seed_1"] == pytest.approx(1.6)
     assert t.loc[("template niah", 4096, "template_accuracy"), "mean"] == pytest.approx(0.75)
     assert t.loc[("template niah", 4096, "template_accuracy_teacher"), "seeds"] == 2
+    assert t.loc[("template niah", 8184, "template_accuracy"), "mean"] == pytest.approx(0.375)
+    assert ("template niah", 8184, "template_accuracy_teacher") not in t.index
     assert (tmp_path / "t.csv").is_file()
 
 
