@@ -171,6 +171,9 @@ class StageConfig:
     # copied from the teacher (stage 1 then trains every part that replaced an attention head); False: only the
     # parameters the hybrid adds (hybrid.train.stages.new_parameter_names). Other stages train everything anyway.
     train_gdn_qkv: bool = True
+    # "align": also train the FA heads' q/k projections and q/k norms (copied from the teacher; without RoPE on the
+    # FA heads they have to relearn where they attend). False: they wait for stage 2, as every teacher weight does.
+    train_fa_qk: bool = False
     # "distill_on_policy": the last on_policy_tokens of every row are the student's own continuation of the rest
     # (sampled at sample_temperature, 0 = greedy, without gradient), and the KL to the teacher counts on them too
     on_policy_tokens: int = 0
@@ -239,6 +242,11 @@ class StageConfig:
                  "or use schedule = \"cosine\"")
         if not isinstance(self.train_gdn_qkv, bool):
             _bad(where, "train_gdn_qkv", self.train_gdn_qkv, "must be true or false")
+        if not isinstance(self.train_fa_qk, bool):
+            _bad(where, "train_fa_qk", self.train_fa_qk, "must be true or false")
+        if self.train_fa_qk and self.name != "align":
+            _bad(where, "train_fa_qk", self.train_fa_qk, f"stage {self.name!r} trains every parameter; "
+                 "train_fa_qk = true is an 'align' option (stage 1 then trains the FA heads' q/k too)")
         if not self.train_gdn_qkv and self.name != "align":
             _bad(where, "train_gdn_qkv", self.train_gdn_qkv, f"stage {self.name!r} trains every parameter; "
                  "train_gdn_qkv = false is an 'align' option (stage 1 then trains only the new parameters)")
@@ -291,7 +299,7 @@ _LATER_DEFAULTS = {"working_dtype": "float32", "teacher_dtype": "float32"}
 # DataConfig fields added later: left out of to_dict (so of the fingerprint) at these values, as JSON writes them
 _LATER_DATA_DEFAULTS = {"sources": [], "teacher_corpus": "", "teacher_corpus_share": 0.5, "text_windows": "random"}
 # StageConfig fields added later: left out of to_dict (so of the fingerprint) at these values
-_LATER_STAGE_DEFAULTS = {"schedule": "cosine", "on_policy_tokens": 0, "sample_temperature": 1.0}
+_LATER_STAGE_DEFAULTS = {"schedule": "cosine", "on_policy_tokens": 0, "sample_temperature": 1.0, "train_fa_qk": False}
 # train_gdn_qkv: stages before it trained the GDN q/k/v in every stage but "align" (where they stayed frozen). So
 # to_dict leaves it out of the stages where it has no effect (every one but "align", where it is always true), and
 # the fingerprint also leaves it out of an "align" stage that keeps the former behaviour (false): runs made before

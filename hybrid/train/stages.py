@@ -26,6 +26,7 @@ from headscope.registry import Registry
 from hybrid.train.losses import hidden_mse, kl_div, weighted_ce
 
 __all__ = ["Stage", "STAGES", "register_stage", "Term", "new_parameter_names", "gdn_qkv_parameter_names",
+           "fa_qk_parameter_names",
            "decoder_layers", "FUSED_LOSS", "use_fused_loss", "final_hidden"]
 
 Term = tuple[str, float, torch.Tensor, torch.Tensor]  # (name, weight, sum, count)
@@ -54,6 +55,23 @@ def new_parameter_names(model: nn.Module) -> set[str]:
     if hasattr(m, "new_parameters"):
         return set(m.new_parameters())
     return {n for n, p in m.named_parameters() if getattr(p, "_hybrid_new", False)}
+
+
+def fa_qk_parameter_names(model: nn.Module) -> set[str]:
+    """Names of the FA heads' reused query/key parameters: each full-attention branch's q/k projections (weights and
+    biases) and q/k norms, copied from the teacher by the conversion. Without RoPE (``fa_rope=False``) they are the
+    parts whose use changes: "align" trains them with ``train_fa_qk``."""
+    from hybrid.layers.hybrid_attention import FullAttentionBranch
+
+    m = getattr(model, "module", model)  # DDP
+    out = set()
+    for name, module in m.named_modules():
+        if isinstance(module, FullAttentionBranch):
+            for part in ("q_proj", "k_proj", "q_norm", "k_norm"):
+                sub = getattr(module, part, None)
+                if sub is not None:
+                    out |= {f"{name}.{part}.{p}" for p, _ in sub.named_parameters()}
+    return out
 
 
 def gdn_qkv_parameter_names(model: nn.Module) -> set[str]:

@@ -25,7 +25,7 @@ from hybrid.train.config import StageConfig, TrainConfig, TrainConfigError
 from hybrid.train.distributed import DistEnv, all_reduce_sum, setup, shard, wrap
 from hybrid.train.evals import CHECKS, EvalContext
 from hybrid.train.logs import JsonlLog, plot_log
-from hybrid.train.stages import STAGES, gdn_qkv_parameter_names, new_parameter_names
+from hybrid.train.stages import STAGES, fa_qk_parameter_names, gdn_qkv_parameter_names, new_parameter_names
 
 __all__ = ["run", "RunResult", "Trainer"]
 
@@ -254,6 +254,8 @@ class Trainer:
             raise TrainConfigError(f"stage {stage_cfg.name!r} trains the new parameters, and the model has none")
         if new is not None and stage_cfg.train_gdn_qkv:  # the GDN heads' q/k/v copied from the teacher too
             new = new | gdn_qkv_parameter_names(self.student)
+        if new is not None and stage_cfg.train_fa_qk:  # the FA heads' q/k, which NoPE changes the use of
+            new = new | fa_qk_parameter_names(self.student)
         out = []
         for n, p in self.student.named_parameters():
             p.requires_grad_(new is None or n in new)

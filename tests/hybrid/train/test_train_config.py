@@ -99,6 +99,8 @@ def test_older_field_names_are_read_and_keep_the_fingerprint():
     ({"stages": [stage("align", schedule="constant", decay_steps=5)]}, r"decay_steps=5: a constant schedule"),
     ({"stages": [stage("distill", train_gdn_qkv=False)]}, r"train_gdn_qkv=False: stage 'distill' trains every"),
     ({"stages": [stage("align", train_gdn_qkv="no")]}, r"train_gdn_qkv='no': must be true or false"),
+    ({"stages": [stage("distill", train_fa_qk=True)]}, r"train_fa_qk=True: stage 'distill' trains every"),
+    ({"stages": [stage("align", train_fa_qk=1)]}, r"train_fa_qk=1: must be true or false"),
 ])
 def test_bad_configs_are_refused_naming_the_field(patch, match):
     with pytest.raises(TrainConfigError, match=match):

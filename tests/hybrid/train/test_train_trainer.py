@@ -140,6 +140,28 @@ def test_align_trains_the_new_parameters_and_by_default_the_gdn_qkv(tmp_path, ti
     assert n_trained == sum(after[n].numel() for n in (new | qkv if train_gdn_qkv else new))
 
 
+def test_train_fa_qk_adds_the_fa_heads_q_k_to_stage_1(tmp_path, tiny_teacher_dir, tiny_mask):
+    """train_fa_qk: stage 1 also changes the FA branches' q/k projections and q/k norms (not their v, o_proj or the
+    MLPs); the option is left out of the config's dict (and fingerprint) when off."""
+    from headscope.reference import load_model
+    from hybrid.convert import from_mask
+    from hybrid.train.stages import fa_qk_parameter_names, gdn_qkv_parameter_names, new_parameter_names
+
+    teacher, _ = load_model(str(tiny_teacher_dir))
+    before = from_mask(teacher, tiny_mask).state_dict()
+    cfg = tiny_config(tmp_path / "o", tiny_teacher_dir, tiny_mask,
+                      stages=[stage("align", steps=3, lr=1e-2, train_fa_qk=True)])
+    res = run(cfg)
+    fa = fa_qk_parameter_names(res.model)
+    assert fa and all(".self_attn.fa." in n for n in fa) and not fa & new_parameter_names(res.model)
+    assert {n.rsplit(".", 2)[-2] for n in fa} == {"q_proj", "k_proj", "q_norm", "k_norm"}
+    changed = {n for n, p in res.model.named_parameters() if not torch.equal(p.detach(), before[n])}
+    assert changed == new_parameter_names(res.model) | gdn_qkv_parameter_names(res.model) | fa
+    assert cfg.to_dict()["stages"][0]["train_fa_qk"] is True
+    off = tiny_config(tmp_path / "p", tiny_teacher_dir, tiny_mask, stages=[stage("align", steps=3, lr=1e-2)])
+    assert "train_fa_qk" not in off.to_dict()["stages"][0]
+
+
 @pytest.mark.parametrize("calibrate", [True, False])
 def test_a_fresh_hybrid_starts_with_the_teachers_head_scales(tmp_path, tiny_teacher_dir, tiny_mask, calibrate):
     """calibrate_merge (default on): gamma = the teacher's per-head output RMS on the first stage's corpus (4

@@ -34,3 +34,8 @@ def _hybrid_diff(variant: str) -> dict:
 def test_the_rope_variants_differ_in_the_fa_branch_only():
     assert _hybrid_diff("reference_cpu_long_rope.toml") == {"fa_rope": (False, True), "fa_log_scale": (True, False)}
     assert _hybrid_diff("reference_cpu_long_rope_log.toml") == {"fa_rope": (False, True)}
+
+
+def test_the_fa_qk_variant_differs_in_stage_1_alone():
+    assert recipe_diff("reference_cpu_long.toml", "reference_cpu_long_fa_qk.toml") == {
+        0: {"train_fa_qk": (None, True)}}
