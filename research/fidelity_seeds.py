@@ -64,6 +64,24 @@ def read_rows(path: Path) -> pd.DataFrame:
     return pd.read_csv(path)
 
 
+def template_accuracy(rows: pd.DataFrame) -> pd.DataFrame:
+    """The own-template NIAH accuracy per model and length from evaluation rows with a ``model`` column (run.py's
+    ``eval_rows.csv``): (context_length, metric, value), ``template_accuracy`` for the hybrid and
+    ``template_accuracy_<model>`` for the others."""
+    d = rows[(rows.status == "ok") & (rows.evaluation == "niah") & (rows.metric == "accuracy")]
+    out = d.groupby(["model", "context_length"]).value.mean().reset_index()
+    metric = ["template_accuracy" if m == "hybrid" else f"template_accuracy_{m}" for m in out.model]
+    return pd.DataFrame({"context_length": out.context_length, "metric": metric, "value": out.value})
+
+
+def write_csv(out: Path, table: pd.DataFrame) -> None:
+    """``table`` as CSV at ``out`` (written whole or not at all), and a line on stderr saying so."""
+    from headscope.io import write_text
+
+    write_text(out, table.to_csv(index=False, float_format="%.6g"))
+    print(f"wrote {out}", file=sys.stderr)
+
+
 def extra_rows(path: Path) -> pd.DataFrame:
     """(source, metric, value) rows from run.py's files beside a seed's fidelity rows (its folder, or the run folder
     above ``fidelity/``): the template NIAH accuracy per length, hybrid and teacher; the stages' GPU minutes."""
@@ -72,11 +90,9 @@ def extra_rows(path: Path) -> pd.DataFrame:
     out = []
     for f in folders:
         if (f / "eval_rows.csv").is_file():
-            d = pd.read_csv(f / "eval_rows.csv")
-            d = d[(d.status == "ok") & (d.evaluation == "niah") & (d.metric == "accuracy")]
-            for (model, L), v in d.groupby(["model", "context_length"]).value.mean().items():
-                name = "template_accuracy" if model == "hybrid" else f"template_accuracy_{model}"
-                out.append(dict(source=f"template niah @{int(L)}", metric=name, value=v))
+            t = template_accuracy(pd.read_csv(f / "eval_rows.csv"))
+            out += [dict(source=f"template niah @{int(L)}", metric=m, value=v)
+                    for L, m, v in zip(t.context_length, t.metric, t.value)]
         if (f / "results.json").is_file():
             minutes = (json.loads((f / "results.json").read_text()).get("train") or {}).get("minutes_total")
             if minutes is not None:
@@ -169,10 +185,7 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
     with pd.option_context("display.width", 200, "display.max_rows", 500, "display.float_format", "{:.3f}".format):
         print(table.to_string(index=False))
     if a.out is not None:
-        from headscope.io import write_text
-
-        write_text(a.out, table.to_csv(index=False, float_format="%.6g"))
-        print(f"wrote {a.out}", file=sys.stderr)
+        write_csv(a.out, table)
     return table
 
 

@@ -4,10 +4,10 @@ recipe x held-out source x window length: the student's perplexity (mean, spread
 the same tokens read whole over read in chunks of the teacher's positions (at most 1: the student uses the longer
 context instead of breaking on it); ``growth``, perplexity(L) / perplexity(base length) per seed (other windows of
 the text at each length, so it mixes the text's difficulty in); the ratio to the teacher read in chunks of its
-positions (``perplexity_ratio_chunked``), and where the teacher has the positions its ratio and top-1 agreement. A line "mean
-over sources" averages each seed's sources first. With run.py's ``eval_rows.csv`` beside the suite, the project's
-own-template NIAH per length joins (``template_accuracy``, hybrid and teacher), and the hybrid's from ``headscope eval
---suite niah`` folders named ``niah_*`` in the run folder (a length past run.py's).
+positions (``perplexity_ratio_chunked``), and where the teacher has the positions its ratio and top-1 agreement. A
+line "mean over sources" averages each seed's sources first. With run.py's ``eval_rows.csv`` beside the suite, the
+project's own-template NIAH per length joins (``template_accuracy``, hybrid and teacher), and the hybrid's from
+``headscope eval --suite niah`` folders named ``niah_*`` in the run folder (a length past run.py's).
 
     python -m research.long_seeds nope=runs/ref_cpu_long_s0,runs/ref_cpu_long_s1 \\
         rope=runs/ref_cpu_long_rope_s0,runs/ref_cpu_long_rope_s1 --base-length 2048 --out long_seeds.csv
@@ -17,10 +17,11 @@ own-template NIAH per length joins (``template_accuracy``, hybrid and teacher), 
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 import pandas as pd
+
+from research.fidelity_seeds import template_accuracy, write_csv
 
 TEXT_METRICS = ("perplexity_student", "perplexity_student_chunked", "long_context_ratio", "perplexity_ratio_chunked",
                 "perplexity_ratio", "top1_agreement")
@@ -68,12 +69,8 @@ def template_lines(run: Path) -> pd.DataFrame:
     frames += [pd.read_csv(f).assign(model="hybrid") for f in sorted(folder.glob("niah_*/results.csv"))]
     if not frames:
         return pd.DataFrame(columns=["line", "length", "metric", "value"])
-    d = pd.concat(frames, ignore_index=True)
-    d = d[(d.status == "ok") & (d.evaluation == "niah") & (d.metric == "accuracy")]
-    out = d.groupby(["model", "context_length"]).value.mean().reset_index()
-    return pd.DataFrame({"line": "template niah", "length": out.context_length,
-                         "metric": ["template_accuracy" if m == "hybrid" else f"template_accuracy_{m}"
-                                    for m in out.model], "value": out.value})
+    t = template_accuracy(pd.concat(frames, ignore_index=True))
+    return pd.DataFrame({"line": "template niah", "length": t.context_length, "metric": t.metric, "value": t.value})
 
 
 def recipe_table(runs: list[Path], base_length: int) -> pd.DataFrame:
@@ -119,10 +116,7 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
         print(shown.pivot_table(index=["metric", "line", "length"], columns="recipe", values="mean",
                                 sort=False).to_string())
     if a.out is not None:
-        from headscope.io import write_text
-
-        write_text(a.out, table.to_csv(index=False, float_format="%.6g"))
-        print(f"wrote {a.out}", file=sys.stderr)
+        write_csv(a.out, table)
     return table
 
 

@@ -24,8 +24,8 @@ Two evaluations (registered with ``needs_teacher=True``), on the held-out data o
   and 64K (prompt lengths 16376, 32760, 65528: 8 positions left for the answer). The haystack of a source that holds
   fewer than 9/8 of the prompt length in tokens goes on with the held-out sources after it (manifest order, wrapping
   around) until it does (the row's note names them). ``accuracy_student`` at every length (a student with learned
-  position embeddings stops at its positions); ``accuracy_teacher`` where the prompt fits the teacher's positions, else status
-  "not_applicable" (``teacher_beyond_positions=True`` runs the teacher there anyway, noted).
+  position embeddings stops at its positions); ``accuracy_teacher`` where the prompt fits the teacher's positions,
+  else status "not_applicable" (``teacher_beyond_positions=True`` runs the teacher there anyway, noted).
 
 The student's ``max_position_embeddings`` is not a limit here: a hybrid keeps its teacher's number as a record and
 runs at any length (RoPE and the log-length scale are computed for any position); only learned position embeddings

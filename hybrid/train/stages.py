@@ -57,21 +57,26 @@ def new_parameter_names(model: nn.Module) -> set[str]:
     return {n for n, p in m.named_parameters() if getattr(p, "_hybrid_new", False)}
 
 
+def _reused_parameter_names(model: nn.Module, branch: type, parts: tuple[str, ...]) -> set[str]:
+    """Names of the parameters of each ``branch`` module's ``parts`` (sub-modules; those a branch lacks skipped)."""
+    m = getattr(model, "module", model)  # DDP
+    out = set()
+    for name, module in m.named_modules():
+        if isinstance(module, branch):
+            for part in parts:
+                sub = getattr(module, part, None)
+                if sub is not None:
+                    out |= {f"{name}.{part}.{p}" for p, _ in sub.named_parameters()}
+    return out
+
+
 def fa_qk_parameter_names(model: nn.Module) -> set[str]:
     """Names of the FA heads' reused query/key parameters: each full-attention branch's q/k projections (weights and
     biases) and q/k norms, copied from the teacher by the conversion. Without RoPE (``fa_rope=False``) they are the
     parts whose use changes: "align" trains them with ``train_fa_qk``."""
     from hybrid.layers.hybrid_attention import FullAttentionBranch
 
-    m = getattr(model, "module", model)  # DDP
-    out = set()
-    for name, module in m.named_modules():
-        if isinstance(module, FullAttentionBranch):
-            for part in ("q_proj", "k_proj", "q_norm", "k_norm"):
-                sub = getattr(module, part, None)
-                if sub is not None:
-                    out |= {f"{name}.{part}.{p}" for p, _ in sub.named_parameters()}
-    return out
+    return _reused_parameter_names(model, FullAttentionBranch, ("q_proj", "k_proj", "q_norm", "k_norm"))
 
 
 def gdn_qkv_parameter_names(model: nn.Module) -> set[str]:
@@ -80,15 +85,7 @@ def gdn_qkv_parameter_names(model: nn.Module) -> set[str]:
     parameters and convolutions are ``new_parameter_names``'). "align" trains them with ``train_gdn_qkv``."""
     from hybrid.layers.hybrid_attention import GatedDeltaNetBranch
 
-    m = getattr(model, "module", model)  # DDP
-    out = set()
-    for name, module in m.named_modules():
-        if isinstance(module, GatedDeltaNetBranch):
-            for part in ("q_proj", "k_proj", "v_proj", "q_norm", "k_norm"):
-                sub = getattr(module, part, None)
-                if sub is not None:
-                    out |= {f"{name}.{part}.{p}" for p, _ in sub.named_parameters()}
-    return out
+    return _reused_parameter_names(model, GatedDeltaNetBranch, ("q_proj", "k_proj", "v_proj", "q_norm", "k_norm"))
 
 
 def decoder_layers(model: nn.Module) -> nn.ModuleList:
