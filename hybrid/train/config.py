@@ -174,6 +174,10 @@ class StageConfig:
     # "align": also train the FA heads' q/k projections and q/k norms (copied from the teacher; without RoPE on the
     # FA heads they have to relearn where they attend). False: they wait for stage 2, as every teacher weight does.
     train_fa_qk: bool = False
+    # "align": what each student layer reads. "student": the output of the student's own layer below (the hybrid
+    # runs end to end, so a layer's error reaches every layer above it); "teacher": the teacher's input to the same
+    # layer (each layer is matched on the teacher's hidden state alone, no error carried between layers)
+    align_inputs: str = "student"
     # "distill_on_policy": the last on_policy_tokens of every row are the student's own continuation of the rest
     # (sampled at sample_temperature, 0 = greedy, without gradient), and the KL to the teacher counts on them too
     on_policy_tokens: int = 0
@@ -247,6 +251,11 @@ class StageConfig:
         if self.train_fa_qk and self.name != "align":
             _bad(where, "train_fa_qk", self.train_fa_qk, f"stage {self.name!r} trains every parameter; "
                  "train_fa_qk = true is an 'align' option (stage 1 then trains the FA heads' q/k too)")
+        if self.align_inputs not in ALIGN_INPUTS:
+            _bad(where, "align_inputs", self.align_inputs, f"must be one of {list(ALIGN_INPUTS)}")
+        if self.align_inputs != "student" and self.name != "align":
+            _bad(where, "align_inputs", self.align_inputs, f"stage {self.name!r} has no per-layer loss; "
+                 "align_inputs is an 'align' option (what each layer reads while stage 1 matches it)")
         if not self.train_gdn_qkv and self.name != "align":
             _bad(where, "train_gdn_qkv", self.train_gdn_qkv, f"stage {self.name!r} trains every parameter; "
                  "train_gdn_qkv = false is an 'align' option (stage 1 then trains only the new parameters)")
@@ -290,6 +299,7 @@ class ModelConfig:
 
 
 SCHEDULES = ("cosine", "constant")  # StageConfig.schedule
+ALIGN_INPUTS = ("student", "teacher")  # StageConfig.align_inputs
 DEVICES = ("auto", "cpu", "cuda")
 DISTRIBUTED = ("auto", "ddp", "fsdp")
 
@@ -299,7 +309,8 @@ _LATER_DEFAULTS = {"working_dtype": "float32", "teacher_dtype": "float32"}
 # DataConfig fields added later: left out of to_dict (so of the fingerprint) at these values, as JSON writes them
 _LATER_DATA_DEFAULTS = {"sources": [], "teacher_corpus": "", "teacher_corpus_share": 0.5, "text_windows": "random"}
 # StageConfig fields added later: left out of to_dict (so of the fingerprint) at these values
-_LATER_STAGE_DEFAULTS = {"schedule": "cosine", "on_policy_tokens": 0, "sample_temperature": 1.0, "train_fa_qk": False}
+_LATER_STAGE_DEFAULTS = {"schedule": "cosine", "on_policy_tokens": 0, "sample_temperature": 1.0, "train_fa_qk": False,
+                         "align_inputs": "student"}
 # train_gdn_qkv: stages before it trained the GDN q/k/v in every stage but "align" (where they stayed frozen). So
 # to_dict leaves it out of the stages where it has no effect (every one but "align", where it is always true), and
 # the fingerprint also leaves it out of an "align" stage that keeps the former behaviour (false): runs made before

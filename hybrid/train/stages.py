@@ -1,7 +1,8 @@
 """The registry of training stages: what trains, and the loss of one batch.
 
     "align"    (stage 1) hybrid; the new parameters train, and the GDN heads' reused q/k/v unless the stage's
-               train_gdn_qkv is false; per-layer hidden-state MSE vs the teacher
+               train_gdn_qkv is false; per-layer hidden-state MSE vs the teacher, the hybrid run end to end or
+               (align_inputs = "teacher") each layer fed the teacher's input to it
     "distill"  (stage 2) hybrid; everything trains; kl_weight * KL(teacher || student, tau) + ce_weight * CE
     "distill_on_policy" (stage 2, on the student's own text) as "distill", but the last on_policy_tokens of each
                row are the student's continuation of the rest (sampled without gradient): the KL counts on every
@@ -108,13 +109,54 @@ def _real(ids: torch.Tensor) -> torch.Tensor:
     return torch.ones_like(ids)
 
 
+def _record_inputs(layers: nn.ModuleList, store: list):
+    """Each layer's input hidden state, in layer order, appended to ``store`` while the block runs."""
+    from headscope.hooks import hooks, pre
+
+    def fn(module, args, kwargs):
+        store.append(args[0] if args else kwargs["hidden_states"])  # [B, T, C]
+
+    return hooks(*(pre(layer, fn, with_kwargs=True) for layer in layers))
+
+
+def _feed_inputs(layers: nn.ModuleList, inputs: list):
+    """Each layer reads the next of ``inputs`` (detached: no gradient between layers) in place of the layer below's
+    output; layers run in order, so layer l reads ``inputs[l]``. One hook function for every layer, run outside
+    torch.compile (a compiled layer would otherwise recompile for each layer's own hook)."""
+    from collections import deque
+
+    from headscope.hooks import hooks, pre
+
+    queue = deque(inputs)
+
+    @torch.compiler.disable
+    def fn(module, args, kwargs):
+        given = args[0] if args else kwargs["hidden_states"]  # [B, T, C]
+        x = queue.popleft().detach()  # [B, T, C]
+        if x.shape != given.shape:
+            raise ValueError(f"align_inputs = 'teacher': a student layer reads {tuple(given.shape)}, the teacher's "
+                             f"input to it is {tuple(x.shape)}; the two models' hidden sizes must match")
+        x = x.to(given.dtype)
+        return ((x, *args[1:]), kwargs) if args else (args, {**kwargs, "hidden_states": x})
+
+    return hooks(*(pre(layer, fn, with_kwargs=True) for layer in layers))
+
+
 def align_loss(cfg, student, teacher, ids, w, autocast) -> list[Term]:
+    """Sum over layers of the per-position hidden-state MSE against the teacher. ``cfg.align_inputs`` "student":
+    the hybrid runs end to end; "teacher": each student layer reads the teacher's input to that layer."""
     s_h: list = []
     t_h: list = []
-    with torch.no_grad(), autocast, _capture(decoder_layers(teacher), t_h):
+    t_in: list = []
+    forced = getattr(cfg, "align_inputs", "student") == "teacher"
+    t_layers, s_layers = decoder_layers(teacher), decoder_layers(student)
+    with torch.no_grad(), autocast, _capture(t_layers, t_h), _record_inputs(t_layers if forced else [], t_in):
         # the root module (FSDP); 1 logit row; no cache in training (a HybridCache would keep every K/V and GDN state)
         teacher(input_ids=ids, attention_mask=_real(ids), use_cache=False, logits_to_keep=1)
-    with autocast, _capture(decoder_layers(student), s_h):
+    if forced and len(t_in) != len(s_layers):
+        raise ValueError(f"align_inputs = 'teacher': the teacher's {len(t_in)} decoder layers ran, the student has "
+                         f"{len(s_layers)}; teacher-fed alignment needs one teacher layer per student layer")
+    with autocast, _capture(s_layers, s_h), _feed_inputs(s_layers if forced else [], t_in):
         student(input_ids=ids, attention_mask=_real(ids), use_cache=False, logits_to_keep=1)  # [B, 1, V]: DDP's forward
     total, count = hidden_mse(s_h, t_h)
     return [("mse", 1.0, total, count)]

@@ -101,6 +101,8 @@ def test_older_field_names_are_read_and_keep_the_fingerprint():
     ({"stages": [stage("align", train_gdn_qkv="no")]}, r"train_gdn_qkv='no': must be true or false"),
     ({"stages": [stage("distill", train_fa_qk=True)]}, r"train_fa_qk=True: stage 'distill' trains every"),
     ({"stages": [stage("align", train_fa_qk=1)]}, r"train_fa_qk=1: must be true or false"),
+    ({"stages": [stage("align", align_inputs="teachers")]}, r"align_inputs='teachers': must be one of"),
+    ({"stages": [stage("distill", align_inputs="teacher")]}, r"align_inputs='teacher': stage 'distill' has no"),
 ])
 def test_bad_configs_are_refused_naming_the_field(patch, match):
     with pytest.raises(TrainConfigError, match=match):

@@ -1,6 +1,8 @@
 """research/train_hybrid/reference_cpu_long.toml, reference_cpu_long_rope.toml, reference_cpu_long_rope_log.toml:
 the CPU recipe past the reference teacher's 2048 positions, and its two RoPE variants that differ from it in the FA
-branch alone."""
+branch alone; reference_cpu_long_distill750.toml and reference_cpu_long_rope_distill750.toml, the NoPE and RoPE
+recipes with stage 2 three times as long; reference_cpu_long_teacher_inputs.toml, stage 1 fed the teacher's layer
+inputs."""
 from __future__ import annotations
 
 from recipe_diff import load, recipe_diff
@@ -39,3 +41,20 @@ def test_the_rope_variants_differ_in_the_fa_branch_only():
 def test_the_fa_qk_variant_differs_in_stage_1_alone():
     assert recipe_diff("reference_cpu_long.toml", "reference_cpu_long_fa_qk.toml") == {
         0: {"train_fa_qk": (None, True)}}
+
+
+def test_the_distill750_variants_triple_stage_2_alone():
+    for base in ("reference_cpu_long.toml", "reference_cpu_long_rope.toml"):
+        variant = base.replace(".toml", "_distill750.toml")
+        diff = recipe_diff(base, variant)
+        assert diff[1] == {"steps": (250, 750), "max_minutes": (20.0, 45.0)}
+        assert set(diff) == {1}  # nothing else (the output folders aside, which load() sets)
+        assert load(variant).stages[1].name == "distill"
+    # the pair differs in the FA branch as the 250-step pair does
+    assert recipe_diff("reference_cpu_long_distill750.toml", "reference_cpu_long_rope_distill750.toml")["top"][
+        "hybrid"] == recipe_diff("reference_cpu_long.toml", "reference_cpu_long_rope.toml")["top"]["hybrid"]
+
+
+def test_the_teacher_inputs_variant_differs_in_stage_1_alone():
+    assert recipe_diff("reference_cpu_long.toml", "reference_cpu_long_teacher_inputs.toml") == {
+        0: {"align_inputs": (None, "teacher")}}
