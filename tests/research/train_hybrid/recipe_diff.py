@@ -29,3 +29,15 @@ def recipe_diff(base: str, variant: str) -> dict:
         if d:
             diff[i] = d
     return diff
+
+
+def check_broad_jobs(recipe: str) -> None:
+    """research/train_hybrid/<recipe>.toml's two jobs, ``<recipe>_hybrid`` and ``<recipe>_hybrid_seed1``: that
+    file, the broad recipe's committed mask, the fidelity suite, and training seeds 0 (the default) and 1."""
+    from research.launch.jobs import get_job
+
+    for name, seed in ((f"{recipe}_hybrid", None), (f"{recipe}_hybrid_seed1", "1")):
+        job = get_job(name)
+        assert job.config == (f"research/train_hybrid/{recipe}.toml",)
+        assert "research/train_hybrid/smollm2_broad_mask.json" in job.args and "fidelity" in job.args
+        assert (job.args[job.args.index("--seed") + 1] if "--seed" in job.args else None) == seed

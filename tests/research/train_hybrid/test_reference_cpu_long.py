@@ -1,8 +1,8 @@
 """research/train_hybrid/reference_cpu_long.toml, reference_cpu_long_rope.toml, reference_cpu_long_rope_log.toml:
 the CPU recipe past the reference teacher's 2048 positions, and its two RoPE variants that differ from it in the FA
 branch alone; reference_cpu_long_distill750.toml and reference_cpu_long_rope_distill750.toml, the NoPE and RoPE
-recipes with stage 2 three times as long; reference_cpu_long_teacher_inputs.toml, stage 1 fed the teacher's layer
-inputs."""
+recipes with stage 2 three times as long; reference_cpu_long_teacher_inputs.toml and
+reference_cpu_long_rope_teacher_inputs.toml, stage 1 fed the teacher's layer inputs."""
 from __future__ import annotations
 
 from recipe_diff import load, recipe_diff
@@ -56,5 +56,6 @@ def test_the_distill750_variants_triple_stage_2_alone():
 
 
 def test_the_teacher_inputs_variant_differs_in_stage_1_alone():
-    assert recipe_diff("reference_cpu_long.toml", "reference_cpu_long_teacher_inputs.toml") == {
-        0: {"align_inputs": (None, "teacher")}}
+    for base in ("reference_cpu_long.toml", "reference_cpu_long_rope.toml"):
+        variant = base.replace(".toml", "_teacher_inputs.toml")
+        assert recipe_diff(base, variant) == {0: {"align_inputs": (None, "teacher")}}

@@ -3,7 +3,7 @@ nothing else changed, so that against smollm2_broad.toml and smollm2_broad_align
 measure stage 1's steps alone."""
 from __future__ import annotations
 
-from recipe_diff import load, recipe_diff
+from recipe_diff import check_broad_jobs, load, recipe_diff
 
 
 def test_only_the_align_steps_and_their_time_cap_differ():
@@ -14,10 +14,4 @@ def test_only_the_align_steps_and_their_time_cap_differ():
 
 
 def test_jobs():
-    from research.launch.jobs import get_job
-
-    for name, seed in (("smollm2_broad_align_900_hybrid", None), ("smollm2_broad_align_900_hybrid_seed1", "1")):
-        job = get_job(name)
-        assert job.config == ("research/train_hybrid/smollm2_broad_align_900.toml",)
-        assert "research/train_hybrid/smollm2_broad_mask.json" in job.args and "fidelity" in job.args
-        assert (job.args[job.args.index("--seed") + 1] if "--seed" in job.args else None) == seed
+    check_broad_jobs("smollm2_broad_align_900")
