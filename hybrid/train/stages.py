@@ -110,7 +110,9 @@ def _real(ids: torch.Tensor) -> torch.Tensor:
 
 
 def _record_inputs(layers: nn.ModuleList, store: list):
-    """Each layer's input hidden state, in layer order, appended to ``store`` while the block runs."""
+    """Each layer's input hidden state, in layer order, appended to ``store`` while the block runs: the tensors
+    themselves (the layer below's outputs, kept anyway), not ``headscope.hooks.record_inputs``' copies, through one
+    hook function for every layer (a compiled teacher's layers share their code)."""
     from headscope.hooks import hooks, pre
 
     def fn(module, args, kwargs):
@@ -148,7 +150,7 @@ def align_loss(cfg, student, teacher, ids, w, autocast) -> list[Term]:
     s_h: list = []
     t_h: list = []
     t_in: list = []
-    forced = getattr(cfg, "align_inputs", "student") == "teacher"
+    forced = cfg.align_inputs == "teacher"
     t_layers, s_layers = decoder_layers(teacher), decoder_layers(student)
     with torch.no_grad(), autocast, _capture(t_layers, t_h), _record_inputs(t_layers if forced else [], t_in):
         # the root module (FSDP); 1 logit row; no cache in training (a HybridCache would keep every K/V and GDN state)
