@@ -135,3 +135,18 @@ def test_teacher_inputs_with_a_compiled_student_give_the_eager_losses(tmp_path, 
     mse = [[r["loss"] for r in res.history if r.get("stage") == "align" and "loss" in r] for res in (eager, comp, own)]
     torch.testing.assert_close(torch.tensor(mse[1]), torch.tensor(mse[0]), rtol=1e-3, atol=1e-4)
     assert abs(mse[2][0] - mse[0][0]) > 1e-3 * mse[2][0]  # fed, the first step's loss is not the end-to-end one
+
+
+@pytest.mark.gpu
+def test_teacher_inputs_with_a_compiled_student_on_cuda_give_the_eager_losses(tmp_path, tiny_teacher_dir, tiny_mask):
+    """The same on the GPU, where the recipes run it: the compiled student (fla's GDN kernels when installed,
+    else the PyTorch twins) fed the teacher's inputs follows the eager student's stage-1 losses."""
+    from hybrid.train import run
+
+    assert torch.cuda.is_available(), "a gpu test: run it with -m gpu on a machine with CUDA"
+    stages = [stage("align", steps=3, seq_len=64, align_inputs="teacher")]
+    eager = run(tiny_config(tmp_path / "e", tiny_teacher_dir, tiny_mask, stages=stages, device="cuda"))
+    comp = run(tiny_config(tmp_path / "c", tiny_teacher_dir, tiny_mask, stages=stages, device="cuda", compile=True))
+    mse = [[r["loss"] for r in res.history if r.get("stage") == "align" and "loss" in r] for res in (eager, comp)]
+    assert len(mse[0]) == 3
+    torch.testing.assert_close(torch.tensor(mse[1]), torch.tensor(mse[0]), rtol=2e-3, atol=1e-4)

@@ -2,7 +2,8 @@
 the CPU recipe past the reference teacher's 2048 positions, and its two RoPE variants that differ from it in the FA
 branch alone; reference_cpu_long_distill750.toml and reference_cpu_long_rope_distill750.toml, the NoPE and RoPE
 recipes with stage 2 three times as long; reference_cpu_long_teacher_inputs.toml and
-reference_cpu_long_rope_teacher_inputs.toml, stage 1 fed the teacher's layer inputs."""
+reference_cpu_long_rope_teacher_inputs.toml, stage 1 fed the teacher's layer inputs;
+reference_cpu_long_teacher_inputs_distill750.toml, both."""
 from __future__ import annotations
 
 from recipe_diff import load, recipe_diff
@@ -59,3 +60,10 @@ def test_the_teacher_inputs_variant_differs_in_stage_1_alone():
     for base in ("reference_cpu_long.toml", "reference_cpu_long_rope.toml"):
         variant = base.replace(".toml", "_teacher_inputs.toml")
         assert recipe_diff(base, variant) == {0: {"align_inputs": (None, "teacher")}}
+
+
+def test_both_levers_together_differ_from_each_lever_in_the_other_alone():
+    both = "reference_cpu_long_teacher_inputs_distill750.toml"
+    assert recipe_diff("reference_cpu_long_distill750.toml", both) == {0: {"align_inputs": (None, "teacher")}}
+    assert recipe_diff("reference_cpu_long_teacher_inputs.toml", both) == {
+        1: {"steps": (250, 750), "max_minutes": (20.0, 45.0)}}
