@@ -182,6 +182,11 @@ class StageConfig:
     # (sampled at sample_temperature, 0 = greedy, without gradient), and the KL to the teacher counts on them too
     on_policy_tokens: int = 0
     sample_temperature: float = 1.0
+    # rows per forward/backward pass on each process (0: the process's whole share of batch_size in one pass). A
+    # smaller value splits each step's batch into passes whose gradients add up before the optimizer step, each term
+    # divided by the whole batch's count: the same step in less memory (stage 2 of the SmolLM2 recipes at batch 64
+    # needs ~95 GiB in one pass, ~50 at 32). How the step is computed, not what: left out of the fingerprint.
+    micro_batch_size: int = 0
 
     def __post_init__(self) -> None:
         from hybrid.train.stages import STAGES
@@ -234,6 +239,16 @@ class StageConfig:
                  "leave it out here")
         if not isinstance(self.sample_temperature, (int, float)) or self.sample_temperature < 0:
             _bad(where, "sample_temperature", self.sample_temperature, "must be >= 0 (0: greedy)")
+        if not isinstance(self.micro_batch_size, int) or isinstance(self.micro_batch_size, bool) \
+                or self.micro_batch_size < 0:
+            _bad(where, "micro_batch_size", self.micro_batch_size, "must be an int >= 0 (0: the whole batch in one "
+                 "pass)")
+        if self.micro_batch_size and self.batch_size % self.micro_batch_size:
+            _bad(where, "micro_batch_size", self.micro_batch_size, f"must divide batch_size={self.batch_size} (a "
+                 "step's rows in passes of equal size)")
+        if self.micro_batch_size and STAGES[self.name].counts is None:
+            _bad(where, "micro_batch_size", self.micro_batch_size, f"stage {self.name!r} cannot give its loss's "
+                 "counts before it runs, which splitting a batch needs; leave micro_batch_size out (0)")
         if not self.max_minutes >= 0:
             _bad(where, "max_minutes", self.max_minutes, "must be >= 0 (0: no time budget)")
         if self.data is not None and not isinstance(self.data, DataConfig):
@@ -310,7 +325,7 @@ _LATER_DEFAULTS = {"working_dtype": "float32", "teacher_dtype": "float32"}
 _LATER_DATA_DEFAULTS = {"sources": [], "teacher_corpus": "", "teacher_corpus_share": 0.5, "text_windows": "random"}
 # StageConfig fields added later: left out of to_dict (so of the fingerprint) at these values
 _LATER_STAGE_DEFAULTS = {"schedule": "cosine", "on_policy_tokens": 0, "sample_temperature": 1.0, "train_fa_qk": False,
-                         "align_inputs": "student"}
+                         "align_inputs": "student", "micro_batch_size": 0}
 # train_gdn_qkv: stages before it trained the GDN q/k/v in every stage but "align" (where they stayed frozen). So
 # to_dict leaves it out of the stages where it has no effect (every one but "align", where it is always true), and
 # the fingerprint also leaves it out of an "align" stage that keeps the former behaviour (false): runs made before
@@ -473,7 +488,7 @@ class TrainConfig:
 
     def fingerprint(self, ignore: tuple[str, ...] = ("out", "device", "threads", "progress", "log_every",
                                                       "distributed", "compile", "compile_teacher"),
-                    ignore_stage: tuple[str, ...] = ("fused_loss",)) -> str:
+                    ignore_stage: tuple[str, ...] = ("fused_loss", "micro_batch_size")) -> str:
         """sha256 of the settings that change the result (bookkeeping-only fields left out: ``ignore`` of the run,
         ``ignore_stage`` of each stage, e.g. how the loss is computed), 16 hex digits. The fields added later
         (``_LATER_DEFAULTS``) count only when set away from their default, so runs made before they existed keep

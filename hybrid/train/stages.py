@@ -11,7 +11,9 @@
     "pretrain"           a fresh (or init_from) model; everything trains; weighted next-token CE
 
 A loss returns terms ``(name, weight, sum, count)``; the trainer divides each sum by its count over all
-processes, so a distributed run matches one process on the same global batch. A new stage is one entry.
+processes, so a distributed run matches one process on the same global batch; a stage's ``counts`` gives the same
+counts from the batch alone, so a batch split into passes (``micro_batch_size``) matches one pass. A new stage is
+one entry.
 """
 from __future__ import annotations
 
@@ -42,6 +44,10 @@ class Stage:
     trains: str  # "new" (the hybrid's new parameters; + the GDN q/k/v with train_gdn_qkv) or "all"
     loss: Callable[..., list[Term]]  # loss(stage_cfg, student, teacher, ids, w, autocast) -> terms
     doc: str = ""
+    # counts(stage_cfg, ids, w) -> the loss's term counts, in its order, without running a model; lets the trainer
+    # split a step's batch into passes (StageConfig.micro_batch_size) and still divide by the whole batch's counts.
+    # None: the stage cannot (micro_batch_size refused)
+    counts: Callable[..., list[torch.Tensor]] | None = None
 
 
 def transfer_lengths(stages) -> list[int]:
@@ -330,6 +336,26 @@ def lm_loss(cfg, student, teacher, ids, w, autocast) -> list[Term]:
     return [("ce", 1.0, *weighted_ce(logits, ids, w))]
 
 
+def position_counts(cfg, ids, w) -> list[torch.Tensor]:
+    """align_loss's count: every position of every row (hidden_mse's B * T)."""
+    return [torch.tensor(float(ids.numel()), device=ids.device)]
+
+
+def distill_counts(cfg, ids, w) -> list[torch.Tensor]:
+    """distill_loss's counts, fused or naive: the KL over every position (B * T), the CE weighted by ``w``."""
+    out = []
+    if cfg.kl_weight:
+        out.append(torch.tensor(float(ids.numel()), device=ids.device))
+    if cfg.ce_weight:
+        out.append(w[:, :-1].float().sum())
+    return out
+
+
+def ce_counts(cfg, ids, w) -> list[torch.Tensor]:
+    """lm_loss's count: the weights of the targets (weighted_ce)."""
+    return [w[:, :-1].float().sum()]
+
+
 STAGES: Registry[Stage] = Registry("training stage", owner="hybrid.train.STAGES")
 
 
@@ -340,9 +366,12 @@ def register_stage(stage: Stage, *, overwrite: bool = False) -> None:
     STAGES.register(stage.name, stage, overwrite=overwrite)
 
 
-register_stage(Stage("align", 1, True, True, "new", align_loss, "hidden-state MSE per layer, new parameters only"))
-register_stage(Stage("distill", 2, True, True, "all", distill_loss, "KL(teacher || student) + CE, all parameters"))
+register_stage(Stage("align", 1, True, True, "new", align_loss, "hidden-state MSE per layer, new parameters only",
+                     position_counts))
+register_stage(Stage("distill", 2, True, True, "all", distill_loss, "KL(teacher || student) + CE, all parameters",
+                     distill_counts))
 register_stage(Stage("distill_on_policy", 2, True, True, "all", on_policy_loss,
                      "KL(teacher || student) on rows the student continues itself + CE on the corpus part"))
-register_stage(Stage("long", 3, True, False, "all", lm_loss, "next-token CE at a longer context"))
-register_stage(Stage("pretrain", None, False, False, "all", lm_loss, "weighted next-token CE (reference model)"))
+register_stage(Stage("long", 3, True, False, "all", lm_loss, "next-token CE at a longer context", ce_counts))
+register_stage(Stage("pretrain", None, False, False, "all", lm_loss, "weighted next-token CE (reference model)",
+                     ce_counts))

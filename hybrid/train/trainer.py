@@ -408,11 +408,8 @@ class Trainer:
                     first_batch_s = time.time() - t_batch  # includes the data workers' start
                 ids = batch["ids"].to(env.device, non_blocking=True)  # [b, T]
                 w = batch["w"].to(env.device, non_blocking=True)  # [b, T]
-                terms = stage.loss(s, model, teacher, ids, w, autocast)
-                counts = all_reduce_sum(torch.stack([c.detach().float() for *_, c in terms]), env)  # [n_terms]
-                loss = sum(weight * total / counts[j].clamp_min(1e-12) for j, (_, weight, total, _) in enumerate(terms))
                 opt.zero_grad(set_to_none=True)  # with master weights: the masters' (the working copies' were freed)
-                (loss * env.world).backward()  # DDP averages gradients over processes: undo the 1/world
+                terms, counts = self._forward_backward(stage, s, model, teacher, ids, w, autocast)
                 if mw is not None:
                     mw.grads_to_master()
                 gnorm = torch.nn.utils.clip_grad_norm_([p for _, p in opt_params], s.grad_clip or math.inf)
@@ -453,6 +450,52 @@ class Trainer:
                 if self.on_step is not None:
                     self.on_step(s.name, step)
         bar.close()
+
+    def _forward_backward(self, stage, s: StageConfig, model, teacher, ids: torch.Tensor, w: torch.Tensor,
+                          autocast) -> tuple[list, torch.Tensor]:
+        """One step's loss and its gradients (added to each parameter's ``.grad``): the terms with detached sums
+        (over every pass) and the counts over all processes ([n_terms]). With ``s.micro_batch_size`` smaller than
+        this process's rows, the rows run in passes of that many and each pass's terms are divided by the whole
+        batch's counts (``stage.counts``), so the gradient is the one pass's; DDP reduces on the last pass only."""
+        env = self.env
+        rows = ids.shape[0]  # ids, w [rows, T]
+        micro = min(s.micro_batch_size or rows, rows)
+        if micro == rows:
+            terms = stage.loss(s, model, teacher, ids, w, autocast)
+            counts = all_reduce_sum(torch.stack([c.detach().float() for *_, c in terms]), env)  # [n_terms]
+            loss = sum(weight * total / counts[j].clamp_min(1e-12) for j, (_, weight, total, _) in enumerate(terms))
+            (loss * env.world).backward()  # DDP averages gradients over processes: undo the 1/world
+            return [(n, wt, total.detach(), c) for n, wt, total, c in terms], counts
+        if rows % micro:
+            raise TrainConfigError(f"stages[{s.name}].micro_batch_size={s.micro_batch_size}: this process has {rows} "
+                                   f"rows a step (batch_size={s.batch_size} over {env.world} processes), which "
+                                   "passes of that size do not split evenly; choose a divisor of it")
+        from contextlib import nullcontext
+
+        parts = [(ids[i:i + micro], w[i:i + micro]) for i in range(0, rows, micro)]  # [micro, T] each
+        local = torch.stack([torch.stack([c.float() for c in stage.counts(s, pi, pw)]) for pi, pw in parts]).sum(0)
+        counts = all_reduce_sum(local, env)  # [n_terms]
+        sums, seen, names = None, torch.zeros_like(local), None
+        for k, (pi, pw) in enumerate(parts):
+            last = k == len(parts) - 1
+            sync = nullcontext() if last or not hasattr(model, "no_sync") else model.no_sync()
+            with sync:
+                terms = stage.loss(s, model, teacher, pi, pw, autocast)
+                if len(terms) != len(local):
+                    raise RuntimeError(f"stage {s.name!r}: its loss gave {len(terms)} terms, its counts() "
+                                       f"{len(local)}; micro_batch_size needs the two to agree")
+                loss = sum(weight * total / counts[j].clamp_min(1e-12)
+                           for j, (_, weight, total, _) in enumerate(terms))
+                (loss * env.world).backward()
+            part = torch.stack([total.detach().float() for _, _, total, _ in terms])  # [n_terms]
+            sums = part if sums is None else sums + part
+            seen = seen + torch.stack([c.detach().float() for *_, c in terms])
+            names = [(n, wt) for n, wt, _, _ in terms]
+        if not torch.allclose(seen, local, rtol=1e-6, atol=0.5):
+            raise RuntimeError(f"stage {s.name!r}: its loss counted {seen.tolist()} over the passes, its counts() "
+                               f"{local.tolist()}; the terms would be weighed wrongly: fix counts() or set "
+                               "micro_batch_size = 0")
+        return [(n, wt, sums[j], local[j]) for j, (n, wt) in enumerate(names)], counts
 
     # ---- evaluation, checkpoints, final save -----------------------------------------------
     def run_eval(self, index: int, s: StageConfig, step: int) -> None:
