@@ -390,6 +390,8 @@ class Trainer:
                         "trainable_params": n_trained, "seq_len": s.seq_len, "batch_size": s.batch_size,
                         "setup_seconds": setup_s})
         self.student.train()
+        if env.device.type == "cuda":  # gpu_mem_gib in the log: this stage's peak, not an earlier stage's
+            torch.cuda.reset_peak_memory_stats(env.device)
         t_log, tok_log = time.time(), 0
         tokens = train_state.get("tokens", 0) if train_state else 0
         clock = _Clock(s, train_state.get("elapsed", 0.0) if train_state else 0.0, env)
@@ -437,7 +439,7 @@ class Trainer:
                            "lr": lr, "grad_norm": float(gnorm), "seq_len": ids.shape[1], "tokens": tokens,
                            "tok_per_s": round(tok_log / max(now - t_log, 1e-9), 1),
                            "minutes": round(clock.elapsed() / 60, 3)}
-                    if env.device.type == "cuda":  # this process's peak (DDP/FSDP ranks are alike)
+                    if env.device.type == "cuda":  # this process's peak in this stage (DDP/FSDP ranks are alike)
                         rec["gpu_mem_gib"] = round(torch.cuda.max_memory_allocated(env.device) / 2**30, 2)
                     self._record(rec)
                     bar.set_postfix(loss=f"{rec['loss']:.4g}", tok_s=f"{rec['tok_per_s']:.3g}")

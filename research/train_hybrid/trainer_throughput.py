@@ -34,7 +34,15 @@ def main(argv: list[str] | None = None) -> int:
     overrides = {k: v for k, v in (("mask", a.mask), ("out", a.out), ("device", a.device)) if v is not None}
     cfg = TrainConfig.from_file(a.config, **overrides)
     trainer = Trainer(cfg)  # what hybrid.train.run does, keeping the trainer: its loaded teacher is counted below
-    student, teacher = trainer.run("all", resume=False, allow_config_change=False).model, trainer.teacher
+    import torch
+
+    try:
+        trainer.run("all", resume=False, allow_config_change=False)
+        out_of_memory = None
+    except torch.OutOfMemoryError as err:  # the stages logged before it are still read (a size sweep's last stage)
+        out_of_memory = str(err).splitlines()[0]
+        print(f"out of memory (the stages before it are read from the log): {out_of_memory}")
+    student, teacher = trainer.student, trainer.teacher
     records = [r for r in read_log(Path(cfg.out) / "log.jsonl") if "tok_per_s" in r]
     rows = []
     repeated = len({st.name for st in cfg.stages}) < len(cfg.stages)
@@ -43,14 +51,16 @@ def main(argv: list[str] | None = None) -> int:
         tps = [r["tok_per_s"] for r in mine]
         label = f"{st.name} (schedule entry {index + 1})" if repeated else st.name
         if not tps:
-            print(f"{label}: no log records with tokens/s (log_every larger than the steps run?)")
+            why = "it ran out of memory, or did not start" if out_of_memory else "log_every larger than the steps run?"
+            print(f"{label}: no log records with tokens/s ({why})")
             continue
         T, kind, med = st.seq_len, STAGES[st.name], statistics.median(tps)
         flops = None  # align trains the new parameters only: its backward is not 2x the forward; not counted
         if kind.trains == "all":  # forward + backward of every weight (3x), plus the teacher's forward if it runs
             flops = 3 * forward_flops_per_token(student, T)
             flops += forward_flops_per_token(teacher, T) if kind.uses_teacher and teacher is not None else 0.0
-        row = {"stage": st.name, "stage_index": index, "batch_size": st.batch_size, "seq_len": T,
+        row = {"stage": st.name, "stage_index": index, "batch_size": st.batch_size,
+               "micro_batch_size": st.micro_batch_size or st.batch_size, "seq_len": T,
                "log_records": len(tps),
                "steps": max(r["step"] for r in mine), "tok_per_s_median": med, "tok_per_s_min": min(tps),
                "tok_per_s_max": max(tps), "model_flops_per_token": flops,
@@ -60,9 +70,12 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(row)
         rate = (f", {row['tflops']} TFLOP/s = MFU {row['mfu']:.1%} of {H200_BF16_PEAK / 1e12:.0f}" if flops else
                 " (MFU not counted: only the new parameters train)")
-        print(f"{label}: batch {st.batch_size} x {T}, {row['steps']} steps: {med:,.0f} tokens/s (median of "
-              f"{len(tps)} log records, {min(tps):,.0f}-{max(tps):,.0f}){rate}")
-    write_text(Path(cfg.out) / "trainer_throughput.json", json.dumps({"config": a.config, "rows": rows}, indent=1))
+        passes = f" in passes of {st.micro_batch_size}" if st.micro_batch_size else ""
+        mem = f", peak {row['gpu_mem_gib']} GiB" if row["gpu_mem_gib"] else ""
+        print(f"{label}: batch {st.batch_size} x {T}{passes}, {row['steps']} steps: {med:,.0f} tokens/s (median of "
+              f"{len(tps)} log records, {min(tps):,.0f}-{max(tps):,.0f}){rate}{mem}")
+    write_text(Path(cfg.out) / "trainer_throughput.json",
+               json.dumps({"config": a.config, "rows": rows, "out_of_memory": out_of_memory}, indent=1))
     return 0
 
 

@@ -56,3 +56,28 @@ def test_a_repeated_stage_name_is_read_by_its_place(tmp_path):
     assert [(r["stage"], r["stage_index"], r["batch_size"]) for r in rows] == [("align", 0, 1), ("align", 1, 2)]
     assert [r["log_records"] for r in rows] == [3, 3]  # log_every 1: each stage its own 3 records, not both's 6
     assert "align (schedule entry 1): batch 1 x 64" in p.stdout and "align (schedule entry 2): batch 2 x 64" in p.stdout
+
+
+def test_a_stage_that_runs_out_of_memory_leaves_the_earlier_stages_read(tmp_path, monkeypatch, capsys):
+    """A size sweep's last stage out of memory (as one pass of 64 rows on an 80 GB GPU): the stages before it are
+    still reported, and the file says what ran out."""
+    import torch
+
+    from hybrid.train import trainer as trainer_mod
+    from research.train_hybrid import trainer_throughput
+
+    real = trainer_mod.Trainer.train_stage
+
+    def third_out_of_memory(self, index, s, start, train_state):
+        if index == 2:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 9.00 GiB")
+        return real(self, index, s, start, train_state)
+
+    monkeypatch.setattr(trainer_mod.Trainer, "train_stage", third_out_of_memory)
+    mask = reference_kv_group_mask(tmp_path / "mask.json")
+    assert trainer_throughput.main(["--config", str(ROOT / "research/train_hybrid/tiny.toml"), "--mask", str(mask),
+                                    "--out", str(tmp_path / "o")]) == 0
+    out = json.loads((tmp_path / "o" / "trainer_throughput.json").read_text())
+    assert [r["stage"] for r in out["rows"]] == ["align", "distill"]
+    assert out["out_of_memory"].startswith("CUDA out of memory")
+    assert "long: no log records with tokens/s (it ran out of memory" in capsys.readouterr().out
