@@ -26,6 +26,10 @@ def _log(folder):
 
 def _first_step_grads(folder, teacher, mask, st, monkeypatch) -> list[torch.Tensor]:
     """The gradients the optimizer's first step sees (copies), from a run of the one stage ``st``."""
+    return _first_step_grads_kw(folder, teacher, mask, st, monkeypatch)
+
+
+def _first_step_grads_kw(folder, teacher, mask, st, monkeypatch, **kw) -> list[torch.Tensor]:
     from hybrid.train import trainer as trainer_mod
 
     seen: list[list[torch.Tensor]] = []
@@ -37,7 +41,7 @@ def _first_step_grads(folder, teacher, mask, st, monkeypatch) -> list[torch.Tens
         return real(params, max_norm, *a, **kw)
 
     monkeypatch.setattr(trainer_mod.torch.nn.utils, "clip_grad_norm_", record)
-    run(tiny_config(folder, teacher, mask, stages=[{**st, "steps": 1}]))
+    run(tiny_config(folder, teacher, mask, stages=[{**st, "steps": 1}], **kw))
     monkeypatch.undo()
     return seen[0]
 
@@ -122,3 +126,23 @@ def test_counts_that_disagree_with_the_loss_are_caught(tmp_path, tiny_teacher_di
                       stages=[{**stage("distill", steps=1, seq_len=32, batch_size=4), "micro_batch_size": 2}])
     with pytest.raises(RuntimeError, match="weighed wrongly"):
         run(cfg)
+
+
+@pytest.mark.gpu
+def test_a_split_step_on_cuda_with_the_compiled_student_and_the_fused_loss(tmp_path, tiny_teacher_dir, tiny_mask,
+                                                                           monkeypatch):
+    """Where the recipes split stage 2: CUDA, the compiled student, the fused loss (on for CUDA batches) and the bf16
+    compiled teacher. The split step's gradient is the one-pass gradient, to the compiled kernels' rounding."""
+    assert torch.cuda.is_available(), "a gpu test: run it with -m gpu on a machine with CUDA"
+    st = stage("distill", seq_len=64, batch_size=4)
+    kw = dict(device="cuda", compile=True, teacher_dtype="bfloat16", compile_teacher=True)
+    grads = []
+    for name, micro in (("one", 0), ("split", 2)):
+        folder = tmp_path / name
+        grads.append(_first_step_grads_kw(folder, tiny_teacher_dir, tiny_mask, {**st, "micro_batch_size": micro},
+                                          monkeypatch, **kw))
+    one, split = grads
+    assert len(one) == len(split) > 0
+    num = sum(float((a - b).float().pow(2).sum()) for a, b in zip(one, split)) ** 0.5
+    den = sum(float(a.float().pow(2).sum()) for a in one) ** 0.5
+    assert den > 0 and num / den < 2e-3, num / den
