@@ -1,7 +1,7 @@
 """research/train_hybrid/reference_cpu_align_qkv.toml, reference_cpu_align_long.toml and reference_cpu_align_900.toml:
 reference_cpu.toml with stage 1 training the GDN heads' q/k/v too, then that with stage 1 three times as long, then
 three times as long again, nothing else changed, so that each one's fidelity against the one before measures one
-setting."""
+setting; and reference_cpu_align_long_teacher_inputs.toml, the 3x stage 1 fed the teacher's layer inputs."""
 from __future__ import annotations
 
 from recipe_diff import load, recipe_diff
@@ -23,3 +23,8 @@ def test_align_long_differs_from_align_qkv_by_stage_one_length_alone():
 def test_align_900_differs_from_align_long_by_stage_one_length_alone():
     assert recipe_diff("reference_cpu_align_long.toml", "reference_cpu_align_900.toml") == {
         0: {"max_minutes": (40.0, 120.0), "steps": (300, 900)}}
+
+
+def test_align_long_teacher_inputs_differs_from_align_long_by_what_stage_one_reads_alone():
+    assert recipe_diff("reference_cpu_align_long.toml", "reference_cpu_align_long_teacher_inputs.toml") == {
+        0: {"align_inputs": (None, "teacher")}}
