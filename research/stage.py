@@ -3,8 +3,8 @@ git-ignored paths only when carried) and gives back only the files a command wri
 each, two folders deep). Everything else about a job is the launcher's (python -m research.launch).
 
 Here (the checkout):
-    python -m research.stage split [--model smollm2-135m] [--part-mb 26]   # the GGUF -> .stage/<model>.gguf.partKofN
-    python -m research.stage split-corpus [--part-mb 26] [--no-teacher]    # the broad corpus's training sources
+    python -m research.stage split [--model smollm2-135m] [--part-mb N]    # the GGUF -> .stage/<model>.gguf.partKofN
+    python -m research.stage split-corpus [--part-mb N] [--no-teacher]     # the broad corpus's training sources
                                                                            # (and the teacher's text, when made)
                                                                            # -> .stage/corpus.tar.xz.partKofN
     python -m research.stage carry JOB                                     # the paths JOB needs carried, sizes
@@ -49,7 +49,7 @@ CORPUS_MANIFEST = Path("data/corpus/manifest.json")
 TEACHER_DIR = "teacher"  # beside the manifest: the broad recipe's [data] teacher_corpus (research.corpus.self_distill)
 TEACHER_FILES = ("teacher.txt", "teacher.json")  # what travels of it (not its parts/)
 CARRY_LIMIT = 64 * 2**20  # bytes per command: the working tree and the carried paths together
-PART_MB = 26  # MiB: one part (27.3 MB) beside the ~35 MB tree
+PART_MB = 26  # MiB: the largest part (27.3 MB); `split` makes them smaller where the tree leaves less room
 PACK_PART = 15 * 2**20  # bytes: below the 16 MiB a returned file may have
 GPU_CACHE = REPO / "research" / "gpu_cache"
 WHEELS = {"fla": "fla_core", "gguf": "gguf", "plotly": "plotly"}  # need -> the wheel's distribution name
@@ -96,8 +96,10 @@ def update_env(stage_dir: Path, **exports: str) -> Path:
 
 # ----------------------------------------------------------------------------- the GGUF in parts
 
-def split(model: str = "smollm2-135m", part_mb: float = PART_MB, out: Path = STAGE_OUT) -> list[Path]:
-    """The registry model's GGUF (its sha256 checked) in parts of ``part_mb`` MiB: ``out/<model>.gguf.partKofN``."""
+def split(model: str = "smollm2-135m", part_mb: float | None = None, out: Path = STAGE_OUT) -> list[Path]:
+    """The registry model's GGUF (its sha256 checked) in parts of ``part_mb`` MiB (default: ``default_part_mb()``):
+    ``out/<model>.gguf.partKofN``."""
+    part_mb = part_mb or default_part_mb()
     from headscope import zoo
     from headscope.io import file_sha256
 
@@ -236,7 +238,7 @@ def triton_restore(archives: list[Path] | None = None, cache: Path | None = None
     return len(archives)
 
 
-def split_corpus(manifest: Path = CORPUS_MANIFEST, part_mb: float = PART_MB, out: Path = STAGE_OUT,
+def split_corpus(manifest: Path = CORPUS_MANIFEST, part_mb: float | None = None, out: Path = STAGE_OUT,
                  repo: Path = REPO, teacher: bool = True) -> list[Path]:
     """The manifest and its training sources (python -m research.corpus.build; not the held-out ones, not the
     token caches) as an xz tarball in parts ``out/corpus.tar.xz.partKofN`` of ``part_mb`` MiB. With ``teacher``
@@ -264,7 +266,7 @@ def split_corpus(manifest: Path = CORPUS_MANIFEST, part_mb: float = PART_MB, out
         for f in files:
             tar.add(repo / f, arcname=str(f))
     data = buf.getvalue()
-    size = int(part_mb * 2**20)
+    size = int((part_mb or default_part_mb()) * 2**20)
     n = -(-len(data) // size)
     out.mkdir(parents=True, exist_ok=True)
     for old in out.glob("corpus.tar.xz.part*"):
@@ -349,6 +351,17 @@ def tree_bytes() -> int:
     if p.returncode != 0:
         return 0
     return sum(_size(REPO / f) for f in p.stdout.decode().split("\0") if f and (REPO / f).is_file())
+
+
+def default_part_mb(tree: int | None = None) -> int:
+    """MiB per part: the room a command leaves beside the working tree (``tree`` bytes; default: this checkout's),
+    less 1 MiB, at most ``PART_MB``: a part then travels in a command of its own."""
+    tree = tree_bytes() if tree is None else tree
+    room = (CARRY_LIMIT - tree) // 2**20 - 1
+    if room < 1:
+        raise StageError(f"the working tree is {tree / 1e6:.1f} MB, which leaves no room for a part in a command's "
+                         f"{CARRY_LIMIT / 1e6:.1f} MB: make the tree smaller (git-ignore large untracked files)")
+    return int(min(PART_MB, room))
 
 
 def _wheel(dist: str) -> str:
@@ -436,7 +449,13 @@ def _print_carry(c: dict) -> None:
     if c["stage_once"]:
         print("stage once per machine, each part carried by a command that runs `python3 -m research.stage setup`:")
         for p in c["stage_once"]:
-            fits = "fits beside the carry above" if c["bytes"][p] <= c["part_room_bytes"] else "in a command of its own"
+            if c["bytes"][p] <= c["part_room_bytes"]:
+                fits = "fits beside the carry above"
+            elif c["bytes"][p] <= c["limit_bytes"] - c["tree_bytes"]:
+                fits = "in a command of its own"
+            else:
+                fits = (f"too large even alone beside the {mb(c['tree_bytes'])} tree: split again, "
+                        f"--part-mb {default_part_mb(c['tree_bytes'])}")
             print(f"  {p:50} {mb(c['bytes'][p])}  ({fits})")
     for path, fix in c["missing"].items():
         print(f"missing here: {path}: {fix}")
@@ -503,11 +522,13 @@ def main(argv: list[str] | None = None) -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("split", help="a registry model's GGUF in parts under .stage/")
     p.add_argument("--model", default="smollm2-135m")
-    p.add_argument("--part-mb", type=float, default=PART_MB, help=f"MiB per part (default {PART_MB})")
+    p.add_argument("--part-mb", type=float, default=None,
+                   help=f"MiB per part (default: the room beside the working tree, at most {PART_MB})")
     p.add_argument("--out", type=Path, default=STAGE_OUT)
     p = sub.add_parser("split-corpus", help="the broad corpus's manifest and training sources in parts under .stage/")
     p.add_argument("--manifest", type=Path, default=CORPUS_MANIFEST)
-    p.add_argument("--part-mb", type=float, default=PART_MB, help=f"MiB per part (default {PART_MB})")
+    p.add_argument("--part-mb", type=float, default=None,
+                   help=f"MiB per part (default: the room beside the working tree, at most {PART_MB})")
     p.add_argument("--out", type=Path, default=STAGE_OUT)
     p.add_argument("--no-teacher", action="store_true",
                    help=f"leave out the teacher's text ({CORPUS_MANIFEST.parent / TEACHER_DIR}/teacher.txt, .json)")

@@ -253,3 +253,28 @@ def test_carry_lists_an_ignored_scores_file(tmp_path, monkeypatch):
     assert "runs/cache/scores.json" in c["every_call"] and c["bytes"]["runs/cache/scores.json"] == 2
     assert not any("scores" in p or "json" in p for p in stage.carry("tracked", str(jobs))["every_call"])  # travels
     assert not any("none.json" in p for p in stage.carry("absent", str(jobs))["every_call"])  # computed there
+
+
+def test_parts_are_cut_to_travel_beside_the_tree(monkeypatch):
+    """A part travels in a command of its own beside the working tree: the default size is the room the tree
+    leaves (less 1 MiB, at most PART_MB), and `carry` names a part that no longer fits and the size to cut again."""
+    limit = stage.CARRY_LIMIT
+    assert stage.default_part_mb(35 * 10**6) == stage.PART_MB  # a small tree: the largest parts
+    mb = stage.default_part_mb(43 * 10**6)
+    assert mb < stage.PART_MB and 43 * 10**6 + mb * 2**20 <= limit - 2**20
+    with pytest.raises(stage.StageError, match="leaves no room"):
+        stage.default_part_mb(limit)
+    c = {"job": "j", "every_call": [], "stage_once": ["a.part1of2", "a.part2of2", "b.part1of1"],
+         "bytes": {"a.part1of2": 27 * 10**6, "a.part2of2": 5 * 10**6, "b.part1of1": 20 * 10**6},
+         "tree_bytes": 43 * 10**6, "per_call_bytes": 60 * 10**6, "limit_bytes": limit, "missing": {},
+         "part_room_bytes": limit - 60 * 10**6}
+    import io
+    from contextlib import redirect_stdout
+
+    out = io.StringIO()
+    with redirect_stdout(out):
+        stage._print_carry(c)
+    lines = {l.split()[0]: l for l in out.getvalue().splitlines() if l.startswith("  ") and ".part" in l}
+    assert "too large even alone" in lines["a.part1of2"] and f"--part-mb {mb}" in lines["a.part1of2"]
+    assert "fits beside the carry above" in lines["a.part2of2"]
+    assert "in a command of its own" in lines["b.part1of1"]
