@@ -5,6 +5,7 @@ stages at 256 and 512: past the teacher's positions, as 16K and 32K are past Smo
 with a held-out source, a few steps per stage."""
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -33,7 +34,10 @@ def test_the_recipe_as_written():
     assert align.train_gdn_qkv  # stage 1: the new parameters and the GDN heads' q/k/v
     # stages 1-2 as smollm2_broad.toml's, the same fixed steps: the broad recipe's two seeds are the baseline
     broad = TrainConfig.from_file(ROOT / "research" / "train_hybrid" / "smollm2_broad.toml", mask="m.json", out="r")
-    assert cfg.stages[:2] == broad.stages and cfg.data == broad.data and cfg.eval == broad.eval == "none"
+    # (stage 2 in two passes of 32 rows: the same step, which an 80 GB GPU holds; not in the fingerprint)
+    one_pass = tuple(dataclasses.replace(s, micro_batch_size=0) for s in cfg.stages[:2])
+    assert one_pass == broad.stages and cfg.data == broad.data and cfg.eval == broad.eval == "none"
+    assert distill.micro_batch_size == 32
     assert (align.steps, align.lr, align.seq_len, align.batch_size, align.max_minutes) == (180, 2e-3, 2048, 16, 2.0)
     assert (distill.steps, distill.lr, distill.seq_len, distill.batch_size, distill.max_minutes) == (
         260, 5e-4, 2048, 64, 6.0)
@@ -65,6 +69,8 @@ def miniature(tmp_path: Path, teacher_dir: Path, mask: Path) -> dict:
     for s in d["stages"]:
         s.update(seq_len=s["seq_len"] // SCALE, steps=4, batch_size=min(s["batch_size"], 2), max_minutes=0.0,
                  warmup_steps=min(s["warmup_steps"], 2))
+        if s.get("micro_batch_size"):  # the passes in proportion: two of one row
+            s["micro_batch_size"] = 1
         if s.get("data"):
             s["data"] = small(s["data"])
     return d
