@@ -460,13 +460,17 @@ class Trainer:
         this process's rows, the rows run in passes of that many and each pass's terms are divided by the whole
         batch's counts (``stage.counts``), so the gradient is the one pass's; DDP reduces on the last pass only."""
         env = self.env
+
+        def backward(terms, counts) -> None:  # DDP averages gradients over processes: undo the 1/world
+            loss = sum(weight * total / counts[j].clamp_min(1e-12) for j, (_, weight, total, _) in enumerate(terms))
+            (loss * env.world).backward()
+
         rows = ids.shape[0]  # ids, w [rows, T]
         micro = min(s.micro_batch_size or rows, rows)
         if micro == rows:
             terms = stage.loss(s, model, teacher, ids, w, autocast)
             counts = all_reduce_sum(torch.stack([c.detach().float() for *_, c in terms]), env)  # [n_terms]
-            loss = sum(weight * total / counts[j].clamp_min(1e-12) for j, (_, weight, total, _) in enumerate(terms))
-            (loss * env.world).backward()  # DDP averages gradients over processes: undo the 1/world
+            backward(terms, counts)
             return [(n, wt, total.detach(), c) for n, wt, total, c in terms], counts
         if rows % micro:
             raise TrainConfigError(f"stages[{s.name}].micro_batch_size={s.micro_batch_size}: this process has {rows} "
@@ -477,27 +481,23 @@ class Trainer:
         parts = [(ids[i:i + micro], w[i:i + micro]) for i in range(0, rows, micro)]  # [micro, T] each
         local = torch.stack([torch.stack([c.float() for c in stage.counts(s, pi, pw)]) for pi, pw in parts]).sum(0)
         counts = all_reduce_sum(local, env)  # [n_terms]
-        sums, seen, names = None, torch.zeros_like(local), None
+        sums = torch.zeros_like(local)  # [n_terms]: each term's sum over the passes
+        seen = torch.zeros_like(local)  # [n_terms]: the counts the loss itself gave, over the passes
         for k, (pi, pw) in enumerate(parts):
-            last = k == len(parts) - 1
-            sync = nullcontext() if last or not hasattr(model, "no_sync") else model.no_sync()
+            sync = nullcontext() if k == len(parts) - 1 or not hasattr(model, "no_sync") else model.no_sync()
             with sync:
                 terms = stage.loss(s, model, teacher, pi, pw, autocast)
                 if len(terms) != len(local):
                     raise RuntimeError(f"stage {s.name!r}: its loss gave {len(terms)} terms, its counts() "
                                        f"{len(local)}; micro_batch_size needs the two to agree")
-                loss = sum(weight * total / counts[j].clamp_min(1e-12)
-                           for j, (_, weight, total, _) in enumerate(terms))
-                (loss * env.world).backward()
-            part = torch.stack([total.detach().float() for _, _, total, _ in terms])  # [n_terms]
-            sums = part if sums is None else sums + part
-            seen = seen + torch.stack([c.detach().float() for *_, c in terms])
-            names = [(n, wt) for n, wt, _, _ in terms]
+                backward(terms, counts)
+            sums += torch.stack([total.detach().float() for _, _, total, _ in terms])
+            seen += torch.stack([c.detach().float() for *_, c in terms])
         if not torch.allclose(seen, local, rtol=1e-6, atol=0.5):
             raise RuntimeError(f"stage {s.name!r}: its loss counted {seen.tolist()} over the passes, its counts() "
                                f"{local.tolist()}; the terms would be weighed wrongly: fix counts() or set "
                                "micro_batch_size = 0")
-        return [(n, wt, sums[j], local[j]) for j, (n, wt) in enumerate(names)], counts
+        return [(n, wt, sums[j], local[j]) for j, (n, wt, _, _) in enumerate(terms)], counts
 
     # ---- evaluation, checkpoints, final save -----------------------------------------------
     def run_eval(self, index: int, s: StageConfig, step: int) -> None:

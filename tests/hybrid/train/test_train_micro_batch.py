@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from hybrid.train import TrainConfig, TrainConfigError, run
+from hybrid.train import TrainConfigError, run
 from train_factories import stage, tiny_config
 
 # the data's task rows weigh only their answers, so the CE counts differ between a step's rows: a pass normalised
@@ -24,21 +24,18 @@ def _log(folder):
     return [json.loads(l) for l in (folder / "log.jsonl").read_text().splitlines()]
 
 
-def _first_step_grads(folder, teacher, mask, st, monkeypatch) -> list[torch.Tensor]:
-    """The gradients the optimizer's first step sees (copies), from a run of the one stage ``st``."""
-    return _first_step_grads_kw(folder, teacher, mask, st, monkeypatch)
-
-
-def _first_step_grads_kw(folder, teacher, mask, st, monkeypatch, **kw) -> list[torch.Tensor]:
+def _first_step_grads(folder, teacher, mask, st, monkeypatch, **kw) -> list[torch.Tensor]:
+    """The gradients the optimizer's first step sees (copies), from a run of the one stage ``st`` (``kw``: the
+    run's other settings)."""
     from hybrid.train import trainer as trainer_mod
 
     seen: list[list[torch.Tensor]] = []
     real = torch.nn.utils.clip_grad_norm_
 
-    def record(params, max_norm, *a, **kw):
+    def record(params, max_norm, *args, **kwargs):
         params = list(params)
         seen.append([p.grad.detach().clone() for p in params if p.grad is not None])
-        return real(params, max_norm, *a, **kw)
+        return real(params, max_norm, *args, **kwargs)
 
     monkeypatch.setattr(trainer_mod.torch.nn.utils, "clip_grad_norm_", record)
     run(tiny_config(folder, teacher, mask, stages=[{**st, "steps": 1}], **kw))
@@ -139,7 +136,7 @@ def test_a_split_step_on_cuda_with_the_compiled_student_and_the_fused_loss(tmp_p
     grads = []
     for name, micro in (("one", 0), ("split", 2)):
         folder = tmp_path / name
-        grads.append(_first_step_grads_kw(folder, tiny_teacher_dir, tiny_mask, {**st, "micro_batch_size": micro},
+        grads.append(_first_step_grads(folder, tiny_teacher_dir, tiny_mask, {**st, "micro_batch_size": micro},
                                           monkeypatch, **kw))
     one, split = grads
     assert len(one) == len(split) > 0
