@@ -1,5 +1,6 @@
 """python -m research.stage on the real registry GGUF: split into parts of <= 28 MB, put them back, the sha256
-checked, a damaged part refused (needs the `real` extra; the same on a fake file: test_stage.py)."""
+checked, a damaged part refused; by default, parts that travel beside the working tree (needs the `real` extra; the
+same on a fake file: test_stage.py)."""
 from __future__ import annotations
 
 import importlib.metadata
@@ -32,7 +33,7 @@ def test_split_put_join_and_damage(tmp_path):
     from headscope import zoo
 
     parts_dir, stage = tmp_path / "parts", tmp_path / "stage"
-    r = _run("split", "--out", parts_dir)
+    r = _run("split", "--out", parts_dir, "--part-mb", 26)  # the largest parts (the default follows the tree)
     assert r.returncode == 0, r.stderr
     parts = sorted(parts_dir.iterdir())
     assert len(parts) == 4 and all(p.stat().st_size <= 28_000_000 for p in parts)
@@ -55,3 +56,14 @@ def test_split_put_join_and_damage(tmp_path):
     assert r.returncode == 1 and "damaged" in r.stderr
     assert _run("put", tmp_path / "smollm2-135m.gguf.part1of4", "--stage-dir", bad).returncode == 1
     assert _run("bogus").returncode == 2
+
+
+def test_split_by_default_cuts_parts_that_travel_beside_the_tree(tmp_path):
+    from research import stage
+
+    r = _run("split", "--out", tmp_path)
+    assert r.returncode == 0, r.stderr
+    room = stage.CARRY_LIMIT - stage.tree_bytes()
+    parts = sorted(tmp_path.iterdir())
+    assert parts and all(p.stat().st_size <= room for p in parts)
+    assert max(p.stat().st_size for p in parts) == stage.default_part_mb() * 2**20
