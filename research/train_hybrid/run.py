@@ -84,10 +84,23 @@ def headline_table(rows, L0: int, long_lengths: tuple[int, ...]):
     return pd.DataFrame(table)
 
 
+def split_by_length(name: str, over: dict) -> list[tuple[str, dict]]:
+    """Evaluation ``name`` with overrides ``over`` as the parts ``run_suite`` saves one by one: one per prompt
+    length where its config has several ``lengths`` (``("fidelity_niah_2040", {..., "lengths": (2040,)})``, ...:
+    the same rows, since each length's prompts are seeded by the length alone), else the whole evaluation."""
+    from headscope.evaluate.registry import make_config
+
+    lengths = getattr(make_config(name, over), "lengths", ())
+    if len(lengths) < 2:
+        return [(name, dict(over))]
+    return [(f"{name}_{L}", {**over, "lengths": (L,)}) for L in sorted(set(lengths))]
+
+
 def run_suite(model, tok, teacher, suite: str, out: Path, model_key: str | None = None):
     """``headscope.evaluate(model, suite, teacher=teacher)`` one evaluation at a time, each saved to
-    OUT/<suite>_parts/<evaluation>/ as soon as it is done; an evaluation already saved there (a call cut short)
-    is read back, not run again. All rows then go to OUT/<suite>/ (with the parts' side files, e.g. the chat
+    OUT/<suite>_parts/<evaluation>/ as soon as it is done (one with several prompt lengths: each length on its own,
+    OUT/<suite>_parts/<evaluation>_<length>/, so a call cut short keeps the lengths done); a part already saved
+    there (a call cut short) is read back, not run again. All rows then go to OUT/<suite>/ (with the parts' side files, e.g. the chat
     answers). ``model_key`` (the weights' hash) ties the parts to the model: parts of another model are
     dropped. Returns the rows."""
     import shutil
@@ -109,20 +122,26 @@ def run_suite(model, tok, teacher, suite: str, out: Path, model_key: str | None 
         write_text(key_file, model_key + "\n")
     frames = []
     for name, over in resolve_suite(suite)[1]:
-        part = parts_dir / name
-        if (part / "results.json").is_file():
-            print(f"[run.py] suite {suite}: {name} already done ({part}); read back", flush=True)
-            frames.append(read_results(part))
+        whole = parts_dir / name
+        if (whole / "results.json").is_file():  # saved whole (also by earlier versions of this function)
+            print(f"[run.py] suite {suite}: {name} already done ({whole}); read back", flush=True)
+            frames.append(read_results(whole))
             continue
-        t0 = time.time()
-        df = evaluate(model, [name], tok, configs={name: dict(over)}, teacher=teacher, progress=True)
-        df["suite"] = suite
-        save_results(df, part, overwrite=True, figures=False)
-        frames.append(df)
-        ok = df[df["status"] == "ok"]
-        keys = [c for c in ("metric", "family", "phrasing", "context_length") if ok[c].notna().any()]
-        print(f"[run.py] suite {suite}: {name} done in {time.time() - t0:.0f} s\n"
-              + ok.groupby(keys, dropna=False)["value"].mean().to_string(), flush=True)
+        for label, cfg in split_by_length(name, over):
+            part = parts_dir / label
+            if (part / "results.json").is_file():
+                print(f"[run.py] suite {suite}: {label} already done ({part}); read back", flush=True)
+                frames.append(read_results(part))
+                continue
+            t0 = time.time()
+            df = evaluate(model, [name], tok, configs={name: cfg}, teacher=teacher, progress=True)
+            df["suite"] = suite
+            save_results(df, part, overwrite=True, figures=False)
+            frames.append(df)
+            ok = df[df["status"] == "ok"]
+            keys = [c for c in ("metric", "family", "phrasing", "context_length") if ok[c].notna().any()]
+            print(f"[run.py] suite {suite}: {label} done in {time.time() - t0:.0f} s\n"
+                  + ok.groupby(keys, dropna=False)["value"].mean().to_string(), flush=True)
     rows = pd.concat(frames, ignore_index=True)
     save_results(rows, out / suite, overwrite=True)
     for f in parts_dir.glob("*/*.jsonl"):
