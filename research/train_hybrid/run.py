@@ -100,9 +100,9 @@ def run_suite(model, tok, teacher, suite: str, out: Path, model_key: str | None 
     """``headscope.evaluate(model, suite, teacher=teacher)`` one evaluation at a time, each saved to
     OUT/<suite>_parts/<evaluation>/ as soon as it is done (one with several prompt lengths: each length on its own,
     OUT/<suite>_parts/<evaluation>_<length>/, so a call cut short keeps the lengths done); a part already saved
-    there (a call cut short) is read back, not run again. All rows then go to OUT/<suite>/ (with the parts' side files, e.g. the chat
-    answers). ``model_key`` (the weights' hash) ties the parts to the model: parts of another model are
-    dropped. Returns the rows."""
+    there (a call cut short) is read back, not run again. All rows then go to OUT/<suite>/ (with the parts' side
+    files, e.g. the chat answers). ``model_key`` (the weights' hash) ties the parts to the model: parts of another
+    model are dropped. Returns the rows."""
     import shutil
 
     import pandas as pd
@@ -122,12 +122,10 @@ def run_suite(model, tok, teacher, suite: str, out: Path, model_key: str | None 
         write_text(key_file, model_key + "\n")
     frames = []
     for name, over in resolve_suite(suite)[1]:
-        whole = parts_dir / name
-        if (whole / "results.json").is_file():  # saved whole (also by earlier versions of this function)
-            print(f"[run.py] suite {suite}: {name} already done ({whole}); read back", flush=True)
-            frames.append(read_results(whole))
-            continue
-        for label, cfg in split_by_length(name, over):
+        pieces = split_by_length(name, over)
+        if (parts_dir / name / "results.json").is_file():  # saved whole (also by earlier versions of this function)
+            pieces = [(name, dict(over))]
+        for label, cfg in pieces:
             part = parts_dir / label
             if (part / "results.json").is_file():
                 print(f"[run.py] suite {suite}: {label} already done ({part}); read back", flush=True)

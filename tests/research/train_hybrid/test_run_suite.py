@@ -46,10 +46,23 @@ def test_run_suite_keeps_finished_evaluations(tmp_path, monkeypatch):
     again = run_suite(model, tok, model, "fidelity_smoke", tmp_path, model_key="k1")
     assert calls == [("fidelity_niah",)] and len(again) == len(rows)
     cols = ["evaluation", "metric", "family", "context_length", "value", "n", "status"]
+
     def same(df):  # read back from the CSV: a missing value is NaN, not None
         return df[cols].assign(value=pd.to_numeric(df["value"]))
 
     pd.testing.assert_frame_equal(same(again), same(rows), check_dtype=False)
+
+    # an evaluation saved whole (as earlier versions of run_suite did) is read back, not run again by length
+    from headscope.evaluate import save_results
+
+    parts = tmp_path / "fidelity_smoke_parts"
+    niah = pd.concat([read_results(parts / f"fidelity_niah_{L}") for L in (1016, 4088)], ignore_index=True)
+    save_results(niah, parts / "fidelity_niah", overwrite=True, figures=False)
+    for L in (1016, 4088):
+        shutil.rmtree(parts / f"fidelity_niah_{L}")
+    calls.clear()
+    assert len(run_suite(model, tok, model, "fidelity_smoke", tmp_path, model_key="k1")) == len(rows)
+    assert calls == []
 
     # another model's parts are not reused
     calls.clear()
