@@ -11,7 +11,8 @@ seed's folder also has run.py's ``eval_rows.csv`` and ``results.json``, the proj
 
 A single rows file with a ``train_seed`` column (several seeds' rows in one file) gives its seeds by that column.
 ``std`` is the sample standard deviation over the seeds (ddof 1; NaN for one seed). ``gap`` is how far the mean is
-on the wrong side of its target (0 when met); ``met_every_seed`` whether each seed meets it on its own.
+on the wrong side of its target (0 when met); ``met_every_seed`` whether each seed meets it on its own, of the seeds
+that measured the line (``seeds`` counts them).
 
 ``--base`` compares a recipe with another (e.g. a one-setting variant with the recipe it changes): the base's seeds
 (files or folders as above) add ``base_mean``, ``base_std``, ``change`` (mean - base_mean) and ``outside_base``:
@@ -126,7 +127,7 @@ def seed_table(frames: dict[int, pd.DataFrame], extras: dict[int, pd.DataFrame] 
     sign = pd.Series([1.0 if d == "<=" else -1.0 if d == ">=" else float("nan") for d in direction], index=out.index)
     tgt = pd.Series(list(target), index=out.index, dtype=float)
     out["gap"] = ((out["mean"] - tgt) * sign).clip(lower=0.0)
-    seeds_ok = wide.sub(tgt, axis=0).mul(sign, axis=0).le(0)
+    seeds_ok = wide.sub(tgt, axis=0).mul(sign, axis=0).le(0) | wide.isna()  # a seed without the line does not count
     out["met_every_seed"] = seeds_ok.all(axis=1).where(sign.notna())
     return out.reset_index().rename(columns={"source": "line"})
 

@@ -42,6 +42,17 @@ def test_met_target_has_no_gap(tmp_path):
     assert t.loc[("niah @2040", "accuracy_difference"), "gap"] == 0
 
 
+def test_a_line_one_seed_lacks_is_judged_by_the_seeds_that_have_it(tmp_path):
+    rows(1.05, 0.85, 0.88).to_csv(tmp_path / "a.csv", index=False)
+    rows(1.10, 0.82, 0.9).query("evaluation != 'fidelity_niah'").to_csv(tmp_path / "b.csv", index=False)  # NIAH cut
+    t = fidelity_seeds.main([str(tmp_path / "a.csv"), str(tmp_path / "b.csv")]).set_index(["line", "metric"])
+    diff = t.loc[("niah @2040", "accuracy_difference")]
+    assert diff["seeds"] == 1 and diff["gap"] == 0 and diff["met_every_seed"]  # -0.02 >= -0.05 in the seed that ran
+    rows(1.05, 0.85, 0.80).to_csv(tmp_path / "a.csv", index=False)
+    t = fidelity_seeds.main([str(tmp_path / "a.csv"), str(tmp_path / "b.csv")]).set_index(["line", "metric"])
+    assert not t.loc[("niah @2040", "accuracy_difference"), "met_every_seed"]  # -0.10 misses it
+
+
 def test_bad_input_names_the_fix(tmp_path, capsys):
     rows(1.0, 0.9, 0.9).to_csv(tmp_path / "a.csv", index=False)
     with pytest.raises(SystemExit):
