@@ -27,7 +27,14 @@ from hybrid.train.evals import CHECKS, EvalContext
 from hybrid.train.logs import JsonlLog, plot_log
 from hybrid.train.stages import STAGES, fa_qk_parameter_names, gdn_qkv_parameter_names, new_parameter_names
 
-__all__ = ["run", "RunResult", "Trainer"]
+__all__ = ["run", "RunResult", "Trainer", "CheckpointAndStop"]
+
+
+class CheckpointAndStop(Exception):
+    """Raised by an ``on_step`` callback to stop the run here: the trainer first writes a checkpoint at this step
+    (unless it has just written one) and then lets the exception through, so ``resume=True`` continues from exactly
+    this step and no step is trained twice or lost (a time-limited machine: ``research/train_hybrid/run.py
+    --stop-after``)."""
 
 
 @dataclass
@@ -75,7 +82,7 @@ def run(config: TrainConfig | str | Path, *, stage: str | int = "all", resume: b
     config's order) to run that stage only (stage > 1 continues from the folder's checkpoint of the stage
     before). ``resume``: continue from the newest checkpoint in ``config.out``. ``evaluate``: a callable
     replacing ``config.eval``. ``on_step(stage_name, steps_done)`` is called after every optimizer step
-    (tests use it to kill a run)."""
+    (tests use it to kill a run); raising ``CheckpointAndStop`` from it checkpoints this step, then stops."""
     if not isinstance(config, TrainConfig):
         config = TrainConfig.from_file(config)
     return Trainer(config, evaluate=evaluate, on_step=on_step).run(stage, resume, allow_config_change)
@@ -447,10 +454,17 @@ class Trainer:
                 bar.update(1)
                 if (cfg.eval_every and step % cfg.eval_every == 0) or stage_end:
                     self.run_eval(index, s, step)
-                if (cfg.checkpoint_every and step % cfg.checkpoint_every == 0) or stage_end:
+                wrote = bool((cfg.checkpoint_every and step % cfg.checkpoint_every == 0) or stage_end)
+                if wrote:
                     self.checkpoint(index, s, step, opt, tokens, stage_end, clock.elapsed())
                 if self.on_step is not None:
-                    self.on_step(s.name, step)
+                    try:
+                        self.on_step(s.name, step)
+                    except CheckpointAndStop:
+                        if not wrote:  # this very step, so that a resumed run loses nothing
+                            self.checkpoint(index, s, step, opt, tokens, stage_end, clock.elapsed())
+                        bar.close()
+                        raise
         bar.close()
 
     def _forward_backward(self, stage, s: StageConfig, model, teacher, ids: torch.Tensor, w: torch.Tensor,

@@ -8,11 +8,13 @@
 #   e.g. research/train_hybrid/overlap.sh smollm2_broad_hybrid smollm2_broad_hybrid_seed1
 #
 # Results in RUNS/JOB_A and RUNS/JOB_B; each call's launcher output in $OUT (else RUNS/logs) as JOB_HHMMSS.log.
-# B starts only with at least MIN_B seconds left (default 240: loading and compiling take ~90 s) and stops at a
-# checkpoint 150 s before the limit. Exit status: 0 when both jobs are done, 3 when either should be called again.
+# A stops training STOP_A seconds before the limit (default 30), checkpointing the step it is on (--stop-after), so
+# the next call loses no step; a cut evaluation keeps its finished parts. B starts only with at least MIN_B seconds
+# left (default 240: loading and compiling take ~90 s) and stops the same way 150 s before the limit.
+# Exit status: 0 when both jobs are done, 3 when either should be called again.
 set -u
 if [ $# -lt 2 ]; then sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 2; fi
-A=$1 B=$2 LIMIT=${3:-555} RUNS=${4:-/tmp/runs} MIN_B=${MIN_B:-240} POLL=${POLL:-5}
+A=$1 B=$2 LIMIT=${3:-555} RUNS=${4:-/tmp/runs} MIN_B=${MIN_B:-240} POLL=${POLL:-5} STOP_A=${STOP_A:-30}
 case "$LIMIT" in ''|*[!0-9]*) echo "overlap.sh: SECONDS must be a whole number of seconds, not '$LIMIT'" >&2; exit 2 ;; esac
 LOGS=${OUT:-$RUNS/logs}
 mkdir -p "$LOGS" "$RUNS"
@@ -22,7 +24,8 @@ stamp=$(date +%H%M%S)
 trained() { [ -f "$RUNS/$A/run/hybrid/config.json" ]; }
 
 echo "[overlap] $A: start ($(left) s left)"
-timeout "$LIMIT" python3 -m research.launch "$A" --out "$RUNS/$A" --resume > "$LOGS/${A}_$stamp.log" 2>&1 &
+timeout "$LIMIT" python3 -m research.launch "$A" --out "$RUNS/$A" --resume --stop-after "$((LIMIT - STOP_A))" \
+    > "$LOGS/${A}_$stamp.log" 2>&1 &
 pa=$!
 while ! trained && kill -0 "$pa" 2>/dev/null && [ "$(left)" -ge "$MIN_B" ]; do sleep "$POLL"; done
 rb=3

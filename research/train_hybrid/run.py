@@ -34,6 +34,7 @@ from pathlib import Path
 
 import torch
 
+from hybrid.train.trainer import CheckpointAndStop
 
 DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)  # NIAH needle depths; n // 5 prompts at each
 
@@ -373,27 +374,24 @@ def main(argv: list[str] | None = None) -> dict:
     return out
 
 
-class StopAtCheckpoint(Exception):
-    """--stop-after: the time is up and a checkpoint was just written (the message names it)."""
+class StopAtCheckpoint(CheckpointAndStop):
+    """--stop-after: the time is up; the trainer checkpoints the step just trained and stops (the message names
+    the checkpoint)."""
 
 
 def stop_at_checkpoint(config, seconds: float, t_start: float):
-    """An ``on_step`` callback for ``hybrid.train.run``: once ``seconds`` have passed since ``t_start``, raise
-    StopAtCheckpoint right after the trainer writes a periodic checkpoint (``checkpoints/LATEST`` names this
-    stage and step). Not at a stage's end: a finished stage goes on into the next (and the last one into the final
-    save). One process only: under torchrun the ranks' clocks could disagree."""
+    """An ``on_step`` callback for ``hybrid.train.run``: once ``seconds`` have passed since ``t_start``, stop right
+    after the current step, which the trainer then checkpoints (``hybrid.train.trainer.CheckpointAndStop``), so a
+    resumed call trains no step twice and loses none. Not at a stage's last step: a finished stage goes on into the
+    next (and the last one into the final save and the evaluation). One process only: under torchrun the ranks'
+    clocks could disagree."""
     names = [s.name for s in config.stages]
-    latest = Path(config.out) / "checkpoints" / "LATEST"
+    steps = {s.name: s.steps for s in config.stages}
 
     def on_step(stage: str, step: int) -> None:
-        if time.time() - t_start < seconds or not latest.exists():
+        if time.time() - t_start < seconds or step >= steps[stage]:
             return
-        name = f"s{names.index(stage) + 1}-{stage}-{step:06d}"
-        if latest.read_text().strip() != name:
-            return
-        state = json.loads((latest.parent / name / "state.json").read_text())
-        if not state.get("stage_done"):
-            raise StopAtCheckpoint(name)
+        raise StopAtCheckpoint(f"s{names.index(stage) + 1}-{stage}-{step:06d}")
 
     return on_step
 

@@ -248,9 +248,9 @@ def test_a_missing_corpus_names_the_fix(monkeypatch, tmp_path):
 
 @pytest.mark.e2e
 def test_tiny_job_end_to_end_stopped_then_resumed(tmp_path, monkeypatch):
-    """tiny_hybrid's config with a checkpoint every 2 steps: --stop-after stops the training at its first
-    checkpoint (exit 3), --resume continues from it (no step trained twice) and evaluates; a third call finds
-    everything done."""
+    """tiny_hybrid's config with a checkpoint every 2 steps: --stop-after stops the training after its first step,
+    checkpointed there (exit 3), --resume continues from it (no step trained twice) and evaluates; a third call
+    finds everything done."""
     import subprocess
     import sys
 
@@ -266,7 +266,7 @@ def test_tiny_job_end_to_end_stopped_then_resumed(tmp_path, monkeypatch):
     p = subprocess.run(cmd + ["--stop-after", "1"], cwd=ROOT, env=env, capture_output=True, text=True)
     assert p.returncode == CONTINUE, p.stdout[-3000:] + p.stderr[-3000:]
     assert "continue with `python -m research.launch tiny_ckpt --resume" in p.stdout
-    assert (out / "run" / "checkpoints" / "LATEST").read_text().strip() == "s1-align-000002"
+    assert (out / "run" / "checkpoints" / "LATEST").read_text().strip() == "s1-align-000001"  # not the periodic 2
     assert not (out / "results.json").exists()
 
     p = subprocess.run(cmd + ["--resume"], cwd=ROOT, env=env, capture_output=True, text=True)

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from hybrid.train import CheckpointError, TrainConfig, latest_checkpoint, run
+from hybrid.train.trainer import CheckpointAndStop
 from train_factories import save_mask, save_tiny_teacher, stage, tiny_config
 
 
@@ -81,6 +82,27 @@ def test_killed_and_resumed_run_ends_bit_identical(tmp_path, tiny_teacher_dir, t
         assert torch.equal(resumed[k], full[k]), k
     lines = [json.loads(l) for l in (tmp_path / "b" / "log.jsonl").read_text().splitlines()]
     assert any(l.get("event") == "resume" for l in lines)
+
+
+def test_checkpoint_and_stop_checkpoints_that_very_step_and_resumes_bit_identical(tmp_path, tiny_teacher_dir,
+                                                                                  tiny_mask):
+    """An on_step callback that raises CheckpointAndStop between periodic checkpoints (a time limit): the trainer
+    writes a checkpoint at that step first, so the resumed run trains from there and ends as if never stopped."""
+    kw = dict(stages=SHORT, checkpoint_every=0, keep_checkpoints=1)  # checkpoints only at stage ends
+    full = run(tiny_config(tmp_path / "a", tiny_teacher_dir, tiny_mask, **kw)).model.state_dict()
+    cfg = tiny_config(tmp_path / "b", tiny_teacher_dir, tiny_mask, **kw)
+
+    def stop(name, done):
+        if (name, done) == ("distill", 3):
+            raise CheckpointAndStop("time is up")
+
+    with pytest.raises(CheckpointAndStop):
+        run(cfg, on_step=stop)
+    assert latest_checkpoint(tmp_path / "b").path.name == "s2-distill-000003"
+    resumed = run(cfg, resume=True)
+    for k, v in full.items():
+        assert torch.equal(resumed.model.state_dict()[k], v), k
+    assert [r["step"] for r in resumed.history if r.get("stage") == "distill" and "loss" in r] == [4]
 
 
 def test_a_run_folder_written_under_the_older_merge_names_resumes_bit_identical(tmp_path, tiny_teacher_dir,

@@ -37,7 +37,14 @@ def test_both_done_exits_0_and_b_stops_before_the_limit(tmp_path):
     assert "--stop-after" in calls[1] and "--resume" in calls[0] and "--resume" in calls[1]
     stop = int(calls[1].split("--stop-after")[1].split()[0])
     assert 200 <= stop <= 250  # 150 s before the limit
+    assert int(calls[0].split("--stop-after")[1].split()[0]) == 370  # A: STOP_A = 30 s before the limit
     assert len(list((tmp_path / "out").glob("jobA_*.log"))) == 1 and "[launch] job jobB done" in r.stdout
+
+
+def test_a_stops_stop_a_seconds_before_the_limit(tmp_path):
+    r = _run(tmp_path, "jobA", "none", "400", str(tmp_path / "runs"), STOP_A="60")
+    calls = (tmp_path / "calls").read_text().splitlines()
+    assert int(calls[0].split("--stop-after")[1].split()[0]) == 340, r.stdout + r.stderr
 
 
 def test_a_job_to_continue_exits_3(tmp_path):

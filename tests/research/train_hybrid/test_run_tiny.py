@@ -166,12 +166,12 @@ def test_cuda_graph_compile_mode_is_refused_on_cuda_before_the_teacher_loads(tmp
 
 
 def test_stop_after_stops_at_a_checkpoint_and_resume_finishes(tmp_path):
-    """--stop-after: the training stops right after a periodic checkpoint once the time is up (exit 3), and
-    --resume trains the rest and evaluates (two calls on a time-limited machine)."""
+    """--stop-after: once the time is up the training checkpoints the step just trained and stops (exit 3), and
+    --resume trains the rest and evaluates (two calls on a time-limited machine); no step is lost or run twice."""
     mask = kv_group_mask(tmp_path / "mask.json")
     cfg = tmp_path / "tiny_ckpt.toml"
     text = (ROOT / "research/train_hybrid/tiny.toml").read_text()
-    cfg.write_text(text.replace('eval = "none"', 'eval = "none"\ncheckpoint_every = 2'))
+    cfg.write_text(text.replace('eval = "none"', 'eval = "none"\ncheckpoint_every = 0'))  # only at stage ends
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     args = [sys.executable, str(SCRIPT), "--config", str(cfg), "--out", str(tmp_path / "o"), "--tiny", "--mask",
             str(mask), "--n", "1", "--no-throughput",
@@ -179,11 +179,14 @@ def test_stop_after_stops_at_a_checkpoint_and_resume_finishes(tmp_path):
     p = subprocess.run(args + ["--stop-after", "0"], env=env, cwd=ROOT, capture_output=True, text=True)
     assert p.returncode == 3, p.stderr[-2000:]
     assert "continue with --resume" in p.stdout
-    assert (tmp_path / "o" / "run" / "checkpoints" / "LATEST").read_text().strip() == "s1-align-000002"
+    assert (tmp_path / "o" / "run" / "checkpoints" / "LATEST").read_text().strip() == "s1-align-000001"
     assert not (tmp_path / "o" / "results.json").exists()
     subprocess.run(args + ["--resume"], env=env, cwd=ROOT, check=True, capture_output=True)
     out = json.loads((tmp_path / "o" / "results.json").read_text())
     assert set(out["train"]["minutes_by_stage"]) == {"align", "distill", "long"}
+    log = [json.loads(line) for line in (tmp_path / "o" / "run" / "log.jsonl").read_text().splitlines()]
+    align = [r["step"] for r in log if r.get("stage") == "align" and "loss" in r]
+    assert align == [1, 2, 3]  # tiny.toml's 3 align steps: the first before the stop, none twice or lost
     assert (tmp_path / "o" / "run" / "hybrid" / "config.json").exists()
     # --resume of a finished run (the H200 call that only evaluates): the stages' minutes still come from the log
     subprocess.run(args + ["--resume"], env=env, cwd=ROOT, check=True, capture_output=True)
