@@ -96,6 +96,24 @@ def test_the_job_carries_the_broad_corpus_and_makes_the_teachers_text_first(tmp_
     assert [s.name for s in KINDS.entry("studies").steps(get_job("studies_smollm2"), ctx)] == ["study", "tables"]
 
 
+def test_one_lease_jobs_cover_every_row_but_the_broad_recipe_itself():
+    """studies_smollm2_broad_{random,layerwise,tuned}: the study's rows one lease at a time (--only), together every
+    row but global-kv, which is the broad recipe's own hybrid (smollm2_broad_hybrid and _seed1); each stage-2 step is
+    the recipe's 64 rows, in passes of 32 so that it fits an 80 GB card."""
+    from research.launch import get_job
+
+    only = []
+    for name in ("random", "layerwise", "tuned"):
+        job = get_job(f"studies_smollm2_broad_{name}")
+        assert job.kind == "studies" and job.config == ("research/studies/smollm2_broad.toml",)
+        only += job.args[job.args.index("--only") + 1].split(",")
+    assert sorted(only) == sorted(set(ROWS) - {"global-kv"})
+    cfg = StudyConfig.from_file(CONFIG)
+    distill = cfg.train_config("run", "mask.json", cfg.hybrid, 0).stages[1]
+    assert (distill.batch_size, distill.micro_batch_size) == (64, 32)
+    assert get_job("smollm2_broad_hybrid").config == ("research/train_hybrid/smollm2_broad.toml",)
+
+
 def _row(evaluation, metric, value, family=None, L=None, status="ok"):
     return {"evaluation": evaluation, "metric": metric, "value": value, "family": family, "context_length": L,
             "status": status}
