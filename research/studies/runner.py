@@ -38,6 +38,7 @@ __all__ = ["StudyConfig", "StudyError", "run_study", "collect", "variant_dir", "
            "build_context", "suite_rows"]
 
 SCHEMA = "research.studies.runner"
+STOP_WAIT_S = 30.0  # seconds a stopped worker gets to end its step and checkpoint it (~1.7 GB for SmolLM2) before SIGKILL
 
 
 # ---- preparing a variant (main process) -------------------------------------------------------------------
@@ -208,7 +209,7 @@ def _stop(job: _Job, why: str) -> None:
         return
     try:
         os.killpg(job.proc.pid, signal.SIGTERM)  # the worker's own process group (os.setsid)
-        job.proc.wait(10)
+        job.proc.wait(STOP_WAIT_S)  # a training worker checkpoints the step under way first (worker._StopOnTerm)
     except (subprocess.TimeoutExpired, ProcessLookupError):
         try:
             os.killpg(job.proc.pid, signal.SIGKILL)

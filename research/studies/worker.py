@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import statistics
 import time
 from contextlib import nullcontext
@@ -27,7 +28,7 @@ import torch
 
 from research.studies.config import SUITES_FILE, StudyConfig, eval_items, variant_dir
 
-__all__ = ["work", "train_variant", "evaluate_variant", "run_suites", "StepTimer"]
+__all__ = ["work", "train_variant", "evaluate_variant", "run_suites", "StepTimer", "TrainingStopped"]
 
 PRINT_AT = (1, 2, 3, 5, 10, 20)
 
@@ -87,8 +88,42 @@ def train_summary(out: Path, cfg) -> dict[str, Any]:
             "capped": any(s["capped"] for s in stages.values())}
 
 
+class TrainingStopped(Exception):
+    """A SIGTERM came while the variant trained (the runner's deadline): the step it was on is checkpointed, so the
+    next call resumes from exactly there."""
+
+
+class _StopOnTerm:
+    """While training, a SIGTERM (the runner stopping its workers at the study's deadline) ends the step under way,
+    which the trainer then checkpoints (``CheckpointAndStop``) before the worker stops, instead of killing the
+    process and losing every step since the last periodic checkpoint. Not at a stage's last step (the stage's own
+    checkpoint follows, and the training goes on to the next stage or the final save). Outside ``with`` the usual
+    SIGTERM handling is back."""
+
+    def __init__(self, timer, last_steps: dict[str, int]) -> None:
+        self.timer, self.last_steps, self.asked, self.old = timer, last_steps, False, None
+
+    def _on_term(self, signum, frame) -> None:
+        self.asked = True
+
+    def __call__(self, stage: str, step: int) -> None:
+        from hybrid.train.trainer import CheckpointAndStop
+
+        self.timer(stage, step)
+        if self.asked and step < self.last_steps.get(stage, step + 1):
+            raise CheckpointAndStop(f"SIGTERM at {stage} step {step}")
+
+    def __enter__(self):
+        self.old = signal.signal(signal.SIGTERM, self._on_term)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        signal.signal(signal.SIGTERM, self.old)
+
+
 def train_variant(folder: Path, key: str) -> dict:
-    """Train (or resume) the variant in ``folder``; writes and returns train_done.json."""
+    """Train (or resume) the variant in ``folder``; writes and returns train_done.json. A SIGTERM while it trains
+    checkpoints the step under way and raises ``TrainingStopped`` (``_StopOnTerm``)."""
     from hybrid.train import TrainConfig, run
     from hybrid.train.checkpoint import latest_checkpoint
 
@@ -107,10 +142,19 @@ def train_variant(folder: Path, key: str) -> dict:
           f": stages {[(s.name, s.steps, s.seq_len, s.batch_size) for s in cfg.stages]}", flush=True)
     t0 = time.time()
     timer = StepTimer(folder, key, {s.name: s.steps for s in cfg.stages})
-    run(cfg, resume=resume, on_step=timer)
+    from hybrid.train.trainer import CheckpointAndStop
+
+    with _StopOnTerm(timer, {s.name: s.steps for s in cfg.stages}) as stop:
+        try:
+            run(cfg, resume=resume, on_step=stop)
+        except CheckpointAndStop as why:
+            print(f"[{key}] stopped: {why}; checkpointed, the next call resumes there", flush=True)
+            raise TrainingStopped(str(why)) from None
     summary = train_summary(Path(cfg.out), cfg)
     summary["seconds_this_process"] = round(time.time() - t0, 1)
     _write(done, summary)
+    if stop.asked:  # the SIGTERM came at the training's last step: trained and saved; stop before the evaluation
+        raise TrainingStopped("SIGTERM at the end of the training")
     return summary
 
 
@@ -241,7 +285,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--variant", required=True)
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args(argv)
-    work(Path(a.run), a.variant, a.seed)
+    try:
+        work(Path(a.run), a.variant, a.seed)
+    except TrainingStopped:
+        return 128 + signal.SIGTERM  # as a process ended by the signal
     return 0
 
 

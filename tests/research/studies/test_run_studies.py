@@ -112,6 +112,8 @@ def test_a_study_stopped_mid_training_continues_from_its_checkpoint(tmp_path):
     script(RUN, *args)  # the same command continues
     log = (out / "variants" / "global-kv" / "seed0" / "worker.log").read_text()
     assert f"resumed from {latest}" in log
+    _, stage_name, step = latest.split("-")  # the worker checkpointed the step the runner's SIGTERM found
+    assert f"stopped: SIGTERM at {stage_name} step {int(step)}; checkpointed" in log
     r = runs(out)["global-kv"]
     assert r["status"] == "done" and r["train"]["stages"]["long"]["steps"] == 10
 
