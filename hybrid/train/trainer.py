@@ -437,6 +437,13 @@ class Trainer:
                     self.start_next_workers()  # after the first step's compilation: it overlaps the rest
                 progress = clock.progress(step)
                 stage_end = progress >= 1.0
+                if stage_end and step < s.steps and env.is_main:  # the time cap ended it: not the recipe's tokens
+                    self.log.write({"event": "stage_capped", "stage": s.name, "stage_index": index, "step": step,
+                                    "steps": s.steps, "max_minutes": s.max_minutes})
+                    warnings.warn(f"stage {s.name} stopped by its max_minutes={s.max_minutes:g} at step {step} of "
+                                  f"{s.steps}: it trained {step / s.steps:.0%} of its steps, so the run is not the "
+                                  "recipe's (a slower or shared machine); raise max_minutes to train every step",
+                                  stacklevel=1)
                 if step % cfg.log_every == 0 or stage_end:
                     sums = all_reduce_sum(torch.stack([t.detach().float() for _, _, t, _ in terms]), env)
                     now = time.time()

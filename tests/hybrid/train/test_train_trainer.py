@@ -324,8 +324,11 @@ def test_the_warmup_step_is_logged_and_not_counted_in_max_minutes(tmp_path, tiny
     request.addfinalizer(lambda: stages_mod.register_stage(align, overwrite=True))
     cfg = tiny_config(tmp_path / "out", tiny_teacher_dir, tiny_mask,
                       stages=[stage("align", steps=10_000, max_minutes=0.02)])  # 1.2 s budget
-    run(cfg)
+    with pytest.warns(UserWarning, match=r"stage align stopped by its max_minutes=0.02 at step \d+ of 10000"):
+        run(cfg)
     log = [json.loads(l) for l in (tmp_path / "out" / "log.jsonl").read_text().splitlines()]
+    capped = [r for r in log if r.get("event") == "stage_capped"]  # a stage its time cap ended is said, and logged
+    assert len(capped) == 1 and capped[0]["steps"] == 10_000 and 3 < capped[0]["step"] < 10_000
     warm = [r for r in log if r.get("event") == "warmup_step"]
     assert len(warm) == 1 and warm[0]["seconds"] >= 1.5 and warm[0]["step"] == 1
     assert warm[0]["first_batch_seconds"] >= 0  # where a slow first step's time goes: data or kernels
