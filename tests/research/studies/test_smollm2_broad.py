@@ -184,6 +184,8 @@ def miniature(tmp_path: Path, teacher_dir: Path) -> StudyConfig:
                               haystack="heldout")
     for s in d["train"]["stages"]:
         s.update(steps=2, seq_len=64, batch_size=2, warmup_steps=1, max_minutes=0.0)
+        if "micro_batch_size" in s:  # the config's passes of 32 rows, here of 1: the two-pass step still runs
+            s["micro_batch_size"] = 1
     d["eval"] = {"timeout_s": 120, "token_budget": 4096, "batch_size": 4,
                  "niah": {"lengths": [120], "depths": [0.5], "n": 1},
                  "niah_multikey": {"lengths": [120], "n_keys": [2], "n": 2}, "reasoning": {"n": 2},
