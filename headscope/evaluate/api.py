@@ -127,6 +127,7 @@ def evaluate(model: Any, suite: str | Sequence[str] = "retrieval", tokenizer: An
       the chat answers side by side) go into the result folder with ``save_results``.
     Returns the rows (columns ``RUN_COLUMNS + COLUMNS``); ``df.attrs["meta"]`` describes the run.
     """
+    from headscope.evaluate.attention import float32_sdpa_repeats_kv
     from headscope.evaluate.building import default_workers, prompt_builder
 
     from headscope.evaluate.fidelity import check_teacher
@@ -180,7 +181,7 @@ def evaluate(model: Any, suite: str | Sequence[str] = "retrieval", tokenizer: An
         return df
 
     try:
-        with prompt_builder(tokenizer, ctx.workers, activate=True):
+        with prompt_builder(tokenizer, ctx.workers, activate=True), float32_sdpa_repeats_kv():
             for i, (name, cfg) in enumerate(cfgs):
                 t0 = time.monotonic()
                 ends = [x for x in (None if budget_s is None else t0 + budget_s, run_end) if x is not None]

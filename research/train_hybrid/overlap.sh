@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Two train_hybrid jobs on one GPU inside one command's time limit (a machine lent 10 minutes a command): job A
-# first; once A's hybrid is trained (its evaluation leaves most of the GPU idle: generation and short batches), job
-# B trains beside A's evaluation. Both run with --resume, so the same command, called again, continues whatever
+# Two jobs (train_hybrid, or studies of one trained row each) on one GPU inside one command's time limit (a
+# machine lent 10 minutes a command): job A first; once A's hybrid is trained (its evaluation leaves most of the
+# GPU idle: generation and short batches), job B trains beside A's evaluation. Both run with --resume, so the same
+# command, called again, continues whatever
 # was cut (a cut stage from its last checkpoint, a cut evaluation from its last finished part) until both say done.
 #
 #   research/train_hybrid/overlap.sh JOB_A JOB_B [SECONDS=555] [RUNS=/tmp/runs]
@@ -21,7 +22,9 @@ mkdir -p "$LOGS" "$RUNS"
 t0=$(date +%s)
 left() { echo $((LIMIT - ($(date +%s) - t0))); }
 stamp=$(date +%H%M%S)
-trained() { [ -f "$RUNS/$A/run/hybrid/config.json" ]; }
+trained() {  # a train_hybrid job's hybrid, or any trained row of a studies job (one row per job: its --only)
+    [ -f "$RUNS/$A/run/hybrid/config.json" ] || compgen -G "$RUNS/$A/study/variants/*/seed*/run/hybrid/config.json" >/dev/null
+}
 
 echo "[overlap] $A: start ($(left) s left)"
 timeout "$LIMIT" python3 -m research.launch "$A" --out "$RUNS/$A" --resume --stop-after "$((LIMIT - STOP_A))" \

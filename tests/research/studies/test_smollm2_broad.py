@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from train_factories import write_broad_corpus
 
-from research.studies.config import StudyConfig, StudyError
+from research.studies.config import StudyConfig, StudyError, eval_items
 
 ROOT = Path(__file__).resolve().parents[3]
 CONFIG = ROOT / "research" / "studies" / "smollm2_broad.toml"
@@ -60,6 +60,8 @@ def test_the_config_has_the_four_headline_rows_on_the_broad_recipe():
     # the mask's scores as research/train_hybrid/run.py makes the broad recipe's (receiver + 3 sender rounds)
     assert cfg.scores == {"n_samples": 16, "context_length": 1024, "haystack": "heldout", "sender_rounds": 3}
     assert StudyConfig.from_dict(cfg.to_dict()).suite == "fidelity"  # study.json round trip
+    # of the usual evaluations only the held-out perplexity: the fidelity suite judges the rows
+    assert [name for name, *_ in eval_items(cfg, 8192)] == ["perplexity"]
 
 
 def test_a_suite_is_checked_and_may_replace_the_usual_evaluations():

@@ -13,7 +13,7 @@ FAKE = """#!/usr/bin/env bash
 # python3 -m research.launch JOB --out DIR --resume [--stop-after S]: a job that trains, then exits with $RC_<JOB>
 job=$3 out=$5
 echo "$job $*" >> "$CALLS"
-mkdir -p "$out/run/hybrid" && echo '{}' > "$out/run/hybrid/config.json"
+h="$out/${HYBRID_AT:-run/hybrid}"; mkdir -p "$h" && echo '{}' > "$h/config.json"
 echo "[launch] job $job done"
 rc_var="RC_$job"; exit "${!rc_var:-0}"
 """
@@ -39,6 +39,12 @@ def test_both_done_exits_0_and_b_stops_before_the_limit(tmp_path):
     assert 200 <= stop <= 250  # 150 s before the limit
     assert int(calls[0].split("--stop-after")[1].split()[0]) == 370  # A: STOP_A = 30 s before the limit
     assert len(list((tmp_path / "out").glob("jobA_*.log"))) == 1 and "[launch] job jobB done" in r.stdout
+
+
+def test_a_studies_job_counts_as_trained_once_its_row_has_a_hybrid(tmp_path):
+    r = _run(tmp_path, "jobA", "jobB", "400", str(tmp_path / "runs"),
+             HYBRID_AT="study/variants/randglobal-kv/seed0/run/hybrid")
+    assert r.returncode == 0 and "jobA trained; jobB: start" in r.stdout, r.stdout + r.stderr
 
 
 def test_a_stops_stop_a_seconds_before_the_limit(tmp_path):
