@@ -108,7 +108,8 @@ def evaluate(model: Any, suite: str | Sequence[str] = "retrieval", tokenizer: An
              batch_size: int | None = None, token_budget: int | None = None, device: str | None = None,
              dtype: torch.dtype | None = None, progress: bool = True, workers: int | None = None,
              budget_s: float | None = None, time_limit_s: float | None = None,
-             on_evaluation: Callable[[str, pd.DataFrame], None] | None = None, teacher: Any = None) -> pd.DataFrame:
+             on_evaluation: Callable[[str, pd.DataFrame], None] | None = None, teacher: Any = None,
+             teacher_cache: str | Path | None = None) -> pd.DataFrame:
     """Run ``suite`` (a suite name, one evaluation name, or a list of evaluation names) on ``model``.
 
     model: a causal LM (a hybrid included) or "default" / a local folder (loaded with its tokenizer).
@@ -125,6 +126,9 @@ def evaluate(model: Any, suite: str | Sequence[str] = "retrieval", tokenizer: An
       compare the model with it (the "fidelity" suite); asking for one of them without a teacher is an error.
       ``df.attrs["meta"]["teacher"]`` describes it; files an evaluation writes (``df.attrs["artifacts"]``, e.g.
       the chat answers side by side) go into the result folder with ``save_results``.
+    teacher_cache: a folder that keeps the teacher's side of the fidelity evaluations (its greedy continuations,
+      chat answers and their NLL, NIAH accuracy) for the next student compared with the same teacher
+      (``headscope.evaluate.teacher_cache``); entries are tied to the teacher's weights, dtype and device type.
     Returns the rows (columns ``RUN_COLUMNS + COLUMNS``); ``df.attrs["meta"]`` describes the run.
     """
     from headscope.evaluate.attention import float32_sdpa_repeats_kv
@@ -159,10 +163,15 @@ def evaluate(model: Any, suite: str | Sequence[str] = "retrieval", tokenizer: An
     if teacher is not None:
         teacher.eval()
     cuda = next(model.parameters()).device.type == "cuda"
+    cache = None
+    if teacher is not None and teacher_cache is not None:
+        from headscope.evaluate.teacher_cache import TeacherCache
+
+        cache = TeacherCache(teacher_cache, teacher)
     ctx = EvalContext(seed=seed, batch_size=batch_size or (32 if cuda else 8),
                       token_budget=token_budget or (262144 if cuda else 16384), progress=progress,
                       workers=workers if workers is not None else default_workers(cuda),
-                      budget_s=budget_s, artifacts={})
+                      budget_s=budget_s, artifacts={}, teacher_cache=cache)
     info = model_info(model)
     teacher_info = None if teacher is None else model_info(teacher)
     frames, seconds = [], {}
@@ -176,6 +185,9 @@ def evaluate(model: Any, suite: str | Sequence[str] = "retrieval", tokenizer: An
         df.attrs["meta"] = run_meta(info, label, seed, ctx, cfgs, seconds)
         if teacher_info is not None:
             df.attrs["meta"]["teacher"] = teacher_info
+        if ctx.teacher_cache is not None:
+            c = ctx.teacher_cache
+            df.attrs["meta"]["teacher_cache"] = {"folder": str(c.folder), "read": c.hits, "computed": c.misses}
         if ctx.artifacts:
             df.attrs["artifacts"] = dict(ctx.artifacts)
         return df

@@ -26,6 +26,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--teacher", default=None,
                    help="the model's teacher ('default' or a local folder), for the suites that compare the model "
                         "with it (fidelity, fidelity_smoke)")
+    p.add_argument("--teacher-cache", default=None, metavar="DIR",
+                   help="keep the teacher's side of the fidelity evaluations (its continuations, chat answers, NIAH "
+                        "accuracy) in DIR and read it back when the next student is compared with the same teacher")
     p.add_argument("--tokenizer", default=None, help="folder of the tokenizer (default: the model folder's; "
                                                      "'default' for the reference model's)")
     p.add_argument("--suite", default="retrieval", nargs="+",
@@ -91,7 +94,8 @@ def cmd_eval(args: argparse.Namespace) -> None:
         teacher = load_teacher(args.teacher, tokenizer, device=str(next(model.parameters()).device), dtype=dtype)
     df = evaluate(model, suite, tokenizer, seed=args.seed, configs=configs, haystack=args.haystack,
                   batch_size=args.batch_size, progress=not args.quiet, workers=args.workers, budget_s=args.budget,
-                  time_limit_s=args.time_limit, teacher=teacher)
+                  time_limit_s=args.time_limit, teacher=teacher,
+                  teacher_cache=args.teacher_cache if teacher is not None else None)
     out = save_results(df, args.out, overwrite=args.overwrite)
     s = summary(df)
     with __import__("pandas").option_context("display.max_rows", 200, "display.width", 160):

@@ -25,12 +25,15 @@ The teacher against itself gives exactly ``perplexity_ratio`` 1, ``kl_to_teacher
 """
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import math
 import os
 import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -40,6 +43,7 @@ from headscope.evaluate.fidelity_data import load_instructions, load_sources, so
 from headscope.evaluate.fidelity_decoding import answer_nll, greedy_continuations, window_agreement
 from headscope.evaluate.rows import row
 from headscope.evaluate.runtime import ANSWER_ROOM, BudgetExceeded, EvalContext, fewer_rows_after_oom, position_limit
+from headscope.evaluate.teacher_cache import cached, tokenizer_digest
 
 __all__ = ["FidelityTextConfig", "ContinuationConfig", "ChatConfig", "FidelityNiahConfig", "MissingTeacherError",
            "fidelity_text", "fidelity_continuation", "fidelity_chat", "fidelity_niah", "nll_ratios",
@@ -263,7 +267,9 @@ def fidelity_continuation(model, tokenizer, cfg: ContinuationConfig, ctx: EvalCo
         t0 = time.perf_counter()
         ctx.log(f"fidelity_continuation {name}: start ({len(prompts)} prefixes, {cfg.new_tokens} new tokens)")
         try:
-            gen_t = greedy_continuations(teacher, prompts, cfg.new_tokens, ctx, pad_id=pad, desc=f"teacher {name}")
+            gen_t = cached(ctx, "continuation", {"source": name, "prompts": prompts, "new": cfg.new_tokens, "pad": pad},
+                           lambda: greedy_continuations(teacher, prompts, cfg.new_tokens, ctx, pad_id=pad,
+                                                        desc=f"teacher {name}"))
             gen_s = greedy_continuations(model, prompts, cfg.new_tokens, ctx, pad_id=pad, desc=f"student {name}")
         except BudgetExceeded:
             rows += _skip("fidelity_continuation", metrics, ctx.budget_note(f"fidelity_continuation on {name}"),
@@ -349,11 +355,17 @@ def fidelity_chat(model, tokenizer, cfg: ChatConfig, ctx: EvalContext, teacher=N
     t0 = time.perf_counter()
     ctx.log(f"fidelity_chat: start ({len(prompts)} instructions, up to {cfg.max_new_tokens} answer tokens)")
     try:
-        ans_t = greedy_continuations(teacher, prompts, cfg.max_new_tokens, ctx, pad_id=pad, stop_ids=stop,
-                                     desc="chat: teacher")
+        def teacher_side() -> dict:
+            answers = greedy_continuations(teacher, prompts, cfg.max_new_tokens, ctx, pad_id=pad, stop_ids=stop,
+                                           desc="chat: teacher")
+            return {"answers": answers,
+                    "nll": answer_nll(teacher, prompts, answers, ctx, pad_id=pad, desc="chat: teacher's answers")}
+
+        own = cached(ctx, "chat", {"prompts": prompts, "new": cfg.max_new_tokens, "pad": pad, "stop": sorted(stop)},
+                     teacher_side)
+        ans_t, nll_t = own["answers"], own["nll"]
         ans_s = greedy_continuations(model, prompts, cfg.max_new_tokens, ctx, pad_id=pad, stop_ids=stop,
                                      desc="chat: student")
-        nll_t = answer_nll(teacher, prompts, ans_t, ctx, pad_id=pad, desc="chat: teacher's answers")
         diff = [i for i in range(len(items)) if ans_s[i] != ans_t[i]]  # equal answers: the same NLL, exactly
         part = answer_nll(teacher, [prompts[i] for i in diff], [ans_s[i] for i in diff], ctx, pad_id=pad,
                           desc="chat: student's answers") if diff else []
@@ -415,8 +427,17 @@ def fidelity_niah(model, tokenizer, cfg: FidelityNiahConfig, ctx: EvalContext, t
                      for fields, *_ in cells(L) for m in ("accuracy_student", "accuracy_teacher")]
         else:
             run.append(L)
-    for who, m in (("student", model), ("teacher", teacher)):
-        for r in by_length(m, tokenizer, ctx, "fidelity_niah", run, cells, True):
+    def teacher_rows() -> list[dict]:
+        return by_length(teacher, tokenizer, ctx, "fidelity_niah", run, cells, True)
+
+    key = {"config": dataclasses.asdict(cfg), "lengths": run, "seed": ctx.seed,
+           "tokenizer": tokenizer_digest(tokenizer),
+           "haystacks": [(name, hashlib.sha256(Path(path).read_bytes()).hexdigest()) for name, path in sources]}
+    sides = (("student", lambda: by_length(model, tokenizer, ctx, "fidelity_niah", run, cells, True)),
+             ("teacher", lambda: cached(ctx, "niah", key, teacher_rows,  # rows cut short are not kept
+                                        keep=lambda rows: all(r.get("status") == "ok" for r in rows))))
+    for who, side in sides:
+        for r in side():
             if r["metric"] != "accuracy":
                 continue
             L = int(r["context_length"])

@@ -50,6 +50,9 @@ class EvalContext:
     # files for the result folder, {file name: [JSON records]} (one shared dict, set by evaluate; None: not kept);
     # save_results writes each as JSONL beside results.json (e.g. the fidelity evaluation's chat answers)
     artifacts: dict | None = field(default=None, compare=False, repr=False)
+    # the teacher's side of the fidelity evaluations kept on disk (headscope.evaluate.teacher_cache.TeacherCache;
+    # None: computed every time)
+    teacher_cache: Any = field(default=None, compare=False, repr=False)
 
     def __post_init__(self):
         for name in ("budget_s", "deadline"):

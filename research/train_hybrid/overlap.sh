@@ -2,8 +2,8 @@
 # Two jobs (train_hybrid, or studies of one trained row each) on one GPU inside one command's time limit (a
 # machine lent 10 minutes a command): job A first; once A's hybrid is trained (its evaluation leaves most of the
 # GPU idle: generation and short batches), job B trains beside A's evaluation. Both run with --resume, so the same
-# command, called again, continues whatever
-# was cut (a cut stage from its last checkpoint, a cut evaluation from its last finished part) until both say done.
+# command, called again, continues whatever was cut (a cut stage from its last checkpoint, a cut evaluation from
+# its last finished part) until both say done. Their fidelity suites share the teacher's side (RUNS/teacher_cache).
 #
 #   research/train_hybrid/overlap.sh JOB_A JOB_B [SECONDS=555] [RUNS=/tmp/runs]
 #   e.g. research/train_hybrid/overlap.sh smollm2_broad_hybrid smollm2_broad_hybrid_seed1
@@ -18,6 +18,8 @@ if [ $# -lt 2 ]; then sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 2; fi
 A=$1 B=$2 LIMIT=${3:-555} RUNS=${4:-/tmp/runs} MIN_B=${MIN_B:-240} POLL=${POLL:-5} STOP_A=${STOP_A:-30}
 case "$LIMIT" in ''|*[!0-9]*) echo "overlap.sh: SECONDS must be a whole number of seconds, not '$LIMIT'" >&2; exit 2 ;; esac
 LOGS=${OUT:-$RUNS/logs}
+# both jobs' fidelity suites keep the teacher's side (continuations, chat answers, NIAH) here and read it back
+export HEADSCOPE_TEACHER_CACHE=${HEADSCOPE_TEACHER_CACHE:-$RUNS/teacher_cache}
 mkdir -p "$LOGS" "$RUNS"
 t0=$(date +%s)
 left() { echo $((LIMIT - ($(date +%s) - t0))); }

@@ -103,7 +103,9 @@ def run_suite(model, tok, teacher, suite: str, out: Path, model_key: str | None 
     OUT/<suite>_parts/<evaluation>_<length>/, so a call cut short keeps the lengths done); a part already saved
     there (a call cut short) is read back, not run again. All rows then go to OUT/<suite>/ (with the parts' side
     files, e.g. the chat answers). ``model_key`` (the weights' hash) ties the parts to the model: parts of another
-    model are dropped. Returns the rows."""
+    model are dropped. With ``HEADSCOPE_TEACHER_CACHE`` set (``overlap.sh`` sets it to RUNS/teacher_cache), the
+    teacher's side of the suite is kept there and read back for the next student (``headscope.evaluate``'s
+    ``teacher_cache``). Returns the rows."""
     import shutil
 
     import pandas as pd
@@ -133,7 +135,8 @@ def run_suite(model, tok, teacher, suite: str, out: Path, model_key: str | None 
                 frames.append(read_results(part))
                 continue
             t0 = time.time()
-            df = evaluate(model, [name], tok, configs={name: cfg}, teacher=teacher, progress=True)
+            df = evaluate(model, [name], tok, configs={name: cfg}, teacher=teacher, progress=True,
+                          teacher_cache=os.environ.get("HEADSCOPE_TEACHER_CACHE") or None)
             df["suite"] = suite
             save_results(df, part, overwrite=True, figures=False)
             frames.append(df)

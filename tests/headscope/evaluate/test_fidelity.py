@@ -271,6 +271,12 @@ def test_cli_teacher(teacher, chat_tok, sources, tmp_path, capsys):
     df = read_results(out)
     assert values(df, "perplexity_ratio") == [1.0, 1.0] and values(df, "chat_nll_ratio") == [1.0]
     assert len((out / ANSWERS_FILE).read_text(encoding="utf-8").splitlines()) == 3
+    # --teacher-cache: the teacher's chat answers kept, then read back by the next run
+    for k in (1, 2):
+        cache = ["--teacher-cache", str(tmp_path / "tc"), "--overwrite"]
+        assert main(argv + sets + ["--teacher", str(folder)] + cache) == 0
+        meta = json.loads((out / "results.json").read_text())["teacher_cache"]
+        assert (meta["read"], meta["computed"]) == ((0, 1) if k == 1 else (1, 0))
 
 
 @pytest.mark.e2e

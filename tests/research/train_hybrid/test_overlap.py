@@ -12,7 +12,7 @@ SCRIPT = Path(__file__).resolve().parents[3] / "research" / "train_hybrid" / "ov
 FAKE = """#!/usr/bin/env bash
 # python3 -m research.launch JOB --out DIR --resume [--stop-after S]: a job that trains, then exits with $RC_<JOB>
 job=$3 out=$5
-echo "$job $*" >> "$CALLS"
+echo "$job $* cache=$HEADSCOPE_TEACHER_CACHE" >> "$CALLS"
 h="$out/${HYBRID_AT:-run/hybrid}"; mkdir -p "$h" && echo '{}' > "$h/config.json"
 echo "[launch] job $job done"
 rc_var="RC_$job"; exit "${!rc_var:-0}"
@@ -39,6 +39,7 @@ def test_both_done_exits_0_and_b_stops_before_the_limit(tmp_path):
     assert 200 <= stop <= 250  # 150 s before the limit
     assert int(calls[0].split("--stop-after")[1].split()[0]) == 370  # A: STOP_A = 30 s before the limit
     assert len(list((tmp_path / "out").glob("jobA_*.log"))) == 1 and "[launch] job jobB done" in r.stdout
+    assert all(c.endswith(f"cache={tmp_path / 'runs' / 'teacher_cache'}") for c in calls)  # one teacher cache
 
 
 def test_a_studies_job_counts_as_trained_once_its_row_has_a_hybrid(tmp_path):

@@ -1,0 +1,89 @@
+"""The teacher's side of the fidelity evaluations, kept on disk and read back for the next student.
+
+Comparing several students (hybrids of one teacher: seeds, recipes, study rows) with one teacher repeats the
+teacher's own work each time: its greedy continuations and chat answers, its NLL of those answers, its NIAH
+accuracy. ``evaluate(..., teacher=T, teacher_cache=DIR)`` stores each of them under ``DIR`` the first time and
+reads them back afterwards. An entry is found only for the same teacher weights (a digest of every parameter and
+buffer), dtype and device type, and the same inputs (prompts, settings and seed): anything else runs again. The
+per-token text metrics (KL, top-1 agreement) need both models' logits at once and are not cached.
+
+    cache = TeacherCache("runs/teacher_cache", teacher)
+    answers = cache.run("continuation", {"prompts": prompts, "new": 32}, lambda: generate(teacher, prompts))
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+__all__ = ["TeacherCache", "weights_digest", "tokenizer_digest", "cached", "VERSION"]
+
+VERSION = 1  # bump when what an entry holds changes meaning: old entries are then not found
+
+
+def weights_digest(model: torch.nn.Module) -> str:
+    """sha256 over every parameter and buffer (names, shapes, dtypes and bytes), in name order."""
+    h = hashlib.sha256()
+    named = dict(model.named_parameters())
+    named.update(dict(model.named_buffers()))
+    for name in sorted(named):
+        t = named[name].detach()
+        h.update(f"{name}:{tuple(t.shape)}:{t.dtype}".encode())
+        h.update(t.contiguous().reshape(-1).cpu().view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
+
+
+class TeacherCache:
+    """``run(kind, key, fn)``: ``fn()``'s JSON-serialisable value, computed once per (teacher, kind, key)."""
+
+    def __init__(self, folder: str | Path, teacher: torch.nn.Module):
+        self.folder = Path(folder)
+        if self.folder.exists() and not self.folder.is_dir():
+            raise NotADirectoryError(f"teacher_cache={str(folder)!r} is a file: give a folder (it is created if "
+                                     "missing)")
+        p = next(teacher.parameters())
+        self.teacher = {"weights": weights_digest(teacher), "dtype": str(p.dtype), "device": p.device.type}
+        self.hits = 0
+        self.misses = 0
+
+    def _path(self, kind: str, key: Any) -> Path:
+        blob = json.dumps({"version": VERSION, "kind": kind, "teacher": self.teacher, "key": key}, sort_keys=True,
+                          default=str)
+        return self.folder / f"{kind}-{hashlib.sha256(blob.encode()).hexdigest()[:24]}.json"
+
+    def run(self, kind: str, key: Any, fn: Callable[[], Any], keep: Callable[[Any], bool] | None = None) -> Any:
+        """The stored value for (``kind``, ``key``), else ``fn()``, stored unless ``keep(value)`` is False (e.g.
+        rows cut short by a time budget). A damaged entry is computed again."""
+        from headscope.io import write_text
+
+        path = self._path(kind, key)
+        if path.is_file():
+            try:
+                value = json.loads(path.read_text())["value"]
+                self.hits += 1
+                return value
+            except (ValueError, KeyError):
+                pass
+        value = fn()
+        if keep is not None and not keep(value):
+            return value
+        self.folder.mkdir(parents=True, exist_ok=True)
+        write_text(path, json.dumps({"version": VERSION, "kind": kind, "teacher": self.teacher, "value": value}))
+        self.misses += 1
+        return value
+
+
+def tokenizer_digest(tokenizer) -> str:
+    """sha256 of the tokenizer's vocabulary (token -> id) and special tokens: prompts built from text depend on it."""
+    vocab = sorted(tokenizer.get_vocab().items()) if hasattr(tokenizer, "get_vocab") else repr(tokenizer)
+    special = getattr(tokenizer, "all_special_tokens", [])
+    return hashlib.sha256(json.dumps([vocab, list(special)], default=str).encode()).hexdigest()
+
+
+def cached(ctx, kind: str, key: Any, fn: Callable[[], Any], keep: Callable[[Any], bool] | None = None) -> Any:
+    """``fn()`` through the evaluation context's teacher cache, or directly without one."""
+    cache = getattr(ctx, "teacher_cache", None)
+    return fn() if cache is None else cache.run(kind, key, fn, keep)
