@@ -33,6 +33,8 @@ end a model's positions (``headscope.evaluate.runtime.position_limit``).
 """
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import math
 import time
 from dataclasses import dataclass
@@ -47,6 +49,7 @@ from headscope.evaluate.fidelity_data import load_sources, source_path
 from headscope.evaluate.fidelity_decoding import window_agreement
 from headscope.evaluate.rows import row
 from headscope.evaluate.runtime import ANSWER_ROOM, BudgetExceeded, EvalContext, fewer_rows_after_oom, position_limit
+from headscope.evaluate.teacher_cache import cached, tokenizer_digest
 
 __all__ = ["FidelityLongTextConfig", "FidelityLongNiahConfig", "fidelity_long_text", "fidelity_long_niah",
            "long_haystack", "sequence_nll", "chunked_nll", "NOT_APPLICABLE", "HAYSTACK_MARGIN"]
@@ -197,12 +200,17 @@ def fidelity_long_text(model, tokenizer, cfg: FidelityLongTextConfig, ctx: EvalC
                 else:  # past the teacher's positions: the student alone, the teacher in chunks of its positions
                     nll_s = fewer_rows_after_oom(lambda c: sequence_nll(model, windows, c, f"student {name} @{W}"),
                                                  ctx, windows.shape[1], device)
-                    nll_t = fewer_rows_after_oom(lambda c: chunked_nll(teacher, windows, P, c, f"teacher {name} @{W}"),
-                                                 ctx, P + 1, device)
+                    def teacher_ppl() -> float:  # the teacher's side alone: kept by a teacher cache
+                        return _ppl(fewer_rows_after_oom(lambda c: chunked_nll(teacher, windows, P, c,
+                                                                               f"teacher {name} @{W}"),
+                                                         ctx, P + 1, device))
+
+                    digest = hashlib.sha256(windows.numpy().tobytes()).hexdigest()
+                    ppl_t = cached(ctx, "chunked_ppl", {"windows": digest, "positions": P}, teacher_ppl)
                     nll_sc = fewer_rows_after_oom(lambda c: chunked_nll(model, windows, P, c,
                                                                         f"student in chunks {name} @{W}"),
                                                   ctx, P + 1, device)
-                    ppl_s, ppl_t, ppl_sc = _ppl(nll_s), _ppl(nll_t), _ppl(nll_sc)
+                    ppl_s, ppl_sc = _ppl(nll_s), _ppl(nll_sc)
                     na = (f"{W}-token windows are past the teacher's {P} positions: no teacher score at this length "
                           "(perplexity_teacher_chunked: the teacher on the same tokens in chunks of its positions)")
                     rows.append(row("fidelity_long_text", "perplexity_student", ppl_s, n, **fields))
@@ -271,8 +279,17 @@ def fidelity_long_niah(model, tokenizer, cfg: FidelityLongNiahConfig, ctx: EvalC
     P = model_positions(teacher)
     fits = [L for L in cfg.lengths if P is None or L + ANSWER_ROOM <= P or cfg.teacher_beyond_positions]
     rows: list[dict] = []
-    for who, m, lengths in (("student", model, list(cfg.lengths)), ("teacher", teacher, fits)):
-        for r in by_length(m, tokenizer, ctx, "fidelity_long_niah", lengths, cells, True):
+    key = {"config": dataclasses.asdict(cfg), "lengths": fits, "seed": ctx.seed,
+           "tokenizer": tokenizer_digest(tokenizer),
+           "haystacks": {f"{n}@{L}": hashlib.sha256(h[0].encode()).hexdigest() for (n, L), h in hay.items()}}
+    sides = (("student", lambda: by_length(model, tokenizer, ctx, "fidelity_long_niah", list(cfg.lengths), cells,
+                                           True)),
+             ("teacher", lambda: cached(ctx, "long_niah", key,  # rows cut short are not kept
+                                        lambda: by_length(teacher, tokenizer, ctx, "fidelity_long_niah", fits, cells,
+                                                          True),
+                                        keep=lambda rows: all(r.get("status") == "ok" for r in rows))))
+    for who, side in sides:
+        for r in side():
             if r["metric"] != "accuracy":
                 continue
             L = int(r["context_length"])

@@ -73,7 +73,7 @@ def test_the_suite_is_registered_with_the_teacher_flag_and_long_defaults():
         FidelityLongNiahConfig(phrasings=("nope",))
 
 
-def test_text_rows_inside_and_past_the_teachers_positions(student, teacher, tok, sources):
+def test_text_rows_inside_and_past_the_teachers_positions(student, teacher, tok, sources, tmp_path):
     cfg = {"fidelity_long_text": {"sources": sources[:1], "lengths": [128, 512], "n_windows": 2}}
     df = headscope.evaluate(student, "fidelity_long_text", tok, teacher=teacher, configs=cfg, progress=False)
     assert set(df.metric) == TEXT and set(df.context_length) == {128, 512} and set(df.family) == {"prose"}
@@ -95,6 +95,12 @@ def test_text_rows_inside_and_past_the_teachers_positions(student, teacher, tok,
     assert ok(df, "long_context_ratio", context_length=128).value.tolist() == [1.0]
     assert ok(df, "perplexity_student_chunked", context_length=128).value.tolist() == ok(
         df, "perplexity_student", context_length=128).value.tolist()
+    # the teacher's chunked perplexity past its positions: kept by a teacher cache, read back, the same rows
+    cols = ["metric", "value", "family", "context_length", "status"]
+    for k in (1, 2):
+        c = headscope.evaluate(student, "fidelity_long_text", tok, teacher=teacher, configs=cfg, progress=False,
+                               teacher_cache=tmp_path / "tc")
+        assert c[cols].equals(df[cols]) and c.attrs["meta"]["teacher_cache"]["read"] == k - 1
 
 
 def test_chunked_nll_reads_each_chunk_from_an_empty_context(teacher):
@@ -109,7 +115,7 @@ def test_chunked_nll_reads_each_chunk_from_an_empty_context(teacher):
     assert not torch.allclose(chunked[:, 64:], whole[:, 64:])  # a fresh context is another prediction
 
 
-def test_niah_rows_past_the_teachers_positions_and_extended_haystacks(student, teacher, tok, sources):
+def test_niah_rows_past_the_teachers_positions_and_extended_haystacks(student, teacher, tok, sources, tmp_path):
     cfg = {"fidelity_long_niah": {"sources": sources, "phrasings": ["code"], "lengths": [200, 400], "n": 1}}
     df = headscope.evaluate(student, "fidelity_long_niah", tok, teacher=teacher, configs=cfg, progress=False)
     assert set(df.family) == {"code+prose", "code+short"} and set(df.context_length) == {200, 400}
@@ -126,6 +132,11 @@ def test_niah_rows_past_the_teachers_positions_and_extended_haystacks(student, t
     assert short[400].startswith("haystack: short + shakespeare") and "fewer than 1.125 x 400" in short[400]
     assert not isinstance(short[200], str)  # long enough alone for 200 tokens
     assert stud[stud.family == "code+prose"].note.isna().all()
+    cols = ["metric", "value", "family", "context_length", "status", "note"]
+    for k in (1, 2):  # the teacher's NIAH (where it has the positions) kept by a teacher cache and read back
+        c = headscope.evaluate(student, "fidelity_long_niah", tok, teacher=teacher, configs=cfg, progress=False,
+                               teacher_cache=tmp_path / "tc")
+        assert c[cols].equals(df[cols]) and c.attrs["meta"]["teacher_cache"]["read"] == k - 1
     cfg["fidelity_long_niah"]["teacher_beyond_positions"] = True
     beyond = headscope.evaluate(student, "fidelity_long_niah", tok, teacher=teacher, configs=cfg, progress=False)
     run = beyond[(beyond.metric == "accuracy_teacher") & (beyond.context_length == 400)]
