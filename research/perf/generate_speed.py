@@ -16,11 +16,15 @@ Per batch size and path: ``tok_s`` = B * new / the whole call (prefill included;
 after one untimed call, which captures the graph), ``step_ms`` = (call with ``new`` tokens - call with 1) /
 (new - 1), the per-token cost without the prefill (CUDA: wall-clock; CPU: this process's CPU time, see
 ``clock``). ``fast_vs_step`` = the fast path's step_ms / the bare step
-(target <= 1.10), ``fast_vs_eager`` = eager step_ms / fast step_ms (> 1: the fast path is faster). Prompts are
+(target <= 1.10), ``fast_vs_eager`` = eager step_ms / fast step_ms (> 1: the fast path is faster). The teacher has
+three rows: transformers' dynamic and static caches, and ``teacher_engine``, the teacher on the hybrid's own engine
+(``hybrid.from_teacher``: every head FA, the same logits) through the same fast ``generate()``; ``best_teacher``
+names the fastest by tokens/s and ``fast_vs_best_teacher`` is the hybrid's tokens/s over it. Prompts are
 random token ids of --prompt tokens, greedy, EOS off, so every call makes exactly --new tokens. Writes the rows
 to --out (default $OUT/generate_speed.json when $OUT is set) after each batch size, so a run cut by a time limit
 keeps the batch sizes it finished. --skip leaves out slow rows (transformers' loop on the hybrid: ``eager``; the
-teacher's dynamic cache: ``teacher_dynamic``; ``teacher_static``); the ratios that need a skipped row are null.
+teacher's dynamic cache: ``teacher_dynamic``; ``teacher_static``; ``teacher_engine``); the ratios that need a
+skipped row are null.
 
 ``--hybrid FOLDER`` times a saved (trained) hybrid instead of the untrained one the mask builds; ``--teacher-prompt``
 gives the teacher's rows their own prompt length (e.g. the teacher's longest context beside a hybrid that reads four
@@ -52,7 +56,8 @@ SHIPPED_MASKS = {  # the published 7:1 masks of the named models (docs/results/)
     "smollm2-135m": ROOT / "docs/results/2026-12-01_smollm2_head_report/mask_7to1.json",
 }
 GREEDY = dict(do_sample=False, eos_token_id=None, pad_token_id=0)
-SKIPPABLE = ("eager", "teacher_dynamic", "teacher_static")
+SKIPPABLE = ("eager", "teacher_dynamic", "teacher_static", "teacher_engine")
+TEACHER_ROWS = ("teacher_dynamic", "teacher_static", "teacher_engine")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -224,6 +229,29 @@ def teacher_rows(teacher, ids: torch.Tensor, new: int, device: str, repeats: int
     return rows
 
 
+def teacher_engine_row(teacher, ids: torch.Tensor, new: int, device: str, repeats: int) -> dict:
+    """The teacher on the hybrid's engine (``hybrid.from_teacher``: every head FA, RoPE kept, the teacher's logits)
+    through the hybrid's fast ``generate()``: the same static cache, decode attention and CUDA graph as the hybrid."""
+    import hybrid
+
+    engine = hybrid.from_teacher(teacher).to(device=device, dtype=next(teacher.parameters()).dtype).eval()
+    with fast_path_count() as took:
+        r = generate_row(engine, ids, new, device, repeats)
+    if not took:
+        raise RuntimeError("the teacher's engine generate() did not take the fast path")
+    del engine
+    return r
+
+
+def best_teacher(row: dict) -> tuple[str | None, float | None]:
+    """(name, the hybrid's fast tokens/s over it) of the teacher row with the most tokens/s, or (None, None)."""
+    timed = {k: row[k]["tok_s"] for k in TEACHER_ROWS if "tok_s" in row.get(k, {})}
+    if not timed:
+        return None, None
+    name = max(timed, key=timed.get)
+    return name, round(row["fast"]["tok_s"] / timed[name], 3)
+
+
 def run(args: argparse.Namespace, out: str | None = None) -> dict:
     dtype = getattr(torch, args.dtype or ("bfloat16" if args.device == "cuda" else "float32"))
     torch.manual_seed(0)
@@ -270,12 +298,15 @@ def run(args: argparse.Namespace, out: str | None = None) -> dict:
             t_ids = ids if args.teacher_prompt == args.prompt else torch.randint(
                 3, vocab, (B, args.teacher_prompt), generator=torch.Generator().manual_seed(B)).to(args.device)
             row.update(teacher_rows(teacher, t_ids, args.new, args.device, args.repeats, args.skip))
+            if "teacher_engine" not in args.skip:
+                row["teacher_engine"] = teacher_engine_row(teacher, t_ids, args.new, args.device, args.repeats)
         fast, eager = row["fast"]["step_ms"], row.get("eager", {}).get("step_ms")
         row["fast_vs_step"] = round(fast / row["bare_step_ms"], 3) if row["bare_step_ms"] else None
         row["fast_vs_eager"] = round(eager / fast, 3) if fast and eager else None
         row["tok_s_fast_vs_eager"] = round(row["fast"]["tok_s"] / row["eager"]["tok_s"], 3) if eager else None
         static = row.get("teacher_static", {}).get("step_ms")
         row["teacher_static_vs_fast"] = round(static / fast, 3) if fast and static else None
+        row["best_teacher"], row["fast_vs_best_teacher"] = best_teacher(row)
         result["rows"].append(row)
         print(line(row), flush=True)
         if out:
@@ -314,7 +345,7 @@ def line(row: dict) -> str:
         parts.append(f"compiled bare step {row['bare_step_compiled_ms']:.3f} ms")
     if "bare_step_fused_gdn_ms" in row:
         parts.append(f"fused-GDN bare step {row['bare_step_fused_gdn_ms']:.3f} ms")
-    for name in ("fast", "fast_fused_gdn", "fast_compiled", "eager", "teacher_dynamic", "teacher_static"):
+    for name in ("fast", "fast_fused_gdn", "fast_compiled", "eager") + TEACHER_ROWS:
         r = row.get(name)
         if r is None:
             continue
@@ -322,7 +353,8 @@ def line(row: dict) -> str:
                      else f"{name} {r['error'][:80]}")
     parts.append(f"fast/bare step {row['fast_vs_step']}, eager/fast step {row['fast_vs_eager']}, "
                  f"fast/eager tok/s {row['tok_s_fast_vs_eager']}, teacher_static/fast step "
-                 f"{row['teacher_static_vs_fast']}")
+                 f"{row['teacher_static_vs_fast']}, fast / best teacher ({row['best_teacher']}) tok/s "
+                 f"{row['fast_vs_best_teacher']}")
     return "; ".join(parts)
 
 

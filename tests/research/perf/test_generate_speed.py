@@ -22,11 +22,15 @@ def test_generate_speed_writes_fast_eager_and_teacher_rows(tmp_path, capsys):
     assert data["model"] == "default" and data["mask"].endswith("reference_mask_7to1.json")
     assert [r["batch"] for r in data["rows"]] == [1, 2]
     for row in data["rows"]:
-        for path in ("fast", "eager", "teacher_dynamic", "teacher_static"):
+        for path in ("fast", "eager", "teacher_dynamic", "teacher_static", "teacher_engine"):
             assert row[path]["tok_s"] > 0 and row[path]["step_ms"] >= 0, (path, row[path])
         assert row["bare_step_ms"] > 0 and row["fast_vs_eager"] > 0 and row["tok_s_fast_vs_eager"] > 0
+        # the hybrid against the fastest of the teacher's three generate() paths
+        best = max(("teacher_dynamic", "teacher_static", "teacher_engine"), key=lambda k: row[k]["tok_s"])
+        assert row["best_teacher"] == best
+        assert row["fast_vs_best_teacher"] == pytest.approx(row["fast"]["tok_s"] / row[best]["tok_s"], rel=1e-2)
     printed = capsys.readouterr().out
-    assert "B=1: bare step" in printed and "fast/eager tok/s" in printed
+    assert "B=1: bare step" in printed and "fast/eager tok/s" in printed and "teacher_engine" in printed
 
 
 @pytest.mark.parametrize("argv", [["--new", "1"], ["--batch", "0"], ["--prompt", "0"], ["--repeats", "0"]])
@@ -39,9 +43,10 @@ def test_bad_arguments_are_refused(argv):
 def test_skipped_rows_are_left_out_and_their_ratios_are_null(tmp_path):
     out = tmp_path / "speed.json"
     assert generate_speed.main(["--prompt", "8", "--new", "3", "--batch", "1", "--repeats", "1",
-                                "--skip", "eager,teacher_dynamic", "--out", str(out)]) == 0
+                                "--skip", "eager,teacher_dynamic,teacher_engine", "--out", str(out)]) == 0
     row = json.loads(out.read_text())["rows"][0]
-    assert "eager" not in row and "teacher_dynamic" not in row
+    assert "eager" not in row and "teacher_dynamic" not in row and "teacher_engine" not in row
+    assert row["best_teacher"] == "teacher_static"
     assert row["fast"]["tok_s"] > 0 and row["teacher_static"]["tok_s"] > 0
     assert row["fast_vs_eager"] is None and row["tok_s_fast_vs_eager"] is None
     assert row["teacher_static_vs_fast"] > 0
