@@ -197,7 +197,7 @@ def miniature(tmp_path: Path, teacher_dir: Path) -> StudyConfig:
 
 @pytest.mark.e2e  # worker processes: ~1.5 minutes on 2 idle cores
 @pytest.mark.filterwarnings("ignore::UserWarning")  # the untrained tiny teacher's scores are noise: said, not checked
-def test_a_miniature_study_runs_the_fidelity_suite_on_every_trained_row(tmp_path, ref_tokenizer):
+def test_a_miniature_study_runs_the_fidelity_suite_on_every_trained_row(tmp_path, ref_tokenizer, monkeypatch):
     from research.studies.metrics import markdown_block
     from research.studies.runner import collect, run_study, variant_dir
     from train_factories import save_tiny_teacher
@@ -205,9 +205,16 @@ def test_a_miniature_study_runs_the_fidelity_suite_on_every_trained_row(tmp_path
     teacher_dir = save_tiny_teacher(tmp_path / "teacher", ref_tokenizer, num_hidden_layers=4)  # layer-wise 3:1: 1
     cfg = miniature(tmp_path, teacher_dir)
     out = tmp_path / "st"
+    monkeypatch.setenv("HEADSCOPE_TEACHER_CACHE", str(tmp_path / "teacher_cache"))  # as overlap.sh sets it
     result = run_study(cfg, out=out, status_every=60)
     runs = {r["name"]: r for r in result["runs"]}
     assert {n: r["status"] for n, r in runs.items()} == {n: "done" for n in ROWS}
+    # the workers share the teacher's side of the suite: a row started after another finished reads all of it
+    counts = {name: [json.loads(f.read_text())["teacher_cache"]
+                     for f in (variant_dir(out, name, 0) / "fidelity_smoke_parts").glob("*/results.json")]
+              for name in ROWS[1:]}
+    assert any(c and all(x["computed"] == 0 for x in c) and sum(x["read"] for x in c) > 0 for c in counts.values())
+    assert any((tmp_path / "teacher_cache").glob("niah-*.json"))
     sources = ["shakespeare", "python_code", "python_docs", "postgresql_docs", "devils_dictionary",
                "chatterbot_dialogue", "lodash_code"]  # fidelity_text's: every shipped held-out source
     for name in ROWS[1:]:
