@@ -53,12 +53,13 @@ def recipe_table(recipes: dict[str, list[Path]], metrics: tuple[str, ...] = HEAD
 
 
 def markdown(table: pd.DataFrame, names: list[str]) -> str:
-    head = ["line", "metric"] + names + ["target"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * 2 + "---:|" * len(names) + "---|"]
-    for _, r in table.iterrows():
-        cells = [str(r["line"]), str(r["metric"])] + [("-" if pd.isna(r[n]) else str(r[n])) for n in names]
-        lines.append("| " + " | ".join(cells + [str(r["target"] if pd.notna(r["target"]) else "")]) + " |")
-    return "\n".join(lines) + "\n"
+    """The table's text columns as markdown ("-" where a recipe lacks the line)."""
+    from research.studies.metrics import to_markdown
+
+    shown = table[["line", "metric"] + names + ["target"]].copy()
+    shown[names] = shown[names].fillna("-")
+    shown["target"] = shown["target"].fillna("")
+    return to_markdown(shown) + "\n"
 
 
 def main(argv: list[str] | None = None) -> pd.DataFrame:

@@ -40,13 +40,12 @@ class _Ungrouped:
 def wrap_sdpa(base: Callable, applies: Callable[[torch.Tensor, int], bool] = repeats_kv) -> Callable:
     """``base`` (transformers' sdpa attention function) with the key/value heads repeated where ``applies``."""
 
+    from transformers.integrations.sdpa_attention import repeat_kv
+
     def sdpa_repeating_kv(module, query, key, value, attention_mask, **kwargs):
         groups = int(getattr(module, "num_key_value_groups", 1) or 1)
         if applies(query, groups):
-            b, k, s, d = key.shape  # key: [B, K, S, D]
-            key = key[:, :, None].expand(b, k, groups, s, d).reshape(b, k * groups, s, d)  # [B, H, S, D]
-            b, k, s, dv = value.shape  # value: [B, K, S, Dv]
-            value = value[:, :, None].expand(b, k, groups, s, dv).reshape(b, k * groups, s, dv)  # [B, H, S, Dv]
+            key, value = repeat_kv(key, groups), repeat_kv(value, groups)  # [B, K, S, D] -> [B, H, S, D]
             module = _Ungrouped(module)
         return base(module, query, key, value, attention_mask, **kwargs)
 

@@ -43,7 +43,7 @@ from headscope.evaluate.fidelity_data import load_instructions, load_sources, so
 from headscope.evaluate.fidelity_decoding import answer_nll, greedy_continuations, window_agreement
 from headscope.evaluate.rows import row
 from headscope.evaluate.runtime import ANSWER_ROOM, BudgetExceeded, EvalContext, fewer_rows_after_oom, position_limit
-from headscope.evaluate.teacher_cache import cached, tokenizer_digest
+from headscope.evaluate.teacher_cache import cached, rows_complete, tokenizer_digest
 
 __all__ = ["FidelityTextConfig", "ContinuationConfig", "ChatConfig", "FidelityNiahConfig", "MissingTeacherError",
            "fidelity_text", "fidelity_continuation", "fidelity_chat", "fidelity_niah", "nll_ratios",
@@ -435,7 +435,7 @@ def fidelity_niah(model, tokenizer, cfg: FidelityNiahConfig, ctx: EvalContext, t
            "haystacks": [(name, hashlib.sha256(Path(path).read_bytes()).hexdigest()) for name, path in sources]}
     sides = (("student", lambda: by_length(model, tokenizer, ctx, "fidelity_niah", run, cells, True)),
              ("teacher", lambda: cached(ctx, "niah", key, teacher_rows,  # rows cut short are not kept
-                                        keep=lambda rows: all(r.get("status") == "ok" for r in rows))))
+                                        keep=rows_complete)))
     for who, side in sides:
         for r in side():
             if r["metric"] != "accuracy":

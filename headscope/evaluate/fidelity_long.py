@@ -49,7 +49,7 @@ from headscope.evaluate.fidelity_data import load_sources, source_path
 from headscope.evaluate.fidelity_decoding import window_agreement
 from headscope.evaluate.rows import row
 from headscope.evaluate.runtime import ANSWER_ROOM, BudgetExceeded, EvalContext, fewer_rows_after_oom, position_limit
-from headscope.evaluate.teacher_cache import cached, tokenizer_digest
+from headscope.evaluate.teacher_cache import cached, rows_complete, tokenizer_digest
 
 __all__ = ["FidelityLongTextConfig", "FidelityLongNiahConfig", "fidelity_long_text", "fidelity_long_niah",
            "long_haystack", "sequence_nll", "chunked_nll", "NOT_APPLICABLE", "HAYSTACK_MARGIN"]
@@ -287,7 +287,7 @@ def fidelity_long_niah(model, tokenizer, cfg: FidelityLongNiahConfig, ctx: EvalC
              ("teacher", lambda: cached(ctx, "long_niah", key,  # rows cut short are not kept
                                         lambda: by_length(teacher, tokenizer, ctx, "fidelity_long_niah", fits, cells,
                                                           True),
-                                        keep=lambda rows: all(r.get("status") == "ok" for r in rows))))
+                                        keep=rows_complete)))
     for who, side in sides:
         for r in side():
             if r["metric"] != "accuracy":

@@ -14,26 +14,42 @@ from __future__ import annotations
 
 import hashlib
 import json
+import weakref
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
 
-__all__ = ["TeacherCache", "weights_digest", "tokenizer_digest", "cached", "VERSION"]
+__all__ = ["TeacherCache", "weights_digest", "tokenizer_digest", "rows_complete", "cached", "VERSION"]
 
 VERSION = 1  # bump when what an entry holds changes meaning: old entries are then not found
 
 
+_DIGESTS: "weakref.WeakKeyDictionary[torch.nn.Module, tuple[tuple, str]]" = weakref.WeakKeyDictionary()
+
+
 def weights_digest(model: torch.nn.Module) -> str:
-    """sha256 over every parameter and buffer (names, shapes, dtypes and bytes), in name order."""
+    """sha256 over the model's state dict (every parameter and persistent buffer: names, shapes, dtypes and bytes), in
+    name order. Remembered per model until a tensor is replaced or changed in place (its version counter moves), so
+    evaluating one teacher many times reads its weights once."""
+    state = sorted(model.state_dict().items())
+    stamp = tuple((name, t.data_ptr(), t._version, t.dtype, tuple(t.shape), str(t.device)) for name, t in state)
+    known = _DIGESTS.get(model)
+    if known is not None and known[0] == stamp:
+        return known[1]
     h = hashlib.sha256()
-    named = dict(model.named_parameters())
-    named.update(dict(model.named_buffers()))
-    for name in sorted(named):
-        t = named[name].detach()
+    for name, t in state:
+        t = t.detach().to("cpu").contiguous()
         h.update(f"{name}:{tuple(t.shape)}:{t.dtype}".encode())
-        h.update(t.contiguous().reshape(-1).cpu().view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    _DIGESTS[model] = (stamp, h.hexdigest())
     return h.hexdigest()
+
+
+def rows_complete(rows: list[dict]) -> bool:
+    """Whether every row ran (status "ok"): the ``keep`` of a cached teacher side, so that rows a time budget or an
+    out-of-memory stop cut short are not kept."""
+    return all(r.get("status") == "ok" for r in rows)
 
 
 class TeacherCache:
@@ -44,13 +60,19 @@ class TeacherCache:
         if self.folder.exists() and not self.folder.is_dir():
             raise NotADirectoryError(f"teacher_cache={str(folder)!r} is a file: give a folder (it is created if "
                                      "missing)")
-        p = next(teacher.parameters())
-        self.teacher = {"weights": weights_digest(teacher), "dtype": str(p.dtype), "device": p.device.type}
+        self._model = teacher
         self.hits = 0
         self.misses = 0
 
-    def _path(self, kind: str, key: Any) -> Path:
-        blob = json.dumps({"version": VERSION, "kind": kind, "teacher": self.teacher, "key": key}, sort_keys=True,
+    @property
+    def teacher(self) -> dict:
+        """What ties an entry to the teacher: its weights' digest, dtype and device type (read at first use, so an
+        evaluation that caches nothing never hashes the weights)."""
+        p = next(self._model.parameters())
+        return {"weights": weights_digest(self._model), "dtype": str(p.dtype), "device": p.device.type}
+
+    def _path(self, kind: str, key: Any, teacher: dict) -> Path:
+        blob = json.dumps({"version": VERSION, "kind": kind, "teacher": teacher, "key": key}, sort_keys=True,
                           default=str)
         return self.folder / f"{kind}-{hashlib.sha256(blob.encode()).hexdigest()[:24]}.json"
 
@@ -59,7 +81,8 @@ class TeacherCache:
         rows cut short by a time budget). A damaged entry is computed again."""
         from headscope.io import write_text
 
-        path = self._path(kind, key)
+        teacher = self.teacher
+        path = self._path(kind, key, teacher)
         if path.is_file():
             try:
                 value = json.loads(path.read_text())["value"]
@@ -71,7 +94,7 @@ class TeacherCache:
         if keep is not None and not keep(value):
             return value
         self.folder.mkdir(parents=True, exist_ok=True)
-        write_text(path, json.dumps({"version": VERSION, "kind": kind, "teacher": self.teacher, "value": value}))
+        write_text(path, json.dumps({"version": VERSION, "kind": kind, "teacher": teacher, "value": value}))
         self.misses += 1
         return value
 

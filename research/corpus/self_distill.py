@@ -38,15 +38,11 @@ SCHEMA = "research.corpus.self_distill"
 
 
 def model_fingerprint(model) -> str:
-    """16 hex digits of the model's parameters and buffers (names, shapes, dtypes, bytes)."""
-    import torch
+    """16 hex digits of the model's parameters and buffers (names, shapes, dtypes, bytes):
+    ``headscope.evaluate.teacher_cache.weights_digest``'s first 16."""
+    from headscope.evaluate.teacher_cache import weights_digest
 
-    h = hashlib.sha256()
-    for name, t in sorted(list(model.state_dict().items())):
-        t = t.detach().to("cpu").contiguous()
-        h.update(f"{name}:{tuple(t.shape)}:{t.dtype}".encode())
-        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
-    return h.hexdigest()[:16]
+    return weights_digest(model)[:16]
 
 
 def build_prompts(tokenizer) -> tuple[list[str], list[dict], str]:

@@ -56,6 +56,11 @@ def test_a_value_is_computed_once_per_teacher_and_key(teacher, tmp_path):
 
 def test_the_digest_follows_the_weights_and_a_file_is_refused(teacher, tmp_path):
     assert weights_digest(teacher) == weights_digest(copy.deepcopy(teacher)) != weights_digest(_noisy(teacher, 1))
+    m = copy.deepcopy(teacher)  # remembered per model, but not past a change in place
+    before = weights_digest(m)
+    with torch.no_grad():
+        next(m.parameters()).add_(1.0)
+    assert weights_digest(m) != before
     (tmp_path / "f").write_text("x")
     with pytest.raises(NotADirectoryError, match="give a folder"):
         TeacherCache(tmp_path / "f", teacher)
