@@ -50,9 +50,16 @@ SHOWN = ("perplexity_ratio", "kl_to_teacher", "top1_agreement", "continuation_ag
 
 
 def read_rows(path: Path) -> pd.DataFrame:
+    """A seed's fidelity rows: a ``fidelity_rows.csv`` or ``results.csv`` file, or a folder holding one. A folder
+    whose suite was cut short (a study row or run.py folder with ``fidelity_parts/`` but no ``fidelity/``) gives the
+    evaluations finished so far, each part's rows once, like ``research.studies.runner.suite_rows``."""
     if path.is_dir():
-        # in this order: a results folder's rows, the fidelity suite's, else the one other suite's (fidelity_reference)
+        # in this order: a results folder's rows, the fidelity suite's, its finished parts, else the one other
+        # suite's (fidelity_reference)
         found = [path / n for n in ("fidelity_rows.csv", "fidelity/results.csv") if (path / n).is_file()]
+        parts = sorted((path / "fidelity_parts").glob("*/results.csv"))
+        if not found and parts:
+            return pd.concat([pd.read_csv(f) for f in parts], ignore_index=True)
         found = found[:1] or sorted(path.glob("fidelity_*/results.csv"))
         if len(found) != 1:
             what = f"{len(found)} suites' rows ({', '.join(str(f.parent.name) for f in found)})" if found else \

@@ -205,17 +205,23 @@ def _launch(job: _Job, out: Path) -> None:
 
 
 def _stop(job: _Job, why: str) -> None:
+    """SIGTERM to the worker itself, STOP_WAIT_S seconds for it to checkpoint the step under way
+    (``worker._StopOnTerm``), then SIGKILL to its whole process group (``os.setsid``: its DataLoader workers, prompt
+    builders). The SIGTERM goes to the worker alone: sent to the group, it also ended the DataLoader workers, and
+    the worker's checkpoint then failed on their death ("DataLoader worker ... is killed by signal: Terminated"),
+    losing every step since the last periodic checkpoint."""
     if job.proc is None or job.proc.poll() is not None:
         return
     try:
-        os.killpg(job.proc.pid, signal.SIGTERM)  # the worker's own process group (os.setsid)
-        job.proc.wait(STOP_WAIT_S)  # a training worker checkpoints the step under way first (worker._StopOnTerm)
-    except (subprocess.TimeoutExpired, ProcessLookupError):
-        try:
-            os.killpg(job.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        job.proc.wait()
+        job.proc.send_signal(signal.SIGTERM)
+        job.proc.wait(STOP_WAIT_S)
+    except subprocess.TimeoutExpired:
+        pass
+    try:
+        os.killpg(job.proc.pid, signal.SIGKILL)  # the worker if it is still there, and whatever it left behind
+    except (ProcessLookupError, PermissionError):
+        pass
+    job.proc.wait()
     job.status = why
     print(f"[studies] stopped {job.key}: {why}", flush=True)
 

@@ -124,3 +124,18 @@ def test_a_run_folder_of_another_fidelity_suite_is_read_and_two_suites_are_refus
     rows(1.0, 0.9, 0.9).to_csv(tmp_path / "s1" / "fidelity_long" / "results.csv", index=False)
     with pytest.raises(FileNotFoundError, match="2 suites' rows .*fidelity_long.*fidelity_reference"):
         fidelity_seeds.read_rows(tmp_path / "s1")
+
+
+def test_a_suite_cut_short_is_read_from_its_finished_parts(tmp_path):
+    """A study row whose suite was cut before its last evaluation has fidelity_parts/<evaluation>/results.csv and
+    no fidelity/: the finished parts are read, together, and the finished suite wins once it exists."""
+    text, niah = rows(1.1, 0.8, 0.7).iloc[:2], rows(1.1, 0.8, 0.7).iloc[2:]
+    for name, part in (("fidelity_text", text), ("fidelity_niah_2040", niah)):
+        (tmp_path / "fidelity_parts" / name).mkdir(parents=True)
+        part.to_csv(tmp_path / "fidelity_parts" / name / "results.csv", index=False)
+    got = fidelity_seeds.read_rows(tmp_path)
+    assert sorted(got.evaluation) == sorted(rows(1.1, 0.8, 0.7).evaluation)
+    assert got[got.metric == "perplexity_ratio"].value.tolist() == [1.1]
+    (tmp_path / "fidelity").mkdir()
+    rows(1.0, 0.9, 0.9).to_csv(tmp_path / "fidelity" / "results.csv", index=False)
+    assert fidelity_seeds.read_rows(tmp_path)[lambda d: d.metric == "perplexity_ratio"].value.tolist() == [1.0]

@@ -367,3 +367,47 @@ def test_a_kind_without_new_parameters_trains_without_stage_1(tmp_path, tiny_qwe
     stages = {v: [s["name"] for s in json.loads((tmp_path / "out" / "variants" / v / "seed0" / "train.json")
                                               .read_text())["stages"]] for v in ("a", "t")}
     assert stages == {"a": ["align", "distill"], "t": ["distill"]}
+
+
+WORKER_WITH_CHILD = """
+import signal, subprocess, sys, time
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+open(sys.argv[1] + ".child", "w").write(str(child.pid))
+def on_term(signum, frame):  # like a training worker checkpointing: its DataLoader workers must still be there
+    time.sleep(0.3)
+    open(sys.argv[1], "w").write("alive" if child.poll() is None else f"dead {child.poll()}")
+    sys.exit(0)
+signal.signal(signal.SIGTERM, on_term)
+open(sys.argv[1] + ".ready", "w").write("1")
+time.sleep(60)
+"""
+
+
+def test_a_stopped_worker_keeps_its_children_until_it_has_checkpointed_then_the_group_goes(tmp_path):
+    """The runner's deadline SIGTERMs the worker alone (its DataLoader workers live on while it checkpoints the
+    step under way), then SIGKILLs what is left of its process group."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from research.studies import runner
+
+    flag = tmp_path / "flag"
+    proc = subprocess.Popen([sys.executable, "-c", WORKER_WITH_CHILD, str(flag)], preexec_fn=os.setsid)
+    job = runner._Job(spec=VariantSpec(name="a", fraction=0.125), seed=0, proc=proc)
+    end = time.time() + 30
+    while not (tmp_path / "flag.ready").exists() and time.time() < end:
+        time.sleep(0.05)
+    child = int((tmp_path / "flag.child").read_text())
+    runner._stop(job, "deadline")
+    assert flag.read_text() == "alive" and job.status == "deadline"
+    end = time.time() + 10
+    while time.time() < end:  # the child, left behind by the worker, is killed with the group
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.05)
+    else:
+        pytest.fail("the worker's child outlived the stop")
