@@ -13,7 +13,8 @@ There (in each command; /tmp/stage and /tmp/site live as long as the machine sta
     python3 -m research.stage setup       # carried wheels -> /tmp/site, carried GGUF parts -> /tmp/stage (joined
                                           # and checked once all are there), carried corpus parts likewise
                                           # (extracted into data/corpus/ once all are there), Triton autotune
-                                          # results restored, data/gz unpacked; writes /tmp/stage/env.sh
+                                          # results and the teacher cache restored, data/gz unpacked; writes
+                                          # /tmp/stage/env.sh
     . /tmp/stage/env.sh                   # PYTHONPATH (the wheels), $HEADSCOPE_GGUF_<MODEL> and $HEADSCOPE_CACHE
     python3 -m research.launch JOB --out /tmp/runs/JOB --resume --stop-after 480
     python3 -m research.stage pack /tmp/runs/JOB "$OUT"          # the results folder in <= 15 MiB parts
@@ -22,6 +23,8 @@ The single steps of `setup`:
                                                                   # sha256 of headscope/zoo.py, write env.sh
     python3 -m research.stage wheels .whl/*.whl [--target /tmp/site]
     python3 -m research.stage triton-cache restore | save FILE.tgz  # fla's Triton autotuning (research/gpu_cache)
+    python3 -m research.stage teacher-cache restore | save FILE.tgz # the fidelity suite's teacher side
+                                                                    # (research/gpu_cache/teacher_cache_*.tgz)
 """
 from __future__ import annotations
 
@@ -52,6 +55,9 @@ CARRY_LIMIT = 64 * 2**20  # bytes per command: the working tree and the carried 
 PART_MB = 26  # MiB: the largest part (27.3 MB); `split` makes them smaller where the tree leaves less room
 PACK_PART = 15 * 2**20  # bytes: below the 16 MiB a returned file may have
 GPU_CACHE = REPO / "research" / "gpu_cache"
+# the fidelity suites' teacher side on the remote machine: where research/train_hybrid/overlap.sh points
+# HEADSCOPE_TEACHER_CACHE (RUNS/teacher_cache, RUNS=/tmp/runs by default)
+TEACHER_CACHE = Path("/tmp/runs/teacher_cache")
 WHEELS = {"fla": "fla_core", "gguf": "gguf", "plotly": "plotly"}  # need -> the wheel's distribution name
 
 
@@ -313,6 +319,48 @@ def put_corpus(part: Path, stage_dir: Path = STAGE_DIR, repo: Path = REPO) -> bo
     return True
 
 
+def _teacher_cache_dir() -> Path:
+    return Path(os.environ.get("HEADSCOPE_TEACHER_CACHE") or TEACHER_CACHE)
+
+
+def teacher_cache_save(archive: Path, cache: Path | None = None) -> int:
+    """The entries of a ``headscope.evaluate`` teacher cache (``KIND-HASH.json``: the teacher's continuations, chat
+    answers and their NLL, NIAH rows; small) into ``archive``; how many. Each entry is tied to the teacher's weights,
+    dtype, device type and inputs, so a later machine that restores them evaluates only the students."""
+    cache = cache or _teacher_cache_dir()
+    files = sorted(cache.glob("*.json")) if cache.is_dir() else []
+    if not files:
+        _say(f"teacher-cache: no entries in {cache}")
+        return 0
+    archive.parent.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(archive, "w:gz") as tar:
+        for f in files:
+            tar.add(f, arcname=f.name)
+    _say(f"teacher-cache: saved {len(files)} entries to {archive}")
+    return len(files)
+
+
+def teacher_cache_restore(archives: list[Path] | None = None, cache: Path | None = None) -> int:
+    """Unpack the archives (default research/gpu_cache/teacher_cache_*.tgz) into the teacher cache
+    ($HEADSCOPE_TEACHER_CACHE, else /tmp/runs/teacher_cache), entries already there kept; how many were added.
+    Only flat ``*.json`` members are taken."""
+    cache = cache or _teacher_cache_dir()
+    archives = sorted(GPU_CACHE.glob("teacher_cache_*.tgz")) if archives is None else archives
+    added = 0
+    for a in archives:
+        with tarfile.open(a, "r:gz") as tar:
+            for m in tar.getmembers():
+                name = Path(m.name)
+                if not m.isfile() or len(name.parts) != 1 or name.suffix != ".json" or (cache / name).exists():
+                    continue
+                cache.mkdir(parents=True, exist_ok=True)
+                tar.extract(m, cache, filter="data")
+                added += 1
+    if archives:
+        _say(f"teacher-cache: {added} entries from {len(archives)} archive(s) into {cache}")
+    return added
+
+
 def setup(stage_dir: Path = STAGE_DIR, target: Path = SITE) -> Path:
     """What a command on the remote machine does first (module docstring); returns env.sh."""
     whl = REPO / ".whl"
@@ -325,6 +373,7 @@ def setup(stage_dir: Path = STAGE_DIR, target: Path = SITE) -> Path:
         for part in sorted((REPO / ".stage").glob("corpus.tar.xz.part*")):
             put_corpus(part, stage_dir)
     triton_restore()
+    teacher_cache_restore()
     if (REPO / "data" / "gz").is_dir():
         from research.prepare_corpus import ensure_corpus
 
@@ -542,7 +591,15 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("triton-cache", help="save or restore Triton's autotuning results")
     p.add_argument("action", choices=["save", "restore"])
     p.add_argument("archive", nargs="?", type=Path, help="save: the .tgz to write; restore: default research/gpu_cache")
-    p = sub.add_parser("setup", help="wheels, GGUF parts, Triton cache and corpus of this command, then env.sh")
+    p = sub.add_parser("teacher-cache", help="save or restore the fidelity suites' teacher side (headscope.evaluate's "
+                                             "teacher_cache)")
+    p.add_argument("action", choices=["save", "restore"])
+    p.add_argument("archive", nargs="?", type=Path,
+                   help="save: the .tgz to write; restore: default research/gpu_cache/teacher_cache_*.tgz")
+    p.add_argument("--cache", type=Path, default=None,
+                   help="the cache folder (default $HEADSCOPE_TEACHER_CACHE, else /tmp/runs/teacher_cache)")
+    p = sub.add_parser("setup", help="wheels, GGUF parts, Triton and teacher caches and corpus of this command, "
+                                     "then env.sh")
     p.add_argument("--stage-dir", type=Path, default=STAGE_DIR)
     p.add_argument("--target", type=Path, default=SITE)
     p = sub.add_parser("carry", help="the ignored paths a job needs on the remote machine")
@@ -574,6 +631,13 @@ def main(argv: list[str] | None = None) -> int:
                 triton_save(a.archive)
             else:
                 triton_restore(None if a.archive is None else [a.archive])
+        elif a.cmd == "teacher-cache":
+            if a.action == "save":
+                if a.archive is None:
+                    ap.error("teacher-cache save needs the archive to write (e.g. $OUT/teacher_cache_smollm2.tgz)")
+                teacher_cache_save(a.archive, a.cache)
+            else:
+                teacher_cache_restore(None if a.archive is None else [a.archive], a.cache)
         elif a.cmd == "setup":
             setup(a.stage_dir, a.target)
         elif a.cmd == "carry":

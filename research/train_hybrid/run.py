@@ -137,12 +137,16 @@ def run_suite(model, tok, teacher, suite: str, out: Path, model_key: str | None 
             t0 = time.time()
             df = evaluate(model, [name], tok, configs={name: cfg}, teacher=teacher, progress=True,
                           teacher_cache=os.environ.get("HEADSCOPE_TEACHER_CACHE") or None)
+            t_eval = time.time()
             df["suite"] = suite
             save_results(df, part, overwrite=True, figures=False)
             frames.append(df)
             ok = df[df["status"] == "ok"]
             keys = [c for c in ("metric", "family", "phrasing", "context_length") if ok[c].notna().any()]
-            print(f"[run.py] suite {suite}: {label} done in {time.time() - t0:.0f} s\n"
+            inside = sum((df.attrs.get("meta") or {}).get("seconds", {}).values())
+            print(f"[run.py] suite {suite}: {label} done in {time.time() - t0:.0f} s (the evaluation itself "
+                  f"{inside:.1f} s, evaluate() {t_eval - t0:.1f} s, saving {time.time() - t_eval:.1f} s; "
+                  f"{time.strftime('%H:%M:%S')})\n"
                   + ok.groupby(keys, dropna=False)["value"].mean().to_string(), flush=True)
     rows = pd.concat(frames, ignore_index=True)
     save_results(rows, out / suite, overwrite=True)

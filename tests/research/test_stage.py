@@ -278,3 +278,33 @@ def test_parts_are_cut_to_travel_beside_the_tree(monkeypatch):
     assert "too large even alone" in lines["a.part1of2"] and f"--part-mb {mb}" in lines["a.part1of2"]
     assert "fits beside the carry above" in lines["a.part2of2"]
     assert "in a command of its own" in lines["b.part1of1"]
+
+
+def test_teacher_cache_save_and_restore_keeps_what_is_there(tmp_path):
+    """The teacher cache's entries travel as a small archive: saved flat, restored into the cache folder without
+    replacing an entry already there; members that are not flat .json files are skipped."""
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / "chat-abc.json").write_text('{"value": 1}')
+    (cache / "niah-def.json").write_text('{"value": 2}')
+    (cache / "notes.txt").write_text("not an entry")
+    assert stage.teacher_cache_save(tmp_path / "t.tgz", cache) == 2
+    with tarfile.open(tmp_path / "t.tgz") as tar:
+        assert sorted(tar.getnames()) == ["chat-abc.json", "niah-def.json"]
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    (fresh / "chat-abc.json").write_text('{"value": "newer"}')
+    assert stage.teacher_cache_restore([tmp_path / "t.tgz"], fresh) == 1
+    assert (fresh / "chat-abc.json").read_text() == '{"value": "newer"}'
+    assert (fresh / "niah-def.json").read_text() == '{"value": 2}'
+    import io
+    with tarfile.open(tmp_path / "bad.tgz", "w:gz") as tar:  # a nested path is not an entry
+        data = b'{"value": 3}'
+        info = tarfile.TarInfo("sub/x-1.json")
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    assert stage.teacher_cache_restore([tmp_path / "bad.tgz"], tmp_path / "other") == 0
+    assert not (tmp_path / "other").exists()
+    assert stage.teacher_cache_save(tmp_path / "u.tgz", tmp_path / "empty") == 0
+    assert stage.main(["teacher-cache", "save", str(tmp_path / "v.tgz"), "--cache", str(cache)]) == 0
+    assert (tmp_path / "v.tgz").is_file()
