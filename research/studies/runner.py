@@ -38,7 +38,8 @@ __all__ = ["StudyConfig", "StudyError", "run_study", "collect", "variant_dir", "
            "build_context", "suite_rows"]
 
 SCHEMA = "research.studies.runner"
-STOP_WAIT_S = 30.0  # seconds a stopped worker gets to end its step and checkpoint it (~1.7 GB for SmolLM2) before SIGKILL
+STOP_WAIT_S = 30.0  # seconds a stopped worker gets to checkpoint its step (~1.7 GB for SmolLM2), or to finish and save
+#                     the evaluation part in hand, before SIGKILL
 
 
 # ---- preparing a variant (main process) -------------------------------------------------------------------

@@ -12,6 +12,10 @@ trained variant against the teacher (``run_suites``; not on the teacher itself):
 saves each evaluation to ``<suite>_parts/<evaluation>/`` as soon as it is done and reads the finished ones back
 after a kill (tied to the saved weights' sha256), then all rows to ``<suite>/``; ``suites.json`` lists the suites
 finished.
+
+A SIGTERM (the runner's deadline) stops the worker where the next call continues: while training, after the step
+under way is checkpointed (``_StopOnTerm``); while evaluating, after the item or suite part under way is finished
+and saved (``_FinishOnTerm``), unless the runner's SIGKILL comes first.
 """
 from __future__ import annotations
 
@@ -28,7 +32,8 @@ import torch
 
 from research.studies.config import SUITES_FILE, StudyConfig, eval_items, variant_dir
 
-__all__ = ["work", "train_variant", "evaluate_variant", "run_suites", "StepTimer", "TrainingStopped"]
+__all__ = ["work", "train_variant", "evaluate_variant", "run_suites", "StepTimer", "Stopped", "TrainingStopped",
+           "EvaluationStopped"]
 
 PRINT_AT = (1, 2, 3, 5, 10, 20)
 
@@ -88,9 +93,43 @@ def train_summary(out: Path, cfg) -> dict[str, Any]:
             "capped": any(s["capped"] for s in stages.values())}
 
 
-class TrainingStopped(Exception):
+class Stopped(Exception):
+    """A SIGTERM (the runner's deadline) stopped the worker at a point the next call continues from."""
+
+
+class TrainingStopped(Stopped):
     """A SIGTERM came while the variant trained (the runner's deadline): the step it was on is checkpointed, so the
     next call resumes from exactly there."""
+
+
+class EvaluationStopped(Stopped):
+    """A SIGTERM came while the variant was evaluated: the item or suite part under way was finished and saved
+    (within the runner's STOP_WAIT_S), and the next call goes on from the next one."""
+
+
+class _FinishOnTerm:
+    """While evaluating, a SIGTERM (the runner stopping its workers at the study's deadline) lets the evaluation
+    item or suite part under way finish and be saved; ``check`` then stops the worker (``EvaluationStopped``). The
+    runner SIGKILLs a worker still running STOP_WAIT_S seconds after its SIGTERM, so a long part is lost as before;
+    a part that ends in time (a NIAH length was ~10 s short of it) is kept. Outside ``with`` the usual SIGTERM
+    handling is back."""
+
+    def __init__(self) -> None:
+        self.asked, self.old = False, None
+
+    def _on_term(self, signum, frame) -> None:
+        self.asked = True
+
+    def check(self, after: str) -> None:
+        if self.asked:
+            raise EvaluationStopped(f"SIGTERM during the evaluation; stopped after {after} (saved)")
+
+    def __enter__(self):
+        self.old = signal.signal(signal.SIGTERM, self._on_term)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        signal.signal(signal.SIGTERM, self.old)
 
 
 class _StopOnTerm:
@@ -174,7 +213,8 @@ def _load(spec, folder: Path, teacher: str, device: torch.device):
     return model, tok
 
 
-def evaluate_variant(cfg: StudyConfig, spec, folder: Path, key: str, device: torch.device) -> dict:
+def evaluate_variant(cfg: StudyConfig, spec, folder: Path, key: str, device: torch.device,
+                     guard: _FinishOnTerm | None = None) -> dict:
     """Every evaluation item not written yet (see the module docstring); returns {item: status}."""
     import headscope.evaluate as hev
 
@@ -221,10 +261,13 @@ def evaluate_variant(cfg: StudyConfig, spec, folder: Path, key: str, device: tor
         _write(f, {**base, "status": "ok", "seconds": secs, "rows": rows})
         status[name] = "ok"
         print(f"[{key}] eval {name}: {secs:.1f} s", flush=True)
+        if guard is not None:
+            guard.check(f"eval {name}")
     return status
 
 
-def run_suites(cfg: StudyConfig, spec, folder: Path, key: str, device: torch.device) -> dict:
+def run_suites(cfg: StudyConfig, spec, folder: Path, key: str, device: torch.device,
+               guard: _FinishOnTerm | None = None) -> dict:
     """Each suite of ``cfg.suite`` not finished yet on the trained variant, against the teacher (see the module
     docstring), in float32 without autocast, as ``research/train_hybrid/run.py --suite`` evaluates a hybrid; the
     teacher itself is not compared with itself. Returns (and writes) SUITES_FILE's {suite: summary}."""
@@ -237,7 +280,7 @@ def run_suites(cfg: StudyConfig, spec, folder: Path, key: str, device: torch.dev
         return done
     from headscope.evaluate.api import load_teacher
     from headscope.io import file_sha256
-    from research.train_hybrid.run import run_suite
+    from research.train_hybrid.run import SuiteStopped, run_suite
 
     model, tok = _load(spec, folder, cfg.teacher, device)
     teacher = load_teacher(cfg.teacher, tok, device=str(device))
@@ -247,7 +290,11 @@ def run_suites(cfg: StudyConfig, spec, folder: Path, key: str, device: torch.dev
         now = time.time()
         _write(folder / "progress.json", {"phase": "suite", "suite": name, "since": now, "time": now})
         print(f"[{key}] suite {name}: start", flush=True)
-        rows = run_suite(model, tok, teacher, name, folder, model_key)
+        try:
+            rows = run_suite(model, tok, teacher, name, folder, model_key,
+                             stop=None if guard is None else (lambda: guard.asked))
+        except SuiteStopped as why:
+            raise EvaluationStopped(str(why)) from None
         done[name] = {"seconds_this_call": round(time.time() - now, 1), "rows": len(rows),
                       "ok": int((rows["status"] == "ok").sum())}
         _write(done_file, done)
@@ -269,8 +316,9 @@ def work(run_dir: Path, name: str, seed: int) -> dict:
                           else "cpu")
     t0 = time.time()
     train = train_variant(folder, key) if spec.trains else None
-    status = evaluate_variant(cfg, spec, folder, key, device)
-    suites = run_suites(cfg, spec, folder, key, device)
+    with _FinishOnTerm() as guard:
+        status = evaluate_variant(cfg, spec, folder, key, device, guard)
+        suites = run_suites(cfg, spec, folder, key, device, guard)
     result = {"variant": spec.to_dict(), "seed": seed, "train": train, "eval_status": status, "suites": suites,
               "device": str(device), "seconds_this_process": round(time.time() - t0, 1)}
     _write(folder / "result.json", result)
@@ -287,7 +335,8 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     try:
         work(Path(a.run), a.variant, a.seed)
-    except TrainingStopped:
+    except Stopped as why:
+        print(f"[{a.variant}/seed{a.seed}] {why}", flush=True)
         return 128 + signal.SIGTERM  # as a process ended by the signal
     return 0
 

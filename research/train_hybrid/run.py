@@ -97,7 +97,11 @@ def split_by_length(name: str, over: dict) -> list[tuple[str, dict]]:
     return [(f"{name}_{L}", {**over, "lengths": (L,)}) for L in sorted(set(lengths))]
 
 
-def run_suite(model, tok, teacher, suite: str, out: Path, model_key: str | None = None):
+class SuiteStopped(Exception):
+    """``run_suite``'s ``stop()`` said to stop: the part under way was finished and saved first."""
+
+
+def run_suite(model, tok, teacher, suite: str, out: Path, model_key: str | None = None, stop=None):
     """``headscope.evaluate(model, suite, teacher=teacher)`` one evaluation at a time, each saved to
     OUT/<suite>_parts/<evaluation>/ as soon as it is done (one with several prompt lengths: each length on its own,
     OUT/<suite>_parts/<evaluation>_<length>/, so a call cut short keeps the lengths done); a part already saved
@@ -105,7 +109,9 @@ def run_suite(model, tok, teacher, suite: str, out: Path, model_key: str | None 
     files, e.g. the chat answers). ``model_key`` (the weights' hash) ties the parts to the model: parts of another
     model are dropped. With ``HEADSCOPE_TEACHER_CACHE`` set (``overlap.sh`` sets it to RUNS/teacher_cache), the
     teacher's side of the suite is kept there and read back for the next student (``headscope.evaluate``'s
-    ``teacher_cache``). Returns the rows."""
+    ``teacher_cache``). ``stop``: called after each part is saved; when it returns True the suite stops there
+    (``SuiteStopped``), e.g. a study worker asked to stop lets the part in hand finish instead of losing it.
+    Returns the rows."""
     import shutil
 
     import pandas as pd
@@ -148,6 +154,8 @@ def run_suite(model, tok, teacher, suite: str, out: Path, model_key: str | None 
                   f"{inside:.1f} s, evaluate() {t_eval - t0:.1f} s, saving {time.time() - t_eval:.1f} s; "
                   f"{time.strftime('%H:%M:%S')})\n"
                   + ok.groupby(keys, dropna=False)["value"].mean().to_string(), flush=True)
+            if stop is not None and stop():
+                raise SuiteStopped(f"suite {suite}: stopped after {label} (saved)")
     rows = pd.concat(frames, ignore_index=True)
     save_results(rows, out / suite, overwrite=True)
     for f in parts_dir.glob("*/*.jsonl"):

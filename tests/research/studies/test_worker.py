@@ -61,3 +61,15 @@ def test_a_sigterm_mid_stage_checkpoints_that_step_and_the_next_call_ends_bit_id
     assert len(shared) >= len(saved) - 1  # every saved tensor (a tied output head may be left out of the file)
     for k in shared:
         assert torch.equal(saved[k], full[k]), k
+
+
+def test_a_sigterm_while_evaluating_lets_the_part_in_hand_finish_then_stops():
+    before = signal.getsignal(signal.SIGTERM)
+    with worker._FinishOnTerm() as guard:
+        guard.check("eval a")  # no signal yet: goes on
+        os.kill(os.getpid(), signal.SIGTERM)  # the process is not ended: the part in hand goes on
+        assert guard.asked
+        with pytest.raises(worker.EvaluationStopped, match="stopped after eval b"):
+            guard.check("eval b")
+    assert signal.getsignal(signal.SIGTERM) == before
+    assert issubclass(worker.EvaluationStopped, worker.Stopped) and issubclass(worker.TrainingStopped, worker.Stopped)

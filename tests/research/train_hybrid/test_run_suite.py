@@ -94,3 +94,18 @@ def test_split_by_length_gives_the_whole_evaluations_rows(tmp_path):
     assert split_by_length("fidelity_niah", {**over, "lengths": (1016,)}) == [("fidelity_niah",
                                                                                 {**over, "lengths": (1016,)})]
     assert split_by_length("fidelity_text", {}) == [("fidelity_text", {})]
+
+
+def test_run_suite_stops_after_the_part_in_hand_when_asked(tmp_path):
+    """stop() is asked after each saved part: True ends the suite there (SuiteStopped), the part kept; the next call
+    reads it back and runs the rest."""
+    from headscope.reference import load_model
+    from research.train_hybrid.run import SuiteStopped, run_suite
+
+    model, tok = load_model("default")
+    with pytest.raises(SuiteStopped, match="stopped after fidelity_text"):
+        run_suite(model, tok, model, "fidelity_smoke", tmp_path, model_key="k1", stop=lambda: True)
+    parts = sorted(p.name for p in (tmp_path / "fidelity_smoke_parts").iterdir() if p.is_dir())
+    assert parts == ["fidelity_text"] and not (tmp_path / "fidelity_smoke").exists()
+    rows = run_suite(model, tok, model, "fidelity_smoke", tmp_path, model_key="k1", stop=lambda: False)
+    assert "fidelity_continuation" in set(rows["evaluation"])
