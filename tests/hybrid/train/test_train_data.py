@@ -431,3 +431,30 @@ def test_text_windows_field_is_checked_and_leaves_old_fingerprints_alone(tmp_pat
     stage = long.stages[0]
     assert data.mixture_config(long.data, stage, 0).text_windows == "documents"
     assert data.mixture_config(cfg.data, stage, 0).text_windows == "random"
+
+
+@pytest.mark.parametrize("before", [None, "false"])
+def test_a_source_is_tokenized_with_the_tokenizers_threads_on_and_the_setting_restored(tmp_path, ref_tokenizer,
+                                                                                       monkeypatch, before):
+    """A study worker runs with TOKENIZERS_PARALLELISM=false (against forked children); a corpus's first
+    tokenization turns the library's threads on for its own duration only, and gives the same ids."""
+    import os
+
+    if before is None:
+        monkeypatch.delenv("TOKENIZERS_PARALLELISM", raising=False)
+    else:
+        monkeypatch.setenv("TOKENIZERS_PARALLELISM", before)
+    seen = []
+    real = data.tokenize_documents
+
+    def spy(tok, docs, *a, **k):
+        seen.append(os.environ.get("TOKENIZERS_PARALLELISM"))
+        return real(tok, docs, *a, **k)
+
+    monkeypatch.setattr(data, "tokenize_documents", spy)
+    path = tmp_path / "s.txt"
+    path.write_text("\n\n".join(docs_of("river")), encoding="utf-8")
+    data._SOURCE_CACHE.clear()
+    ids = data.source_ids(path, ref_tokenizer)  # [n]
+    assert seen == ["true"] and os.environ.get("TOKENIZERS_PARALLELISM") == before
+    assert torch.equal(ids, real(ref_tokenizer, data.read_documents(path)))
