@@ -221,14 +221,19 @@ def triton_save(archive: Path, cache: Path | None = None) -> int:
     them compiles only the winning configs (Triton ignores a stale one: its hash differs)."""
     cache = cache or _triton_dir()
     files = sorted(cache.rglob("*.autotune.json")) if cache.is_dir() else []
+    return _save_archive(archive, files, cache, "triton-cache", "autotune results")
+
+
+def _save_archive(archive: Path, files: list[Path], root: Path, what: str, noun: str) -> int:
+    """``files`` (below ``root``, named relative to it) into the .tgz ``archive``; how many."""
     if not files:
-        _say(f"triton-cache: no autotune results in {cache}")
+        _say(f"{what}: no {noun} in {root}")
         return 0
     archive.parent.mkdir(parents=True, exist_ok=True)
     with tarfile.open(archive, "w:gz") as tar:
         for f in files:
-            tar.add(f, arcname=str(f.relative_to(cache)))
-    _say(f"triton-cache: saved {len(files)} results to {archive}")
+            tar.add(f, arcname=str(f.relative_to(root)))
+    _say(f"{what}: saved {len(files)} {noun} to {archive}")
     return len(files)
 
 
@@ -329,15 +334,7 @@ def teacher_cache_save(archive: Path, cache: Path | None = None) -> int:
     dtype, device type and inputs, so a later machine that restores them evaluates only the students."""
     cache = cache or _teacher_cache_dir()
     files = sorted(cache.glob("*.json")) if cache.is_dir() else []
-    if not files:
-        _say(f"teacher-cache: no entries in {cache}")
-        return 0
-    archive.parent.mkdir(parents=True, exist_ok=True)
-    with tarfile.open(archive, "w:gz") as tar:
-        for f in files:
-            tar.add(f, arcname=f.name)
-    _say(f"teacher-cache: saved {len(files)} entries to {archive}")
-    return len(files)
+    return _save_archive(archive, files, cache, "teacher-cache", "entries")
 
 
 def teacher_cache_restore(archives: list[Path] | None = None, cache: Path | None = None) -> int:

@@ -107,12 +107,9 @@ class EvaluationStopped(Stopped):
     (within the runner's STOP_WAIT_S), and the next call goes on from the next one."""
 
 
-class _FinishOnTerm:
-    """While evaluating, a SIGTERM (the runner stopping its workers at the study's deadline) lets the evaluation
-    item or suite part under way finish and be saved; ``check`` then stops the worker (``EvaluationStopped``). The
-    runner SIGKILLs a worker still running STOP_WAIT_S seconds after its SIGTERM, so a long part is lost as before;
-    a part that ends in time (a NIAH length was ~10 s short of it) is kept. Outside ``with`` the usual SIGTERM
-    handling is back."""
+class _TermFlag:
+    """Inside ``with``, a SIGTERM only sets ``asked`` (the work under way decides when to stop); outside, the usual
+    SIGTERM handling is back."""
 
     def __init__(self) -> None:
         self.asked, self.old = False, None
@@ -120,10 +117,6 @@ class _FinishOnTerm:
     def _on_term(self, signum, frame) -> None:
         self.asked = True
 
-    def check(self, after: str) -> None:
-        if self.asked:
-            raise EvaluationStopped(f"SIGTERM during the evaluation; stopped after {after} (saved)")
-
     def __enter__(self):
         self.old = signal.signal(signal.SIGTERM, self._on_term)
         return self
@@ -132,18 +125,26 @@ class _FinishOnTerm:
         signal.signal(signal.SIGTERM, self.old)
 
 
-class _StopOnTerm:
+class _FinishOnTerm(_TermFlag):
+    """While evaluating, a SIGTERM (the runner stopping its workers at the study's deadline) lets the evaluation
+    item or suite part under way finish and be saved; ``check`` then stops the worker (``EvaluationStopped``). The
+    runner SIGKILLs a worker still running STOP_WAIT_S seconds after its SIGTERM, so a longer remainder is lost as
+    before; a part near its end (a NIAH length, ~1 minute on an H100) is kept."""
+
+    def check(self, after: str) -> None:
+        if self.asked:
+            raise EvaluationStopped(f"SIGTERM during the evaluation; stopped after {after} (saved)")
+
+
+class _StopOnTerm(_TermFlag):
     """While training, a SIGTERM (the runner stopping its workers at the study's deadline) ends the step under way,
     which the trainer then checkpoints (``CheckpointAndStop``) before the worker stops, instead of killing the
     process and losing every step since the last periodic checkpoint. Not at a stage's last step (the stage's own
-    checkpoint follows, and the training goes on to the next stage or the final save). Outside ``with`` the usual
-    SIGTERM handling is back."""
+    checkpoint follows, and the training goes on to the next stage or the final save)."""
 
     def __init__(self, timer, last_steps: dict[str, int]) -> None:
-        self.timer, self.last_steps, self.asked, self.old = timer, last_steps, False, None
-
-    def _on_term(self, signum, frame) -> None:
-        self.asked = True
+        super().__init__()
+        self.timer, self.last_steps = timer, last_steps
 
     def __call__(self, stage: str, step: int) -> None:
         from hybrid.train.trainer import CheckpointAndStop
@@ -151,13 +152,6 @@ class _StopOnTerm:
         self.timer(stage, step)
         if self.asked and step < self.last_steps.get(stage, step + 1):
             raise CheckpointAndStop(f"SIGTERM at {stage} step {step}")
-
-    def __enter__(self):
-        self.old = signal.signal(signal.SIGTERM, self._on_term)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        signal.signal(signal.SIGTERM, self.old)
 
 
 def train_variant(folder: Path, key: str) -> dict:
