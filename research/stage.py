@@ -15,7 +15,8 @@ There (in each command; /tmp/stage and /tmp/site live as long as the machine sta
                                           # (extracted into data/corpus/ once all are there), Triton autotune
                                           # results and the teacher cache restored, data/gz unpacked; writes
                                           # /tmp/stage/env.sh
-    . /tmp/stage/env.sh                   # PYTHONPATH (the wheels), $HEADSCOPE_GGUF_<MODEL> and $HEADSCOPE_CACHE
+    . /tmp/stage/env.sh                   # PYTHONPATH (the wheels), $HEADSCOPE_GGUF_<MODEL>, $HEADSCOPE_CACHE and
+                                          # $HEADSCOPE_TEACHER_CACHE (/tmp/runs/teacher_cache)
     python3 -m research.launch JOB --out /tmp/runs/JOB --resume --stop-after 480
     python3 -m research.stage pack /tmp/runs/JOB "$OUT"          # the results folder in <= 15 MiB parts
 The single steps of `setup`:
@@ -371,6 +372,8 @@ def setup(stage_dir: Path = STAGE_DIR, target: Path = SITE) -> Path:
             put_corpus(part, stage_dir)
     triton_restore()
     teacher_cache_restore()
+    # every fidelity suite of this machine shares the teacher's side (what `teacher-cache save` brings back)
+    update_env(stage_dir, HEADSCOPE_TEACHER_CACHE=shlex.quote(str(_teacher_cache_dir())))
     if (REPO / "data" / "gz").is_dir():
         from research.prepare_corpus import ensure_corpus
 

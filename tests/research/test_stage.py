@@ -308,3 +308,24 @@ def test_teacher_cache_save_and_restore_keeps_what_is_there(tmp_path):
     assert stage.teacher_cache_save(tmp_path / "u.tgz", tmp_path / "empty") == 0
     assert stage.main(["teacher-cache", "save", str(tmp_path / "v.tgz"), "--cache", str(cache)]) == 0
     assert (tmp_path / "v.tgz").is_file()
+
+
+def test_setup_restores_the_teacher_cache_and_points_env_sh_at_it(tmp_path, monkeypatch):
+    """setup() on a bare machine: the committed teacher-cache archives land in the cache folder, and env.sh exports
+    HEADSCOPE_TEACHER_CACHE so that every job of the lease shares it."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "niah-abc.json").write_text('{"value": 1}')
+    gpu_cache = tmp_path / "gpu_cache"
+    assert stage.teacher_cache_save(gpu_cache / "teacher_cache_x.tgz", src) == 1
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    cache = tmp_path / "runs" / "teacher_cache"
+    monkeypatch.setattr(stage, "REPO", repo)
+    monkeypatch.setattr(stage, "GPU_CACHE", gpu_cache)
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))
+    monkeypatch.setenv("HEADSCOPE_TEACHER_CACHE", str(cache))
+    env = stage.setup(tmp_path / "st", tmp_path / "site")
+    assert (cache / "niah-abc.json").read_text() == '{"value": 1}'
+    assert stage.read_env(tmp_path / "st")["HEADSCOPE_TEACHER_CACHE"] == str(cache)
+    assert env == tmp_path / "st" / "env.sh"
