@@ -64,9 +64,9 @@ def main(argv: list[str] | None = None) -> dict:
         docs = read_documents(manifest_file(a.manifest, manifest["sources"][name]))
         off = min(timed(tok, docs, False) for _ in range(a.repeats))
         on = min(timed(tok, docs, True) for _ in range(a.repeats))
-        rows.append({"source": name, "tokens": on[1], "seconds_off": round(off[0], 2), "seconds_on": round(on[0], 2)})
+        rows.append({"source": name, "tokens": on[1], "seconds_off": round(off[0], 3), "seconds_on": round(on[0], 3)})
         print(f"{name:22s} {on[1]:>11,} tokens  threads off {off[0]:7.2f} s  on {on[0]:7.2f} s  "
-              f"({off[0] / on[0]:.2f}x)", flush=True)
+              f"({off[0] / max(on[0], 1e-9):.2f}x)", flush=True)
     tokens = sum(r["tokens"] for r in rows)
     off_s, on_s = sum(r["seconds_off"] for r in rows), sum(r["seconds_on"] for r in rows)
     total = {"sources": len(rows), "tokens": tokens, "seconds_off": round(off_s, 1), "seconds_on": round(on_s, 1),
