@@ -12,9 +12,9 @@ Here (the checkout):
 There (in each command; /tmp/stage and /tmp/site live as long as the machine stays warm):
     python3 -m research.stage setup       # carried wheels -> /tmp/site, carried GGUF parts -> /tmp/stage (joined
                                           # and checked once all are there), carried corpus parts likewise
-                                          # (extracted into data/corpus/ once all are there), Triton autotune
-                                          # results and the teacher cache restored, data/gz unpacked; writes
-                                          # /tmp/stage/env.sh
+                                          # (extracted into data/corpus/ once all are there), carried
+                                          # compile-cache parts likewise, Triton autotune results and the
+                                          # teacher cache restored, data/gz unpacked; writes /tmp/stage/env.sh
     . /tmp/stage/env.sh                   # PYTHONPATH (the wheels), $HEADSCOPE_GGUF_<MODEL>, $HEADSCOPE_CACHE and
                                           # $HEADSCOPE_TEACHER_CACHE (/tmp/runs/teacher_cache)
     python3 -m research.launch JOB --out /tmp/runs/JOB --resume --stop-after 480
@@ -26,6 +26,10 @@ The single steps of `setup`:
     python3 -m research.stage triton-cache restore | save FILE.tgz  # fla's Triton autotuning (research/gpu_cache)
     python3 -m research.stage teacher-cache restore | save FILE.tgz # the fidelity suite's teacher side
                                                                     # (research/gpu_cache/teacher_cache_*.tgz)
+    python3 -m research.stage compile-cache save "$OUT"             # torch.compile's and Triton's caches ->
+                                                                    # $OUT/compile_cache.tgz.partKofN (here: to
+                                                                    # .stage/, carried one a command; `setup`
+                                                                    # extracts them once all are there)
 """
 from __future__ import annotations
 
@@ -36,7 +40,6 @@ import json
 import os
 import re
 import shlex
-import shutil
 import subprocess
 import sys
 import tarfile
@@ -56,10 +59,12 @@ CARRY_LIMIT = 64 * 2**20  # bytes per command: the working tree and the carried 
 PART_MB = 26  # MiB: the largest part (27.3 MB); `split` makes them smaller where the tree leaves less room
 PACK_PART = 15 * 2**20  # bytes: below the 16 MiB a returned file may have
 GPU_CACHE = REPO / "research" / "gpu_cache"
-# the fidelity suites' teacher side on the remote machine: where research/train_hybrid/overlap.sh points
-# HEADSCOPE_TEACHER_CACHE (RUNS/teacher_cache, RUNS=/tmp/runs by default)
-TEACHER_CACHE = Path("/tmp/runs/teacher_cache")
 WHEELS = {"fla": "fla_core", "gguf": "gguf", "plotly": "plotly"}  # need -> the wheel's distribution name
+
+
+from research.stage_caches import (collect_part, compile_cache_save, put_compile_cache,  # noqa: E402
+                                   teacher_cache_dir, teacher_cache_restore, teacher_cache_save, triton_restore,
+                                   triton_save)
 
 
 class StageError(RuntimeError):
@@ -212,44 +217,6 @@ def wheels(paths: list[str], target: Path = SITE, stage_dir: Path = STAGE_DIR) -
     return todo
 
 
-def _triton_dir() -> Path:
-    return Path(os.environ.get("TRITON_CACHE_DIR", Path.home() / ".triton" / "cache"))
-
-
-def triton_save(archive: Path, cache: Path | None = None) -> int:
-    """Triton's autotuning results (``*.autotune.json``: small, no binaries) into ``archive``; how many. fla's
-    kernels autotune on first use (~170 s per head shape on a bare H200); a machine of the same image that restores
-    them compiles only the winning configs (Triton ignores a stale one: its hash differs)."""
-    cache = cache or _triton_dir()
-    files = sorted(cache.rglob("*.autotune.json")) if cache.is_dir() else []
-    return _save_archive(archive, files, cache, "triton-cache", "autotune results")
-
-
-def _save_archive(archive: Path, files: list[Path], root: Path, what: str, noun: str) -> int:
-    """``files`` (below ``root``, named relative to it) into the .tgz ``archive``; how many."""
-    if not files:
-        _say(f"{what}: no {noun} in {root}")
-        return 0
-    archive.parent.mkdir(parents=True, exist_ok=True)
-    with tarfile.open(archive, "w:gz") as tar:
-        for f in files:
-            tar.add(f, arcname=str(f.relative_to(root)))
-    _say(f"{what}: saved {len(files)} {noun} to {archive}")
-    return len(files)
-
-
-def triton_restore(archives: list[Path] | None = None, cache: Path | None = None) -> int:
-    """Unpack the archives (default research/gpu_cache/*.tgz) into Triton's cache; how many."""
-    cache = cache or _triton_dir()
-    archives = sorted(GPU_CACHE.glob("*.tgz")) if archives is None else archives
-    cache.mkdir(parents=True, exist_ok=True)
-    for a in archives:
-        with tarfile.open(a, "r:gz") as tar:
-            tar.extractall(cache, filter="data")
-    _say(f"triton-cache: restored {len(archives)} archive(s) into {cache}")
-    return len(archives)
-
-
 def split_corpus(manifest: Path = CORPUS_MANIFEST, part_mb: float | None = None, out: Path = STAGE_OUT,
                  repo: Path = REPO, teacher: bool = True) -> list[Path]:
     """The manifest and its training sources (python -m research.corpus.build; not the held-out ones, not the
@@ -304,16 +271,12 @@ def split_corpus(manifest: Path = CORPUS_MANIFEST, part_mb: float | None = None,
 def put_corpus(part: Path, stage_dir: Path = STAGE_DIR, repo: Path = REPO) -> bool:
     """One carried corpus part into ``stage_dir``; once all N are there, extract them into the checkout (data/corpus/)
     and drop the parts. True when the corpus is in place."""
-    m = CORPUS_RE.match(part.name)
-    if not m:
+    if not CORPUS_RE.match(part.name):
         raise StageError(f"{part.name} is not a corpus part (corpus.tar.xz.partKofN from `split-corpus`)")
-    stage_dir.mkdir(parents=True, exist_ok=True)
-    shutil.copy2(part, stage_dir / part.name)
-    n = int(m["n"])
-    have = sorted(stage_dir.glob(f"corpus.tar.xz.part*of{n}"), key=lambda p: int(CORPUS_RE.match(p.name)["k"]))
-    if len(have) < n:
-        _say(f"corpus: {len(have)} of {n} parts staged; carry the others in the next commands")
+    have = collect_part(part, stage_dir, CORPUS_RE, "corpus.tar.xz", "corpus")
+    if have is None:
         return False
+    n = len(have)
     import lzma
 
     data = b"".join(p.read_bytes() for p in have)
@@ -323,40 +286,6 @@ def put_corpus(part: Path, stage_dir: Path = STAGE_DIR, repo: Path = REPO) -> bo
         p.unlink()
     _say(f"corpus: extracted {n} part(s) into {repo / CORPUS_MANIFEST.parent}")
     return True
-
-
-def _teacher_cache_dir() -> Path:
-    return Path(os.environ.get("HEADSCOPE_TEACHER_CACHE") or TEACHER_CACHE)
-
-
-def teacher_cache_save(archive: Path, cache: Path | None = None) -> int:
-    """The entries of a ``headscope.evaluate`` teacher cache (``KIND-HASH.json``: the teacher's continuations, chat
-    answers and their NLL, NIAH rows; small) into ``archive``; how many. Each entry is tied to the teacher's weights,
-    dtype, device type and inputs, so a later machine that restores them evaluates only the students."""
-    cache = cache or _teacher_cache_dir()
-    files = sorted(cache.glob("*.json")) if cache.is_dir() else []
-    return _save_archive(archive, files, cache, "teacher-cache", "entries")
-
-
-def teacher_cache_restore(archives: list[Path] | None = None, cache: Path | None = None) -> int:
-    """Unpack the archives (default research/gpu_cache/teacher_cache_*.tgz) into the teacher cache
-    ($HEADSCOPE_TEACHER_CACHE, else /tmp/runs/teacher_cache), entries already there kept; how many were added.
-    Only flat ``*.json`` members are taken."""
-    cache = cache or _teacher_cache_dir()
-    archives = sorted(GPU_CACHE.glob("teacher_cache_*.tgz")) if archives is None else archives
-    added = 0
-    for a in archives:
-        with tarfile.open(a, "r:gz") as tar:
-            for m in tar.getmembers():
-                name = Path(m.name)
-                if not m.isfile() or len(name.parts) != 1 or name.suffix != ".json" or (cache / name).exists():
-                    continue
-                cache.mkdir(parents=True, exist_ok=True)
-                tar.extract(m, cache, filter="data")
-                added += 1
-    if archives:
-        _say(f"teacher-cache: {added} entries from {len(archives)} archive(s) into {cache}")
-    return added
 
 
 def setup(stage_dir: Path = STAGE_DIR, target: Path = SITE) -> Path:
@@ -370,10 +299,12 @@ def setup(stage_dir: Path = STAGE_DIR, target: Path = SITE) -> Path:
     if not corpus.is_file() or not (corpus.parent / TEACHER_DIR / TEACHER_FILES[0]).is_file():
         for part in sorted((REPO / ".stage").glob("corpus.tar.xz.part*")):
             put_corpus(part, stage_dir)
+    for part in sorted((REPO / ".stage").glob("compile_cache.tgz.part*")):
+        put_compile_cache(part, stage_dir)
     triton_restore()
     teacher_cache_restore()
     # every fidelity suite of this machine shares the teacher's side (what `teacher-cache save` brings back)
-    update_env(stage_dir, HEADSCOPE_TEACHER_CACHE=shlex.quote(str(_teacher_cache_dir())))
+    update_env(stage_dir, HEADSCOPE_TEACHER_CACHE=shlex.quote(str(teacher_cache_dir())))
     if (REPO / "data" / "gz").is_dir():
         from research.prepare_corpus import ensure_corpus
 
@@ -598,6 +529,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="save: the .tgz to write; restore: default research/gpu_cache/teacher_cache_*.tgz")
     p.add_argument("--cache", type=Path, default=None,
                    help="the cache folder (default $HEADSCOPE_TEACHER_CACHE, else /tmp/runs/teacher_cache)")
+    p = sub.add_parser("compile-cache", help="torch.compile's and Triton's caches in parts for the next machine")
+    p.add_argument("action", choices=["save"])
+    p.add_argument("dest", type=Path, help="the folder for compile_cache.tgz.partKofN (e.g. $OUT)")
     p = sub.add_parser("setup", help="wheels, GGUF parts, Triton and teacher caches and corpus of this command, "
                                      "then env.sh")
     p.add_argument("--stage-dir", type=Path, default=STAGE_DIR)
@@ -638,6 +572,8 @@ def main(argv: list[str] | None = None) -> int:
                 teacher_cache_save(a.archive, a.cache)
             else:
                 teacher_cache_restore(None if a.archive is None else [a.archive], a.cache)
+        elif a.cmd == "compile-cache":
+            compile_cache_save(a.dest)
         elif a.cmd == "setup":
             setup(a.stage_dir, a.target)
         elif a.cmd == "carry":

@@ -6,13 +6,14 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import tarfile
 from pathlib import Path
 
 import pytest
 
 from headscope import zoo
-from research import stage
+from research import stage, stage_caches
 
 
 @pytest.fixture
@@ -322,10 +323,48 @@ def test_setup_restores_the_teacher_cache_and_points_env_sh_at_it(tmp_path, monk
     repo.mkdir()
     cache = tmp_path / "runs" / "teacher_cache"
     monkeypatch.setattr(stage, "REPO", repo)
-    monkeypatch.setattr(stage, "GPU_CACHE", gpu_cache)
+    monkeypatch.setattr(stage_caches, "GPU_CACHE", gpu_cache)
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))
     monkeypatch.setenv("HEADSCOPE_TEACHER_CACHE", str(cache))
     env = stage.setup(tmp_path / "st", tmp_path / "site")
     assert (cache / "niah-abc.json").read_text() == '{"value": 1}'
     assert stage.read_env(tmp_path / "st")["HEADSCOPE_TEACHER_CACHE"] == str(cache)
     assert env == tmp_path / "st" / "env.sh"
+
+
+def test_compile_cache_travels_in_parts_and_setup_extracts_it_once_all_are_there(tmp_path, monkeypatch):
+    """compile-cache save: torch.compile's and Triton's cache folders (locks left out) in parts; setup puts each
+    carried part into the stage folder and, once all are there, extracts them (files already there kept)."""
+    inductor, triton = tmp_path / "inductor", tmp_path / "triton"
+    (inductor / "fxgraph" / "ab").mkdir(parents=True)
+    (inductor / "fxgraph" / "ab" / "entry").write_bytes(os.urandom(3000))  # incompressible: several parts
+    (inductor / "fxgraph" / "ab" / "entry.lock").write_text("")
+    (triton / "k1").mkdir(parents=True)
+    (triton / "k1" / "kernel.cubin").write_bytes(b"cubin")
+    parts = stage_caches.compile_cache_save(tmp_path / "out", inductor, triton, part_bytes=1024)
+    assert len(parts) >= 3 and all(p.stat().st_size <= 1024 for p in parts)
+    assert [p.name for p in parts][-1].endswith(f"of{len(parts)}")
+    repo = tmp_path / "repo"
+    (repo / ".stage").mkdir(parents=True)
+    new_inductor, new_triton = tmp_path / "new_inductor", tmp_path / "new_triton"
+    (new_triton / "k1").mkdir(parents=True)
+    (new_triton / "k1" / "kernel.cubin").write_bytes(b"kept")
+    monkeypatch.setattr(stage, "REPO", repo)
+    monkeypatch.setattr(stage_caches, "GPU_CACHE", tmp_path / "none")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(new_inductor))
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(new_triton))
+    monkeypatch.setenv("HEADSCOPE_TEACHER_CACHE", str(tmp_path / "tc"))
+    shutil.copy2(parts[0], repo / ".stage" / parts[0].name)  # the first command carries one part
+    stage.setup(tmp_path / "st", tmp_path / "site")
+    assert not new_inductor.exists()
+    (repo / ".stage" / parts[0].name).unlink()
+    for p in parts[1:]:  # the others in the next commands
+        shutil.copy2(p, repo / ".stage" / p.name)
+        stage.setup(tmp_path / "st", tmp_path / "site")
+        (repo / ".stage" / p.name).unlink()
+    entry = ("fxgraph", "ab", "entry")
+    assert new_inductor.joinpath(*entry).read_bytes() == inductor.joinpath(*entry).read_bytes()
+    assert not (new_inductor / "fxgraph" / "ab" / "entry.lock").exists()
+    assert (new_triton / "k1" / "kernel.cubin").read_bytes() == b"kept"
+    assert not list((tmp_path / "st").glob("compile_cache*"))  # the parts dropped once extracted
+    assert stage_caches.compile_cache_save(tmp_path / "o2", tmp_path / "empty1", tmp_path / "empty2") == []
