@@ -532,6 +532,8 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("compile-cache", help="torch.compile's and Triton's caches in parts for the next machine")
     p.add_argument("action", choices=["save"])
     p.add_argument("dest", type=Path, help="the folder for compile_cache.tgz.partKofN (e.g. $OUT)")
+    p.add_argument("--max-mb", type=float, default=45.0,
+                   help="archive size past which files are left out, Triton's first (default 45; $OUT takes 64)")
     p = sub.add_parser("setup", help="wheels, GGUF parts, Triton and teacher caches and corpus of this command, "
                                      "then env.sh")
     p.add_argument("--stage-dir", type=Path, default=STAGE_DIR)
@@ -573,7 +575,7 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 teacher_cache_restore(None if a.archive is None else [a.archive], a.cache)
         elif a.cmd == "compile-cache":
-            compile_cache_save(a.dest)
+            compile_cache_save(a.dest, max_bytes=int(a.max_mb * 2**20))
         elif a.cmd == "setup":
             setup(a.stage_dir, a.target)
         elif a.cmd == "carry":

@@ -127,22 +127,29 @@ def inductor_dir() -> Path:
 
 
 def compile_cache_save(dest: Path, inductor: Path | None = None, triton: Path | None = None,
-                       part_bytes: int = COMPILE_PART) -> list[Path]:
-    """torch.compile's cache folder and Triton's kernel cache (every file but locks) as one .tgz, in parts
-    ``dest/compile_cache.tgz.partKofN`` of at most ``part_bytes``; the parts."""
+                       part_bytes: int = COMPILE_PART, max_bytes: int = 45 * 2**20) -> list[Path]:
+    """torch.compile's cache folder, then Triton's kernel cache (every file but locks), as one .tgz in parts
+    ``dest/compile_cache.tgz.partKofN`` of at most ``part_bytes``; the parts. Files past ``max_bytes`` of archive
+    (about: gzip buffers) are left out, Triton's first, and said (a command returns at most 64 MiB)."""
     from headscope.io import write_bytes
 
     roots = {"inductor": inductor or inductor_dir(), "triton": triton or triton_dir()}
     buf = io.BytesIO()
-    n_files = 0
+    n_files, left_out = 0, 0
     with tarfile.open(fileobj=buf, mode="w:gz") as tar:
         for name, root in roots.items():
             if not root.is_dir():
                 continue
             for f in sorted(root.rglob("*")):
-                if f.is_file() and not f.is_symlink() and not f.name.endswith(".lock"):
-                    tar.add(f, arcname=f"{name}/{f.relative_to(root)}")
-                    n_files += 1
+                if not f.is_file() or f.is_symlink() or f.name.endswith(".lock"):
+                    continue
+                if buf.tell() + f.stat().st_size // 4 > max_bytes:  # a binary compresses ~2-4x
+                    left_out += 1
+                    continue
+                tar.add(f, arcname=f"{name}/{f.relative_to(root)}")
+                n_files += 1
+    if left_out:
+        _say(f"compile-cache: {left_out} files left out past {max_bytes / 2**20:.0f} MiB (give --max-mb to keep more)")
     if not n_files:
         _say(f"compile-cache: nothing in {roots['inductor']} or {roots['triton']}")
         return []

@@ -4,6 +4,7 @@ compressed copy (research.prepare_corpus)."""
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import shutil
@@ -368,3 +369,6 @@ def test_compile_cache_travels_in_parts_and_setup_extracts_it_once_all_are_there
     assert (new_triton / "k1" / "kernel.cubin").read_bytes() == b"kept"
     assert not list((tmp_path / "st").glob("compile_cache*"))  # the parts dropped once extracted
     assert stage_caches.compile_cache_save(tmp_path / "o2", tmp_path / "empty1", tmp_path / "empty2") == []
+    capped = stage_caches.compile_cache_save(tmp_path / "o3", inductor, triton, max_bytes=500)  # not the 3 kB entry
+    with tarfile.open(fileobj=io.BytesIO(b"".join(p.read_bytes() for p in capped)), mode="r:gz") as tar:
+        assert tar.getnames() == ["triton/k1/kernel.cubin"]  # past the cap: left out
