@@ -62,7 +62,7 @@ GPU_CACHE = REPO / "research" / "gpu_cache"
 WHEELS = {"fla": "fla_core", "gguf": "gguf", "plotly": "plotly"}  # need -> the wheel's distribution name
 
 
-from research.stage_caches import (collect_part, compile_cache_save, put_compile_cache,  # noqa: E402
+from research.stage_caches import (COMPILE_RE, collect_part, compile_cache_save, put_compile_cache,  # noqa: E402
                                    teacher_cache_dir, teacher_cache_restore, teacher_cache_save, triton_restore,
                                    triton_save)
 
@@ -367,7 +367,8 @@ def _arg_values(args: list[str], flag: str) -> list[str]:
 
 def carry(job_name: str, jobs_file: str | None = None) -> dict:
     """The ignored paths ``job_name`` needs on the remote machine: ``every_call`` (paste into the command's carry),
-    ``stage_once`` (GGUF parts, one or more per call until `setup` has joined them), the sizes and what is missing
+    ``stage_once`` (GGUF parts, corpus parts and the compile cache's parts when .stage/ has them, one or more per
+    call until `setup` has joined them), the sizes and what is missing
     here, with the command that makes it. A ``--scores PATH`` in the job's args that exists here and is git-ignored
     (the teacher's head scores, small) is carried in every command, so the job reads it instead of computing it."""
     from research.launch import KINDS, get_job
@@ -396,6 +397,10 @@ def carry(job_name: str, jobs_file: str | None = None) -> dict:
             once += [str(p.relative_to(REPO)) for p in parts]
             if not parts:
                 missing[f".stage/{model}.gguf.part*"] = f"python -m research.stage split --model {model}"
+    # a compile cache brought back by `compile-cache save` (any job that compiles reads it back)
+    compiled = sorted((REPO / ".stage").glob("compile_cache.tgz.part*"),
+                      key=lambda p: int(COMPILE_RE.match(p.name)["k"]) if COMPILE_RE.match(p.name) else 0)
+    once += [str(p.relative_to(REPO)) for p in compiled if COMPILE_RE.match(p.name)]
     for path in _arg_values([str(a) for a in job.args], "--scores"):
         rel = Path(path)
         if rel.is_absolute():

@@ -255,6 +255,11 @@ def test_carry_lists_an_ignored_scores_file(tmp_path, monkeypatch):
     assert "runs/cache/scores.json" in c["every_call"] and c["bytes"]["runs/cache/scores.json"] == 2
     assert not any("scores" in p or "json" in p for p in stage.carry("tracked", str(jobs))["every_call"])  # travels
     assert not any("none.json" in p for p in stage.carry("absent", str(jobs))["every_call"])  # computed there
+    (repo / ".stage").mkdir()
+    for k in (2, 1):  # a compile cache brought back: staged once, in order, for any job
+        (repo / ".stage" / f"compile_cache.tgz.part{k}of2").write_bytes(b"x")
+    assert stage.carry("scored", str(jobs))["stage_once"] == [".stage/compile_cache.tgz.part1of2",
+                                                              ".stage/compile_cache.tgz.part2of2"]
 
 
 def test_parts_are_cut_to_travel_beside_the_tree(monkeypatch):
