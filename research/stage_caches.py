@@ -30,20 +30,20 @@ COMPILE_RE = re.compile(r"^compile_cache\.tgz\.part(?P<k>\d+)of(?P<n>\d+)$")
 COMPILE_PART = 15 * 2**20  # bytes: below the 16 MiB a returned file may have
 
 
-def _say(msg: str) -> None:
+def say(msg: str) -> None:
     print(f"[stage] {msg}", flush=True)
 
 
 def _save_archive(archive: Path, files: list[Path], root: Path, what: str, noun: str) -> int:
     """``files`` (below ``root``, named relative to it) into the .tgz ``archive``; how many."""
     if not files:
-        _say(f"{what}: no {noun} in {root}")
+        say(f"{what}: no {noun} in {root}")
         return 0
     archive.parent.mkdir(parents=True, exist_ok=True)
     with tarfile.open(archive, "w:gz") as tar:
         for f in files:
             tar.add(f, arcname=str(f.relative_to(root)))
-    _say(f"{what}: saved {len(files)} {noun} to {archive}")
+    say(f"{what}: saved {len(files)} {noun} to {archive}")
     return len(files)
 
 
@@ -70,7 +70,7 @@ def triton_restore(archives: list[Path] | None = None, cache: Path | None = None
     for a in archives:
         with tarfile.open(a, "r:gz") as tar:
             tar.extractall(cache, filter="data")
-    _say(f"triton-cache: restored {len(archives)} archive(s) into {cache}")
+    say(f"triton-cache: restored {len(archives)} archive(s) into {cache}")
     return len(archives)
 
 
@@ -106,7 +106,7 @@ def teacher_cache_restore(archives: list[Path] | None = None, cache: Path | None
                 tar.extract(m, cache, filter="data")
                 added += 1
     if archives:
-        _say(f"teacher-cache: {added} entries from {len(archives)} archive(s) into {cache}")
+        say(f"teacher-cache: {added} entries from {len(archives)} archive(s) into {cache}")
     return added
 
 
@@ -149,9 +149,9 @@ def compile_cache_save(dest: Path, inductor: Path | None = None, triton: Path | 
                 tar.add(f, arcname=f"{name}/{f.relative_to(root)}")
                 n_files += 1
     if left_out:
-        _say(f"compile-cache: {left_out} files left out past {max_bytes / 2**20:.0f} MiB (give --max-mb to keep more)")
+        say(f"compile-cache: {left_out} files left out past {max_bytes / 2**20:.0f} MiB (give --max-mb to keep more)")
     if not n_files:
-        _say(f"compile-cache: nothing in {roots['inductor']} or {roots['triton']}")
+        say(f"compile-cache: nothing in {roots['inductor']} or {roots['triton']}")
         return []
     data = buf.getvalue()
     n = -(-len(data) // part_bytes)
@@ -161,9 +161,16 @@ def compile_cache_save(dest: Path, inductor: Path | None = None, triton: Path | 
         p = dest / f"compile_cache.tgz.part{k + 1}of{n}"
         write_bytes(p, data[k * part_bytes:(k + 1) * part_bytes])  # atomic: a part is whole or absent
         parts.append(p)
-    _say(f"compile-cache: {n_files} files, {len(data) / 1e6:.1f} MB gz in {n} part(s) under {dest}; here, move them "
+    say(f"compile-cache: {n_files} files, {len(data) / 1e6:.1f} MB gz in {n} part(s) under {dest}; here, move them "
          "to .stage/ and carry one a command")
     return parts
+
+
+def parts_in(folder: Path, stem: str, pattern: re.Pattern, n: int | None = None) -> list[Path]:
+    """The files ``STEM.partKofN`` in ``folder`` that match ``pattern`` (groups k and n; of ``n`` parts if given),
+    in the order of K."""
+    found = [p for p in folder.glob(f"{stem}.part*{'' if n is None else f'of{n}'}") if pattern.match(p.name)]
+    return sorted(found, key=lambda p: int(pattern.match(p.name)["k"]))
 
 
 def collect_part(part: Path, stage_dir: Path, pattern: re.Pattern, stem: str, what: str) -> list[Path] | None:
@@ -173,9 +180,9 @@ def collect_part(part: Path, stage_dir: Path, pattern: re.Pattern, stem: str, wh
     stage_dir.mkdir(parents=True, exist_ok=True)
     if part.resolve() != (stage_dir / part.name).resolve():
         shutil.copy2(part, stage_dir / part.name)
-    have = sorted(stage_dir.glob(f"{stem}.part*of{n}"), key=lambda p: int(pattern.match(p.name)["k"]))
+    have = parts_in(stage_dir, stem, pattern, n)
     if len(have) < n:
-        _say(f"{what}: {len(have)} of {n} parts staged; carry the others in the next commands")
+        say(f"{what}: {len(have)} of {n} parts staged; carry the others in the next commands")
         return None
     return have
 
@@ -205,5 +212,5 @@ def put_compile_cache(part: Path, stage_dir: Path, inductor: Path | None = None,
             added += 1
     for p in have:
         p.unlink()
-    _say(f"compile-cache: {added} files into {roots['inductor']} and {roots['triton']}")
+    say(f"compile-cache: {added} files into {roots['inductor']} and {roots['triton']}")
     return True

@@ -659,14 +659,14 @@ _SOURCE_CACHE: dict[tuple, torch.Tensor] = {}
 
 
 @contextlib.contextmanager
-def tokenizer_threads():
-    """The tokenizers library's threads on while inside, whatever ``TOKENIZERS_PARALLELISM`` says (the study workers
-    and the launcher's steps set it to "false" against forked children; nothing forks here, and the DataLoader's
-    workers are spawned after it is restored). Read by the library at each batch call, so this is enough: a
-    corpus's first tokenization took ~115 s single-threaded in a study worker on a 16-core GPU machine, against
-    ~30 s with threads in a training run."""
+def tokenizer_threads(on: bool = True):
+    """The tokenizers library's threads on (or, ``on=False``, off) while inside, whatever ``TOKENIZERS_PARALLELISM``
+    says (the study workers and the launcher's steps set it to "false" against forked children; nothing forks here,
+    and the DataLoader's workers are spawned after it is restored). Read by the library at each batch call, so this
+    is enough: a corpus's first tokenization took ~115 s single-threaded in a study worker on a 16-core GPU machine,
+    against ~30 s with threads in a training run."""
     old = os.environ.get("TOKENIZERS_PARALLELISM")
-    os.environ["TOKENIZERS_PARALLELISM"] = "true"
+    os.environ["TOKENIZERS_PARALLELISM"] = "true" if on else "false"
     try:
         yield
     finally:
