@@ -35,16 +35,36 @@ def say(msg: str) -> None:
 
 
 def _save_archive(archive: Path, files: list[Path], root: Path, what: str, noun: str) -> int:
-    """``files`` (below ``root``, named relative to it) into the .tgz ``archive``; how many."""
+    """``files`` (below ``root``, named relative to it) into the .tgz ``archive`` (written whole or not at all); how
+    many."""
+    from headscope.io import write_bytes
+
     if not files:
         say(f"{what}: no {noun} in {root}")
         return 0
-    archive.parent.mkdir(parents=True, exist_ok=True)
-    with tarfile.open(archive, "w:gz") as tar:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
         for f in files:
             tar.add(f, arcname=str(f.relative_to(root)))
+    write_bytes(archive, buf.getvalue())
     say(f"{what}: saved {len(files)} {noun} to {archive}")
     return len(files)
+
+
+def _extract(tar: tarfile.TarFile, member: tarfile.TarInfo, root: Path, keep: bool) -> bool:
+    """A regular file of ``tar`` into ``root`` (a name that would leave ``root`` is refused: tarfile's data
+    filter), written whole or not at all, so a cut restore leaves no half file in a cache; with ``keep``, a file
+    already there stays. Whether it was written."""
+    from headscope.io import write_bytes
+
+    if not member.isfile():
+        return False
+    member = tarfile.data_filter(member, str(root))
+    target = root / member.name
+    if keep and target.exists():
+        return False
+    write_bytes(target, tar.extractfile(member).read())
+    return True
 
 
 # ----------------------------------------------------------------------------- Triton's autotuning results
@@ -69,7 +89,8 @@ def triton_restore(archives: list[Path] | None = None, cache: Path | None = None
     cache.mkdir(parents=True, exist_ok=True)
     for a in archives:
         with tarfile.open(a, "r:gz") as tar:
-            tar.extractall(cache, filter="data")
+            for m in tar.getmembers():
+                _extract(tar, m, cache, keep=False)
     say(f"triton-cache: restored {len(archives)} archive(s) into {cache}")
     return len(archives)
 
@@ -100,11 +121,8 @@ def teacher_cache_restore(archives: list[Path] | None = None, cache: Path | None
         with tarfile.open(a, "r:gz") as tar:
             for m in tar.getmembers():
                 name = Path(m.name)
-                if not m.isfile() or len(name.parts) != 1 or name.suffix != ".json" or (cache / name).exists():
-                    continue
-                cache.mkdir(parents=True, exist_ok=True)
-                tar.extract(m, cache, filter="data")
-                added += 1
+                if len(name.parts) == 1 and name.suffix == ".json":
+                    added += _extract(tar, m, cache, keep=True)
     if archives:
         say(f"teacher-cache: {added} entries from {len(archives)} archive(s) into {cache}")
     return added
@@ -202,14 +220,8 @@ def put_compile_cache(part: Path, stage_dir: Path, inductor: Path | None = None,
     with tarfile.open(fileobj=io.BytesIO(b"".join(p.read_bytes() for p in have)), mode="r:gz") as tar:
         for member in tar.getmembers():
             top, _, rest = member.name.partition("/")
-            if not member.isfile() or top not in roots or not rest:
-                continue
-            target = roots[top] / rest
-            if target.exists():
-                continue
-            member.name = rest
-            tar.extract(member, roots[top], filter="data")
-            added += 1
+            if top in roots and rest:
+                added += _extract(tar, member.replace(name=rest), roots[top], keep=True)
     for p in have:
         p.unlink()
     say(f"compile-cache: {added} files into {roots['inductor']} and {roots['triton']}")
