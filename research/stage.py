@@ -313,14 +313,23 @@ def setup(stage_dir: Path = STAGE_DIR, target: Path = SITE) -> Path:
 
 # ----------------------------------------------------------------------------- what a job needs carried
 
+BLOCK = 4096  # bytes: a file counts as whole blocks toward a command's 64 MiB, as on disk
+
+
+def _blocks(n: int) -> int:
+    """``n`` bytes as the whole 4 KiB blocks they take on disk. The machine's limit counts what a file takes, not its
+    length: a 44.5 MB tree of 889 files takes 46.4 MB, and a part cut to the byte-count room was refused."""
+    return -(-n // BLOCK) * BLOCK
+
+
 def _size(path: Path) -> int:
     if path.is_dir():
-        return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
-    return path.stat().st_size if path.exists() else 0
+        return sum(_blocks(p.stat().st_size) for p in path.rglob("*") if p.is_file())
+    return _blocks(path.stat().st_size) if path.exists() else 0
 
 
 def tree_bytes() -> int:
-    """What travels without carry: tracked and untracked-but-not-ignored files."""
+    """What travels without carry: tracked and untracked-but-not-ignored files, in whole 4 KiB blocks."""
     p = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO,
                        capture_output=True)
     if p.returncode != 0:

@@ -125,12 +125,27 @@ def test_carry_lists_the_paths_a_job_needs():
     assert "data/gz" in c["every_call"]
     assert any("fla_core" in p for p in c["every_call"]) and any("gguf" in p for p in c["every_call"])
     if c["stage_once"]:
-        assert all(".stage/smollm2-135m.gguf.part" in p for p in c["stage_once"])
+        # the GGUF's parts, and a compile cache's where one was brought back into .stage/
+        assert any(".stage/smollm2-135m.gguf.part" in p for p in c["stage_once"])
+        assert all(".stage/smollm2-135m.gguf.part" in p or ".stage/compile_cache.tgz.part" in p
+                   for p in c["stage_once"])
     else:
         assert "python -m research.stage split --model smollm2-135m" in c["missing"].values()
     assert c["limit_bytes"] == 64 * 2**20 and c["per_call_bytes"] >= c["tree_bytes"] > 0
     tiny = stage.carry("tiny_hybrid")
-    assert tiny["stage_once"] == [] and not any("fla" in p or p == "data/gz" for p in tiny["every_call"])
+    assert [p for p in tiny["stage_once"] if ".stage/compile_cache.tgz.part" not in p] == []
+    assert not any("fla" in p or p == "data/gz" for p in tiny["every_call"])
+
+
+def test_sizes_count_whole_disk_blocks(tmp_path):
+    # the machine's 64 MiB counts what files take on disk: a part cut to the byte-count room was refused
+    (tmp_path / "one_byte").write_bytes(b"x")
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "a").write_bytes(b"x" * 4097)
+    (tmp_path / "d" / "b").write_bytes(b"")
+    assert stage._size(tmp_path / "one_byte") == 4096
+    assert stage._size(tmp_path / "d") == 8192
+    assert stage._size(tmp_path / "missing") == 0
 
 
 def test_the_corpus_travels_compressed(tmp_path):
@@ -177,7 +192,8 @@ def test_the_broad_corpus_travels_in_parts(tmp_path, capsys):
 def test_carry_of_the_broad_recipe_stages_its_corpus():
     c = stage.carry("smollm2_broad_hybrid")
     if any("corpus.tar.xz" in p for p in c["stage_once"]):
-        assert all(stage.CORPUS_RE.match(Path(p).name) or ".gguf.part" in p for p in c["stage_once"])
+        assert all(stage.CORPUS_RE.match(Path(p).name) or ".gguf.part" in p or stage.COMPILE_RE.match(Path(p).name)
+                   for p in c["stage_once"])
     else:
         assert "python -m research.stage split-corpus" in c["missing"].values()
     assert "data/gz" in c["every_call"]  # its NIAH haystack "train" is research.prepare_corpus's train.txt
@@ -252,7 +268,7 @@ def test_carry_lists_an_ignored_scores_file(tmp_path, monkeypatch):
                     'args = ["--tiny", "--scores", "runs/cache/none.json"]\ndevice = "cpu"\n')
     monkeypatch.setattr(stage, "REPO", repo)
     c = stage.carry("scored", str(jobs))
-    assert "runs/cache/scores.json" in c["every_call"] and c["bytes"]["runs/cache/scores.json"] == 2
+    assert "runs/cache/scores.json" in c["every_call"] and c["bytes"]["runs/cache/scores.json"] == 4096  # 2 bytes: one disk block
     assert not any("scores" in p or "json" in p for p in stage.carry("tracked", str(jobs))["every_call"])  # travels
     assert not any("none.json" in p for p in stage.carry("absent", str(jobs))["every_call"])  # computed there
     (repo / ".stage").mkdir()
