@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[3]
 CONFIG = ROOT / "research" / "studies" / "smollm2_broad.toml"
 SELECTION = ROOT / "research" / "studies" / "smollm2.toml"
 RECIPE = ROOT / "research" / "train_hybrid" / "smollm2_broad.toml"
-ROWS = ["teacher", "teacher-tuned", "global-kv", "randglobal-kv", "layerwise-3to1"]
+ROWS = ["teacher", "teacher-tuned", "global-kv", "randglobal-kv", "layerwise-3to1", "layerwise-7to1"]
 
 
 def test_the_config_has_the_four_headline_rows_on_the_broad_recipe():
@@ -38,6 +38,7 @@ def test_the_config_has_the_four_headline_rows_on_the_broad_recipe():
     assert kinds["global-kv"] == ("select", "global", "kv_group") and kinds["teacher-tuned"][0] == "tuned_teacher"
     assert kinds["randglobal-kv"] == ("select", "random_global", "kv_group")
     assert cfg.variant("layerwise-3to1").ratio == "3:1"
+    assert cfg.variant("layerwise-7to1").ratio == "7:1"  # the layer-wise row at about global-kv's KV share
 
     # the broad recipe's data, hybrid options, speed settings and stages 1-2 (fixed steps, the same for every row)
     recipe = TrainConfig.from_file(RECIPE, mask="mask.json", out="run")
@@ -99,13 +100,13 @@ def test_the_job_carries_the_broad_corpus_and_makes_the_teachers_text_first(tmp_
 
 
 def test_one_lease_jobs_cover_every_row_but_the_broad_recipe_itself():
-    """studies_smollm2_broad_{random,layerwise,tuned}: the study's rows one lease at a time (--only), together every
+    """studies_smollm2_broad_{random,layerwise,layerwise_7to1,tuned}: the study's rows one lease at a time (--only), together every
     row but global-kv, which is the broad recipe's own hybrid (smollm2_broad_hybrid and _seed1); each stage-2 step is
     the recipe's 64 rows, in passes of 32 so that it fits an 80 GB card."""
     from research.launch import get_job
 
     only = []
-    for name in ("random", "layerwise", "tuned"):
+    for name in ("random", "layerwise", "layerwise_7to1", "tuned"):
         job = get_job(f"studies_smollm2_broad_{name}")
         assert job.kind == "studies" and job.config == ("research/studies/smollm2_broad.toml",)
         only += job.args[job.args.index("--only") + 1].split(",")
@@ -241,7 +242,7 @@ def test_a_miniature_study_runs_the_fidelity_suite_on_every_trained_row(tmp_path
     for col in ("ppl ratio shakespeare", "ppl ratio lodash_code", "top-1 agreement", "continuation agreement",
                 "chat NLL ratio", "NIAH 1016 student / teacher", "NIAH 4088 student / teacher"):
         assert col in table.splitlines()[2]
-    assert [line.split(" | ")[0] for line in table.splitlines()[4:8]] == [f"| {n}" for n in ROWS[1:]]
+    assert [line.split(" | ")[0] for line in table.splitlines()[4:4 + len(ROWS) - 1]] == [f"| {n}" for n in ROWS[1:]]
 
     # a worker cut during its suite: the finished evaluations are read back, only the missing one runs
     d = variant_dir(out, "global-kv", 0)
