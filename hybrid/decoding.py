@@ -311,10 +311,11 @@ class Decoder:
     ``compile_backend``, "inductor"; ``dynamic=False``; with the graph, the warm-up
     steps compile it and the graph captures the compiled kernels). A compiled step always attends over the
     whole buffer (fixed shapes: one compilation for every step) and its compiled code sees constant host
-    lengths (the Decoder keeps the real ones), so steps do not recompile. The graph breaks at the decode weight
-    caches (``hybrid.layers.common.fused_linear``, ``inference_constant``) and, on CUDA, at fla's, the Triton
-    prologue's and flash-attn's compiler-disabled entry points (docs/kernels.md). Not yet measured on a GPU;
-    off by default.
+    lengths (the Decoder keeps the real ones), so steps do not recompile. The decode weight caches
+    (``hybrid.layers.common.fused_linear``, ``inference_constant``) are made by one eager step, undone, before the
+    first compiled one, and read by the compiled step without a check, so they break no graph; on CUDA the graph
+    breaks at fla's, the Triton prologue's and flash-attn's compiler-disabled entry points (docs/kernels.md).
+    Off by default.
 
     ``fused_gdn``: True switches every GDN branch of ``model`` to the fused decode op (``hybrid.ops.gdn_decode``:
     q/k prologue, gates and state update in one Triton kernel on CUDA), False back to the split ops; the switch
@@ -339,6 +340,7 @@ class Decoder:
         self.ids = None  # [B, 1] static input of the graph
         self.logits = None  # [B, V] static output of the graph
         self.compiled = None
+        self._primed = False  # the eager step before the first compiled one has run
         if compile:
             cache.full_width = True  # fixed shapes: S = capacity at every step
             _raise_recompile_limit(4 * len(getattr(getattr(model, "model", model), "layers", ())) + 8)
@@ -355,6 +357,11 @@ class Decoder:
         host, seen = cache.host_lengths, cache.seen_tokens
         if max(host) + 1 > cache.capacity:
             raise ValueError(f"StaticHybridCache is full (capacity {cache.capacity})")
+        if not self._primed:  # one eager step, undone: the fused weights and cached constants the compiled step reads
+            snap = cache.snapshot()
+            self._model_step(ids)
+            cache.restore(snap)
+            self._primed = True
         # the compiled code reads host numbers for begin_step's capacity check (done above), the key count (the
         # capacity here) and "is this a first step" (never): constants, so its guards hold at every step
         cache.host_lengths, cache.seen_tokens = [0] * cache.batch, 1

@@ -76,6 +76,15 @@ def _param_key(params) -> tuple:
     return tuple((p.data_ptr(), p._version, p.dtype, p.device) for p in params)
 
 
+def _separate(linears, x: torch.Tensor, groups=None) -> list[torch.Tensor]:
+    """``fused_linear``'s outputs from the separate Linears (one matmul each)."""
+    outs = [lin(x) for lin in linears]
+    if groups is None:
+        return outs
+    bounds = [sum(groups[:i]) for i in range(len(groups) + 1)]
+    return [torch.cat(outs[a:b], -1) if b - a > 1 else outs[a] for a, b in zip(bounds, bounds[1:])]
+
+
 def fused_linear(owner: nn.Module, name: str, linears, x: torch.Tensor, groups=None) -> list[torch.Tensor]:
     """``[lin(x) for lin in linears]`` with ONE matmul (inference): x [..., C] -> outputs [..., N_i] (views).
     ``groups`` (counts of consecutive Linears, e.g. (1, 1, 2)): return one output per group instead, the
@@ -87,7 +96,11 @@ def fused_linear(owner: nn.Module, name: str, linears, x: torch.Tensor, groups=N
     column is the same dot product as the separate Linear's (a bias of 0 is added where a Linear has none).
     Used by the decode step (T = 1), where a step is bound by the number of kernels, not bytes: under
     autograd (training), or when a Linear carries forward hooks (e.g. headscope's interventions), it falls back
-    to the separate Linears, so no gradient ever flows through the copy and every hook still runs."""
+    to the separate Linears, so no gradient ever flows through the copy and every hook still runs.
+
+    Under torch.compile the key is not checked (reading a data pointer breaks the graph): a copy made by an
+    earlier eager call is used as it is, and without one the separate Linears run (``hybrid.decoding.Decoder``
+    makes the copies with one eager step before its first compiled one)."""
     sizes = [lin.out_features for lin in linears]
     if groups is not None:
         if sum(groups) != len(linears):
@@ -96,10 +109,12 @@ def fused_linear(owner: nn.Module, name: str, linears, x: torch.Tensor, groups=N
         sizes = [sum(sizes[a:b]) for a, b in zip(bounds, bounds[1:])]
     if (any(lin._forward_hooks or lin._forward_pre_hooks for lin in linears)  # hooks (interventions) must run
             or torch.is_grad_enabled() and any(p.requires_grad for lin in linears for p in lin.parameters())):
-        outs = [lin(x) for lin in linears]
-        if groups is None:
-            return outs
-        return [torch.cat(outs[a:b], -1) if b - a > 1 else outs[a] for a, b in zip(bounds, bounds[1:])]
+        return _separate(linears, x, groups)
+    if torch.compiler.is_compiling():
+        hit = owner.__dict__.get("_fused_linears", {}).get(name)
+        if hit is None:
+            return _separate(linears, x, groups)
+        return list(F.linear(x, hit[1], hit[2]).split(sizes, dim=-1))  # [..., N_i] each
     params = [p for lin in linears for p in (lin.weight, lin.bias) if p is not None]
     key = _param_key(params)
     store = owner.__dict__.setdefault("_fused_linears", {})
@@ -118,9 +133,14 @@ def fused_linear(owner: nn.Module, name: str, linears, x: torch.Tensor, groups=N
 
 def inference_constant(owner: nn.Module, name: str, params, fn):
     """``fn()`` (a function of ``params`` only) cached on ``owner`` while no gradient is needed and the params
-    are unchanged (same key as ``fused_linear``); under autograd it is recomputed every call."""
+    are unchanged (same key as ``fused_linear``); under autograd it is recomputed every call. Under torch.compile
+    a value cached by an earlier eager call is used without checking the key (as ``fused_linear``), else ``fn()``
+    is computed in the graph."""
     if torch.is_grad_enabled() and any(p.requires_grad for p in params):
         return fn()
+    if torch.compiler.is_compiling():
+        hit = owner.__dict__.get("_inference_constants", {}).get(name)
+        return fn() if hit is None else hit[1]
     key = _param_key(params)
     store = owner.__dict__.setdefault("_inference_constants", {})
     hit = store.get(name)

@@ -33,16 +33,16 @@ def test_group_kernels_by_enclosing_layer_range():
 
 
 @pytest.mark.parametrize("name", ["teacher", "hybrid"])
-def test_graph_breaks_on_the_cpu_fall_only_at_the_weight_caches(name):
-    """On the CPU every op is traceable (the PyTorch twins); the breaks left are hybrid.layers.common's decode
-    weight caches (fused_linear, inference_constant compare data pointers). On CUDA fla's recurrent kernel and
-    the Triton prologue are compiler-disabled: more breaks (research/count_decode_ops.py --device cuda --breaks)."""
+def test_the_compiled_decode_step_is_one_graph_on_the_cpu(name):
+    """On the CPU every op is traceable (the PyTorch twins), and the decode weight caches (fused_linear,
+    inference_constant), made by an eager step first, are read without comparing data pointers: one graph, no
+    break (there were 5 per hybrid layer at the caches). On CUDA fla's recurrent kernel and the Triton prologue
+    are compiler-disabled: breaks there (research/count_decode_ops.py --device cuda --breaks)."""
     teacher = tiny_model("qwen3", dtype=torch.float32, num_hidden_layers=2)
     model = from_teacher(teacher).eval() if name == "teacher" else hybrid_7to1(teacher)
     b = graph_breaks(model, batch=1, context=8)
-    assert b["graphs"] >= 1 and b["reasons"]
-    sites = {loc.split(":")[0] + " " + loc.split(" in ")[-1] for _, loc in b["reasons"]}
-    assert sites <= {"hybrid/layers/common.py fused_linear", "hybrid/layers/common.py inference_constant"}, sites
+    assert (b["graphs"], b["breaks"], b["reasons"]) == (1, 0, {})
+    assert any(m.__dict__.get("_fused_linears") for m in model.modules())  # made by the eager step, then read
 
 
 def test_cuda_counter_refuses_the_cpu():

@@ -88,6 +88,35 @@ def test_inference_constant_is_cached_and_rebuilt_on_update():
     assert inference_constant(owner, "c", (p,), fn).requires_grad  # under autograd: recomputed, differentiable
 
 
+def test_under_compile_the_caches_are_read_without_a_key_or_bypassed():
+    """torch.compile: no data-pointer check (a graph break); a cached copy is used as it is, and without one the
+    separate Linears run / the constant is computed in the graph; either way the same values, one graph."""
+    import torch._dynamo
+
+    torch.manual_seed(0)
+    lins = [torch.nn.Linear(8, 6, bias=False, dtype=torch.float64), torch.nn.Linear(8, 3, dtype=torch.float64)]
+    p = torch.nn.Parameter(torch.randn(3, dtype=torch.float64))
+    x = torch.randn(2, 1, 8, dtype=torch.float64)
+
+    def step(owner):
+        a, b = fused_linear(owner, "p", lins, x)  # [2, 1, 6], [2, 1, 3]
+        return a.sum(-1) + b.sum(-1) + inference_constant(owner, "c", (p,), lambda: -p.exp()).sum()  # [2, 1]
+
+    with torch.no_grad():
+        want = torch.cat([lin(x) for lin in lins], -1).sum(-1) - p.exp().sum()  # [2, 1]
+        for primed in (False, True):
+            owner = torch.nn.Module()
+            if primed:
+                step(owner)  # the eager call that makes the copies
+            torch._dynamo.reset()
+            ex = torch._dynamo.explain(step)(owner)
+            assert (ex.graph_count, ex.graph_break_count) == (1, 0), ex.break_reasons
+            got = torch.compile(step, backend="aot_eager")(owner)
+            assert_close(f"compiled, primed={primed}", got, want, "fp64_exact")
+            assert ("_fused_linears" in owner.__dict__) == primed  # nothing is cached from inside a graph
+    torch._dynamo.reset()
+
+
 def test_rmsnorm_half_path_equals_the_float32_reference():
     torch.manual_seed(0)
     norm = RMSNorm(64).to(torch.bfloat16)
