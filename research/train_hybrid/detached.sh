@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One job across several commands of a GPU machine without stopping it between them: the first call starts
-# `python3 -m research.launch JOB --resume` in a session of its own (setsid), which the machine lets run on after the
+# `python3 -m research.launch JOB --resume` detached from the command by setsid, which the machine lets run on after the
 # command returns; every call, the first included, then waits up to SECONDS for it, printing the launcher's lines as
 # they come. Against a job stopped and resumed at each command's limit (overlap.sh) this saves, per command
 # boundary, the stop margin (30 s) and the restart (loading and the first compiled step: 44-50 s of stage 2 on an
@@ -26,7 +26,7 @@ elif [ -f "$RC" ] && [ "$(cat "$RC")" = 0 ]; then
     echo "[detached] $JOB: already done (RUNS/$JOB.detached.rc = 0)"
 else
     rm -f "$RC"
-    # a session of its own: the machine ends a command's other processes when it returns
+    # detached (setsid): the machine ends a command's other processes when it returns
     setsid bash -c 'python3 -m research.launch "$1" --out "$2" --resume; echo $? > "$3"' _ \
         "$JOB" "$RUNS/$JOB" "$RC" >> "$LOG" 2>&1 < /dev/null &
     echo $! > "$PID"

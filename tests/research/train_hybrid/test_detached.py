@@ -1,4 +1,4 @@
-"""research/train_hybrid/detached.sh: one job across several commands, started once in a session of its own and
+"""research/train_hybrid/detached.sh: one job across several commands, started once, detached by setsid, and
 waited for by each call (launcher faked)."""
 from __future__ import annotations
 
@@ -50,13 +50,13 @@ def test_a_job_that_ends_in_time_exits_with_its_status(tmp_path):
     assert r.returncode == 0 and "already done" in r.stdout and len(_calls(tmp_path)) == 1
 
 
-def test_a_longer_job_runs_on_in_its_own_session_and_the_next_call_waits_for_it(tmp_path):
+def test_a_longer_job_runs_on_detached_and_the_next_call_waits_for_it(tmp_path):
     runs = tmp_path / "runs"
     r = _run(tmp_path, "jobA", "1", str(runs), SLEEP="4")
     assert r.returncode == 3 and "call again" in r.stdout, r.stdout + r.stderr
     pid = int((runs / "jobA.detached.pid").read_text())
     os.kill(pid, 0)  # still running after the command returned
-    assert int(_calls(tmp_path)[0].split("sid=")[1].split()[0]) != os.getsid(0)  # a session of its own
+    assert int(_calls(tmp_path)[0].split("sid=")[1].split()[0]) != os.getsid(0)  # detached by setsid
     r = _run(tmp_path, "jobA", "30", str(runs), SLEEP="4")
     assert r.returncode == 0 and "running since an earlier command" in r.stdout, r.stdout + r.stderr
     assert "[launch] job jobA done" in r.stdout and "[launch] job jobA started" not in r.stdout  # new lines only
