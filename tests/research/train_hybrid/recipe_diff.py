@@ -41,3 +41,15 @@ def check_broad_jobs(recipe: str) -> None:
         assert job.config == (f"research/train_hybrid/{recipe}.toml",)
         assert "research/train_hybrid/smollm2_broad_mask.json" in job.args and "fidelity" in job.args
         assert (job.args[job.args.index("--seed") + 1] if "--seed" in job.args else None) == seed
+
+
+def check_more_distill(variant: str, steps: int, max_minutes: float, tokens: int,
+                       base: str = "smollm2_broad_align_long_teacher_inputs.toml") -> None:
+    """``variant`` is ``base`` with more distillation steps and a larger time cap for them, nothing else: its
+    fidelity numbers against the base's measure the stage-2 tokens alone; stage 2 keeps the base's 64 rows a
+    step in passes of 32, so that it fits an 80 GB card."""
+    b = load(base).stages[1]
+    assert recipe_diff(base, variant) == {1: {"max_minutes": (b.max_minutes, max_minutes), "steps": (b.steps, steps)}}
+    distill = load(variant).stages[1]
+    assert distill.steps * distill.batch_size * distill.seq_len == tokens
+    assert (distill.batch_size, distill.micro_batch_size) == (64, 32)

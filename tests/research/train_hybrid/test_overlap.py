@@ -1,11 +1,12 @@
 """research/train_hybrid/overlap.sh: two jobs in one command, B once A's hybrid is trained (launcher faked)."""
 from __future__ import annotations
 
-import os
 import subprocess
 from pathlib import Path
 
 import pytest
+
+from fake_launcher import run_script
 
 SCRIPT = Path(__file__).resolve().parents[3] / "research" / "train_hybrid" / "overlap.sh"
 
@@ -20,13 +21,7 @@ rc_var="RC_$job"; exit "${!rc_var:-0}"
 
 
 def _run(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
-    bin_ = tmp_path / "bin"
-    bin_.mkdir(exist_ok=True)
-    (bin_ / "python3").write_text(FAKE)
-    (bin_ / "python3").chmod(0o755)
-    e = {**os.environ, "PATH": f"{bin_}:{os.environ['PATH']}", "CALLS": str(tmp_path / "calls"),
-         "OUT": str(tmp_path / "out"), "MIN_B": "0", "POLL": "0.2", **env}
-    return subprocess.run(["bash", str(SCRIPT), *args], env=e, capture_output=True, text=True, timeout=60)
+    return run_script(SCRIPT, FAKE, tmp_path, *args, **{"MIN_B": "0", **env})
 
 
 def test_both_done_exits_0_and_b_stops_before_the_limit(tmp_path):
