@@ -58,10 +58,13 @@ def make_temp_dir(parent: str | os.PathLike, prefix: str, suffix: str = "") -> P
 
 
 @contextmanager
-def atomic_write(path: str | os.PathLike, mode: str = "w", encoding: str | None = "utf-8") -> Iterator[IO]:
+def atomic_write(path: str | os.PathLike, mode: str = "w", encoding: str | None = "utf-8", *,
+                 fsync: bool = True) -> Iterator[IO]:
     """Open a temporary file beside ``path``; on a clean exit fsync it and rename it over ``path``.
 
-    On any exception the temporary file is deleted and ``path`` is untouched."""
+    On any exception the temporary file is deleted and ``path`` is untouched. ``fsync=False`` skips the fsync: the
+    rename still leaves the old file or the whole new one to any other process, but a machine that loses power
+    may keep neither (for files that are written again anyway)."""
     if mode not in ("w", "wb"):
         raise ValueError(f"atomic_write: mode={mode!r} must be 'w' or 'wb'")
     target = Path(path)
@@ -74,7 +77,8 @@ def atomic_write(path: str | os.PathLike, mode: str = "w", encoding: str | None 
         with os.fdopen(fd, mode, encoding=None if "b" in mode else encoding) as f:
             yield f
             f.flush()
-            os.fsync(f.fileno())
+            if fsync:
+                os.fsync(f.fileno())
         os.replace(tmp, target)
     except BaseException:
         try:
@@ -84,14 +88,14 @@ def atomic_write(path: str | os.PathLike, mode: str = "w", encoding: str | None 
         raise
 
 
-def write_text(path: str | os.PathLike, text: str) -> Path:
-    with atomic_write(path, "w") as f:
+def write_text(path: str | os.PathLike, text: str, *, fsync: bool = True) -> Path:
+    with atomic_write(path, "w", fsync=fsync) as f:
         f.write(text)
     return Path(path)
 
 
-def write_bytes(path: str | os.PathLike, data: bytes) -> Path:
-    with atomic_write(path, "wb") as f:
+def write_bytes(path: str | os.PathLike, data: bytes, *, fsync: bool = True) -> Path:
+    with atomic_write(path, "wb", fsync=fsync) as f:
         f.write(data)
     return Path(path)
 

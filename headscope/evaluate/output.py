@@ -50,8 +50,10 @@ def _clean_record(r: Any) -> Any:
     return {k: _clean(v) for k, v in r.items()} if isinstance(r, dict) else _clean(r)
 
 
-def save_results(df: pd.DataFrame, out: str | os.PathLike, *, overwrite: bool = False, figures: bool = True) -> Path:
-    """Write ``df`` (from ``evaluate``) and its figures into the folder ``out``; returns it."""
+def save_results(df: pd.DataFrame, out: str | os.PathLike, *, overwrite: bool = False, figures: bool = True,
+                 fsync: bool = True) -> Path:
+    """Write ``df`` (from ``evaluate``) and its figures into the folder ``out``; returns it. ``fsync=False``: the
+    files are not forced to disk one by one (``headscope.io.atomic_write``), for parts saved again later."""
     out = check_output_dir(out, overwrite)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = make_temp_dir(out.parent, prefix=f".{out.name}.", suffix=".tmp")
@@ -59,17 +61,17 @@ def save_results(df: pd.DataFrame, out: str | os.PathLike, *, overwrite: bool = 
         rows = [{k: _clean(v) for k, v in r.items()} for r in df.to_dict("records")]
         meta = dict(df.attrs.get("meta", {}))
         meta["schema"] = SCHEMA
-        write_text(tmp / "results.json", json.dumps({**meta, "rows": rows}, indent=1, default=str))
-        write_text(tmp / "results.csv", df.to_csv(index=False))
-        write_text(tmp / "summary.csv", summary(df).to_csv(index=False))
+        write_text(tmp / "results.json", json.dumps({**meta, "rows": rows}, indent=1, default=str), fsync=fsync)
+        write_text(tmp / "results.csv", df.to_csv(index=False), fsync=fsync)
+        write_text(tmp / "summary.csv", summary(df).to_csv(index=False), fsync=fsync)
         for name, records in (df.attrs.get("artifacts") or {}).items():  # e.g. chat_answers.jsonl (fidelity)
             write_text(tmp / Path(name).name, "".join(json.dumps(_clean_record(r), ensure_ascii=False, default=str)
-                                                      + "\n" for r in records))
+                                                      + "\n" for r in records), fsync=fsync)
         if figures:
             from headscope.evaluate.figures import figures_for
 
             for stem, fig in figures_for(df).items():
-                write_text(tmp / f"{stem}.html", fig.to_html(include_plotlyjs="cdn"))
+                write_text(tmp / f"{stem}.html", fig.to_html(include_plotlyjs="cdn"), fsync=fsync)
         old = None
         if out.exists():
             old = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".old", dir=out.parent))

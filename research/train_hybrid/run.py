@@ -145,7 +145,7 @@ def run_suite(model, tok, teacher, suite: str, out: Path, model_key: str | None 
                           teacher_cache=os.environ.get("HEADSCOPE_TEACHER_CACHE") or None)
             t_eval = time.time()
             df["suite"] = suite
-            save_results(df, part, overwrite=True, figures=False)
+            save_results(df, part, overwrite=True, figures=False, fsync=False)  # the whole suite is saved again
             frames.append(df)
             ok = df[df["status"] == "ok"]
             keys = [c for c in ("metric", "family", "phrasing", "context_length") if ok[c].notna().any()]

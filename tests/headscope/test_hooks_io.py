@@ -72,6 +72,17 @@ def test_atomic_write_keeps_old_file_on_failure(tmp_path):
     assert p.read_text() == "new"
 
 
+def test_atomic_write_fsyncs_unless_told_not_to(tmp_path, monkeypatch):
+    synced = []
+    real = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd), real(fd)))
+    write_text(tmp_path / "a.txt", "kept")
+    assert len(synced) == 1
+    write_text(tmp_path / "b.txt", "part", fsync=False)  # still renamed into place whole, not forced to disk
+    assert len(synced) == 1 and (tmp_path / "b.txt").read_text() == "part"
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["a.txt", "b.txt"]
+
+
 def test_atomic_write_refuses_folder(tmp_path):
     with pytest.raises(IsADirectoryError):
         write_text(tmp_path, "x")

@@ -5,6 +5,7 @@ perturbed copy does not; the metric names; the missing-teacher error; chat skipp
 with one; the shipped held-out data and its loader's errors; the command line's --teacher on the reference model."""
 import copy
 import json
+import os
 
 import pytest
 import torch
@@ -154,7 +155,7 @@ def test_chat_skipped_without_a_template(teacher, tok):
     assert df.note.str.contains("no chat template").all() and "artifacts" not in df.attrs
 
 
-def test_chat_ratio_with_a_chat_template(student, teacher, chat_tok, tmp_path):
+def test_chat_ratio_with_a_chat_template(student, teacher, chat_tok, tmp_path, monkeypatch):
     cfg = {"fidelity_chat": {"n": 6, "max_new_tokens": 8}}
     same = headscope.evaluate(teacher, "fidelity_chat", chat_tok, teacher=teacher, configs=cfg, progress=False)
     assert values(same, "chat_nll_ratio") == [1.0] and values(same, "chat_nll_ratio_median") == [1.0]
@@ -181,6 +182,11 @@ def test_chat_ratio_with_a_chat_template(student, teacher, chat_tok, tmp_path):
                                                               "student_answer", "nll_teacher_answer",
                                                               "nll_student_answer"}
     assert len(read_results(out)) == len(df)
+    synced = []
+    monkeypatch.setattr(os, "fsync", synced.append)
+    part = save_results(df, tmp_path / "part", figures=False, fsync=False)  # a suite part, saved again at the end
+    assert synced == [] and len(read_results(part)) == len(df)
+    assert (part / ANSWERS_FILE).read_text(encoding="utf-8") == (out / ANSWERS_FILE).read_text(encoding="utf-8")
 
 
 def test_short_text_and_long_windows_are_noted_skips(teacher, tok, tmp_path):
