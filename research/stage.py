@@ -422,7 +422,27 @@ def carry(job_name: str, jobs_file: str | None = None) -> dict:
     per_call = tree + sum(sizes[p] for p in every)
     return {"job": job.name, "every_call": every, "stage_once": once, "bytes": sizes, "tree_bytes": tree,
             "per_call_bytes": per_call, "limit_bytes": CARRY_LIMIT, "missing": missing,
-            "part_room_bytes": CARRY_LIMIT - per_call}
+            "part_room_bytes": CARRY_LIMIT - per_call,
+            "stage_commands": stage_commands(once, sizes, CARRY_LIMIT - tree - 2**20)}
+
+
+def stage_commands(parts: list[str], sizes: dict[str, int], room: int) -> list[list[str]]:
+    """The parts grouped into as few staging commands as fit ``room`` bytes each beside the tree (first fit,
+    largest first; a part larger than ``room`` alone in its command, which ``carry`` flags). Each group in the
+    parts' own order."""
+    groups: list[list[str]] = []
+    free: list[int] = []
+    for p in sorted(parts, key=lambda q: -sizes[q]):
+        for i, f in enumerate(free):
+            if sizes[p] <= f:
+                groups[i].append(p)
+                free[i] -= sizes[p]
+                break
+        else:
+            groups.append([p])
+            free.append(room - sizes[p])
+    order = {p: i for i, p in enumerate(parts)}
+    return sorted((sorted(g, key=order.get) for g in groups), key=lambda g: order[g[0]])
 
 
 def _print_carry(c: dict) -> None:
@@ -443,6 +463,10 @@ def _print_carry(c: dict) -> None:
                 fits = (f"too large even alone beside the {mb(c['tree_bytes'])} tree: split again, "
                         f"--part-mb {default_part_mb(c['tree_bytes'])}")
             print(f"  {p:50} {mb(c['bytes'][p])}  ({fits})")
+    if c.get("stage_commands"):
+        print(f"as {len(c['stage_commands'])} staging commands, back to back (carry, one line each):")
+        for group in c["stage_commands"]:
+            print(f"  {json.dumps(group)}")
     for path, fix in c["missing"].items():
         print(f"missing here: {path}: {fix}")
 

@@ -137,6 +137,17 @@ def test_carry_lists_the_paths_a_job_needs():
     assert not any("fla" in p or p == "data/gz" for p in tiny["every_call"])
 
 
+def test_stage_commands_pack_small_parts_together():
+    sizes = {"a.part1of2": 18, "a.part2of2": 4, "b.part1of2": 16, "b.part2of2": 6, "c.part1of1": 7}
+    groups = stage.stage_commands(list(sizes), sizes, room=19)
+    assert sorted(p for g in groups for p in g) == sorted(sizes)  # every part once
+    assert all(sum(sizes[p] for p in g) <= 19 for g in groups) and len(groups) == 3  # 51 units: no fewer fit
+    assert groups[0] == ["a.part1of2"]  # in the parts' order
+    assert stage.stage_commands(["big"], {"big": 30}, room=19) == [["big"]]  # too large: alone (carry flags it)
+    c = stage.carry("smollm2_hybrid")
+    assert sorted(p for g in c["stage_commands"] for p in g) == sorted(c["stage_once"])
+
+
 def test_sizes_count_whole_disk_blocks(tmp_path):
     # the machine's 64 MiB counts what files take on disk: a part cut to the byte-count room was refused
     (tmp_path / "one_byte").write_bytes(b"x")
