@@ -445,6 +445,22 @@ def stage_commands(parts: list[str], sizes: dict[str, int], room: int) -> list[l
     return sorted((sorted(g, key=order.get) for g in groups), key=lambda g: order[g[0]])
 
 
+STAGE_COMMAND = "python3 -m research.stage setup 2>&1 | tail -1"
+
+
+def lease_plan(c: dict, seconds: int = 560) -> list[dict]:
+    """The device commands of one lease for ``carry``'s job ``c``, in order: the staging commands (each a group of
+    ``c["stage_commands"]``), then the job's command, to call again at once until it exits 0: ``detached.sh`` runs
+    the job on between commands, and the results folder is packed into ``$OUT`` after each (its weights stay)."""
+    job = c["job"]
+    run = (f"python3 -m research.stage setup >/dev/null 2>&1; . /tmp/stage/env.sh && "
+           f"bash research/train_hybrid/detached.sh {job} {seconds}; rc=$?; "
+           f"python3 -m research.stage pack /tmp/runs/{job} \"$OUT\" 2>&1 | tail -1; exit $rc")
+    plan = [{"command": STAGE_COMMAND, "carry": group, "timeout_s": 120} for group in c.get("stage_commands", [])]
+    return plan + [{"command": run, "carry": c["every_call"], "timeout_s": min(600, seconds + 35),
+                    "again": "until it exits 0 (3: the job still runs)"}]
+
+
 def _print_carry(c: dict) -> None:
     mb = lambda b: f"{b / 1e6:.1f} MB" if b >= 1e5 else f"{b / 1e3:.0f} kB"  # noqa: E731
     print(f"job {c['job']}: carry in every command")
@@ -572,6 +588,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("job")
     p.add_argument("--jobs", default=None, help="another job table")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--plan", action="store_true", help="print the lease's device commands in order instead")
+    p.add_argument("--seconds", type=int, default=560, help="--plan: how long each job command waits (default 560)")
     p = sub.add_parser("pack", help="a results folder into parts of <= 15 MiB (for $OUT)")
     p.add_argument("folder", type=Path)
     p.add_argument("dest", type=Path)
@@ -610,7 +628,15 @@ def main(argv: list[str] | None = None) -> int:
             setup(a.stage_dir, a.target)
         elif a.cmd == "carry":
             c = carry(a.job, a.jobs)
-            print(json.dumps(c, indent=1)) if a.json else _print_carry(c)
+            if a.plan:
+                plan = lease_plan(c, a.seconds)
+                if a.json:
+                    print(json.dumps(plan, indent=1))
+                for i, call in enumerate([] if a.json else plan, 1):
+                    print(f"{i}. command: {call['command']}\n   carry: {json.dumps(call['carry'])}"
+                          + (f"\n   again {call['again']}" if "again" in call else ""))
+            else:
+                print(json.dumps(c, indent=1)) if a.json else _print_carry(c)
         elif a.cmd == "pack":
             pack(a.folder, a.dest, a.max_mb)
         elif a.cmd == "unpack":
