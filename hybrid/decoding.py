@@ -30,6 +30,7 @@ from typing import Sequence
 import torch
 
 from hybrid.cache import HybridCache, LayerCache
+from hybrid.layers.common import trusted_inference_caches
 
 __all__ = ["StaticLayerCache", "StaticHybridCache", "Decoder", "prefill", "greedy_decode", "sample_next",
            "sample_decode"]
@@ -313,7 +314,8 @@ class Decoder:
     whole buffer (fixed shapes: one compilation for every step) and its compiled code sees constant host
     lengths (the Decoder keeps the real ones), so steps do not recompile. The decode weight caches
     (``hybrid.layers.common.fused_linear``, ``inference_constant``) are made by one eager step, undone, before the
-    first compiled one, and read by the compiled step without a check, so they break no graph; on CUDA the graph
+    first compiled one, and read by the compiled step without a check (``trusted_inference_caches``), so they
+    break no graph; on CUDA the graph
     breaks at fla's, the Triton prologue's and flash-attn's compiler-disabled entry points (docs/kernels.md).
     Off by default.
 
@@ -366,7 +368,8 @@ class Decoder:
         # capacity here) and "is this a first step" (never): constants, so its guards hold at every step
         cache.host_lengths, cache.seen_tokens = [0] * cache.batch, 1
         try:
-            logits = self.compiled(ids)  # [B, V]
+            with trusted_inference_caches():  # made by the eager step above, for these parameters
+                logits = self.compiled(ids)  # [B, V]
         except BaseException:
             cache.host_lengths, cache.seen_tokens = host, seen
             raise

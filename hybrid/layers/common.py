@@ -3,6 +3,7 @@ the log-length query scale, and windowed attention for the token-level baseline.
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 
 import torch
 import torch.nn as nn
@@ -76,6 +77,24 @@ def _param_key(params) -> tuple:
     return tuple((p.data_ptr(), p._version, p.dtype, p.device) for p in params)
 
 
+_TRUST_CACHES = False  # set by trusted_inference_caches(): compiled code reads the caches below without their key
+
+
+@contextmanager
+def trusted_inference_caches():
+    """Within: code that torch.compile traces reads ``fused_linear``'s copies and ``inference_constant``'s values
+    without checking that the parameters are unchanged (the check reads data pointers, which breaks the graph).
+    For a compiled step whose parameters cannot change between the eager call that made the caches and the
+    compiled calls (``hybrid.decoding.Decoder``); elsewhere (e.g. a compiled model under training) the check
+    stays, graph break and all. Graphs traced inside and outside are kept apart (dynamo guards on the flag)."""
+    global _TRUST_CACHES
+    old, _TRUST_CACHES = _TRUST_CACHES, True
+    try:
+        yield
+    finally:
+        _TRUST_CACHES = old
+
+
 def _separate(linears, x: torch.Tensor, groups=None) -> list[torch.Tensor]:
     """``fused_linear``'s outputs from the separate Linears (one matmul each)."""
     outs = [lin(x) for lin in linears]
@@ -98,9 +117,10 @@ def fused_linear(owner: nn.Module, name: str, linears, x: torch.Tensor, groups=N
     autograd (training), or when a Linear carries forward hooks (e.g. headscope's interventions), it falls back
     to the separate Linears, so no gradient ever flows through the copy and every hook still runs.
 
-    Under torch.compile the key is not checked (reading a data pointer breaks the graph): a copy made by an
-    earlier eager call is used as it is, and without one the separate Linears run (``hybrid.decoding.Decoder``
-    makes the copies with one eager step before its first compiled one)."""
+    Under torch.compile inside ``trusted_inference_caches()`` the key is not checked (reading a data pointer
+    breaks the graph): a copy made by an earlier eager call is used as it is, and without one the separate
+    Linears run (``hybrid.decoding.Decoder`` makes the copies with one eager step before its first compiled
+    one)."""
     sizes = [lin.out_features for lin in linears]
     if groups is not None:
         if sum(groups) != len(linears):
@@ -110,7 +130,7 @@ def fused_linear(owner: nn.Module, name: str, linears, x: torch.Tensor, groups=N
     if (any(lin._forward_hooks or lin._forward_pre_hooks for lin in linears)  # hooks (interventions) must run
             or torch.is_grad_enabled() and any(p.requires_grad for lin in linears for p in lin.parameters())):
         return _separate(linears, x, groups)
-    if torch.compiler.is_compiling():
+    if _TRUST_CACHES and torch.compiler.is_compiling():
         hit = owner.__dict__.get("_fused_linears", {}).get(name)
         if hit is None:
             return _separate(linears, x, groups)
@@ -134,11 +154,11 @@ def fused_linear(owner: nn.Module, name: str, linears, x: torch.Tensor, groups=N
 def inference_constant(owner: nn.Module, name: str, params, fn):
     """``fn()`` (a function of ``params`` only) cached on ``owner`` while no gradient is needed and the params
     are unchanged (same key as ``fused_linear``); under autograd it is recomputed every call. Under torch.compile
-    a value cached by an earlier eager call is used without checking the key (as ``fused_linear``), else ``fn()``
-    is computed in the graph."""
+    inside ``trusted_inference_caches()`` a value cached by an earlier eager call is used without checking the
+    key (as ``fused_linear``), else ``fn()`` is computed in the graph."""
     if torch.is_grad_enabled() and any(p.requires_grad for p in params):
         return fn()
-    if torch.compiler.is_compiling():
+    if _TRUST_CACHES and torch.compiler.is_compiling():
         hit = owner.__dict__.get("_inference_constants", {}).get(name)
         return fn() if hit is None else hit[1]
     key = _param_key(params)

@@ -280,10 +280,12 @@ def _short(path: str) -> str:
 
 def graph_breaks(model, batch: int = 1, context: int = 16) -> dict:
     """Where ``torch.compile`` of the decode step breaks its graph (``torch._dynamo.explain`` of one step on the
-    model's device, after one eager step as ``Decoder(compile=True)`` takes before its first compiled one; the
-    cache is restored after each): dict(graphs, breaks, reasons = {(first line of the reason,
+    model's device, after one eager step and inside ``trusted_inference_caches()``, as ``Decoder(compile=True)``
+    runs it; the cache is restored after each): dict(graphs, breaks, reasons = {(first line of the reason,
     "file:line in function"): count})."""
     import torch._dynamo as dynamo
+
+    from hybrid.layers.common import trusted_inference_caches
 
     device = next(model.parameters()).device
     dec, ids = _decoder(model, batch, context, device, compile=False, cuda_graph=False, compile_mode="default")
@@ -294,7 +296,8 @@ def graph_breaks(model, batch: int = 1, context: int = 16) -> dict:
     with torch.no_grad():
         dec._model_step(ids)  # eager: the decode weight caches the compiled step reads
         cache.restore(snap)
-        ex = dynamo.explain(dec._model_step)(ids)
+        with trusted_inference_caches():  # as the Decoder's compiled calls
+            ex = dynamo.explain(dec._model_step)(ids)
     cache.restore(snap)
     reasons = Counter()
     for b in ex.break_reasons:

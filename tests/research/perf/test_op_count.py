@@ -88,10 +88,13 @@ def test_inference_constant_is_cached_and_rebuilt_on_update():
     assert inference_constant(owner, "c", (p,), fn).requires_grad  # under autograd: recomputed, differentiable
 
 
-def test_under_compile_the_caches_are_read_without_a_key_or_bypassed():
-    """torch.compile: no data-pointer check (a graph break); a cached copy is used as it is, and without one the
-    separate Linears run / the constant is computed in the graph; either way the same values, one graph."""
+def test_under_compile_the_caches_are_read_without_a_key_only_where_trusted():
+    """torch.compile inside trusted_inference_caches() (the Decoder's compiled step): no data-pointer check (a
+    graph break); a cached copy is used as it is, and without one the separate Linears run / the constant is
+    computed in the graph. Outside it the check stays: a parameter updated after the caches were made is seen."""
     import torch._dynamo
+
+    from hybrid.layers.common import trusted_inference_caches
 
     torch.manual_seed(0)
     lins = [torch.nn.Linear(8, 6, bias=False, dtype=torch.float64), torch.nn.Linear(8, 3, dtype=torch.float64)]
@@ -102,18 +105,28 @@ def test_under_compile_the_caches_are_read_without_a_key_or_bypassed():
         a, b = fused_linear(owner, "p", lins, x)  # [2, 1, 6], [2, 1, 3]
         return a.sum(-1) + b.sum(-1) + inference_constant(owner, "c", (p,), lambda: -p.exp()).sum()  # [2, 1]
 
+    def want():
+        return torch.cat([lin(x) for lin in lins], -1).sum(-1) - p.exp().sum()  # [2, 1]
+
     with torch.no_grad():
-        want = torch.cat([lin(x) for lin in lins], -1).sum(-1) - p.exp().sum()  # [2, 1]
         for primed in (False, True):
             owner = torch.nn.Module()
             if primed:
                 step(owner)  # the eager call that makes the copies
             torch._dynamo.reset()
-            ex = torch._dynamo.explain(step)(owner)
+            with trusted_inference_caches():
+                ex = torch._dynamo.explain(step)(owner)
+                got = torch.compile(step, backend="aot_eager")(owner)
             assert (ex.graph_count, ex.graph_break_count) == (1, 0), ex.break_reasons
-            got = torch.compile(step, backend="aot_eager")(owner)
-            assert_close(f"compiled, primed={primed}", got, want, "fp64_exact")
+            assert_close(f"compiled, primed={primed}", got, want(), "fp64_exact")
             assert ("_fused_linears" in owner.__dict__) == primed  # nothing is cached from inside a graph
+        torch._dynamo.reset()
+        compiled = torch.compile(step, backend="aot_eager")
+        assert_close("untrusted", compiled(owner), want(), "fp64_exact")
+        lins[1].weight.add_(1.0)  # updated after the caches were made (a training step)
+        p.add_(0.5)
+        assert_close("untrusted after an update", compiled(owner), want(), "fp64_exact")
+        assert torch._dynamo.explain(step)(owner).graph_break_count > 0  # the key check: a break, not a stale copy
     torch._dynamo.reset()
 
 
