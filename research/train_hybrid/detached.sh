@@ -5,13 +5,15 @@
 # they come. Against a job stopped and resumed at each command's limit (overlap.sh) this saves, per command
 # boundary, the stop margin (30 s) and the restart (loading and the first compiled step: 44-50 s of stage 2 on an
 # H100 for the SmolLM2 recipes). The machine still goes back 30 s after a command ends: call again at once.
+# The job runs from a copy of the checkout made when it starts (RUNS/.repo_JOB; .stage, .whl, .venv and .git left
+# out), so the working tree that each command copies in again cannot change a file under the running job.
 #
 #   research/train_hybrid/detached.sh JOB [SECONDS=560] [RUNS=/tmp/runs]
 #
 # Results in RUNS/JOB; the launcher's output in RUNS/JOB.detached.log (copied to $OUT when set). Exit status: the
 # job's own (0 when done) once it has ended, 3 while it still runs (call again), 2 for bad arguments.
 set -u
-if [ $# -lt 1 ]; then sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 2; fi
+if [ $# -lt 1 ]; then sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 2; fi
 JOB=$1 LIMIT=${2:-560} RUNS=${3:-/tmp/runs} POLL=${POLL:-5}
 case "$LIMIT" in ''|*[!0-9]*) echo "detached.sh: SECONDS must be a whole number of seconds, not '$LIMIT'" >&2; exit 2 ;; esac
 export HEADSCOPE_TEACHER_CACHE=${HEADSCOPE_TEACHER_CACHE:-$RUNS/teacher_cache}
@@ -26,9 +28,14 @@ elif [ -f "$RC" ] && [ "$(cat "$RC")" = 0 ]; then
     echo "[detached] $JOB: already done (RUNS/$JOB.detached.rc = 0)"
 else
     rm -f "$RC"
+    SNAP=$RUNS/.repo_$JOB
+    rm -rf "$SNAP" && mkdir -p "$SNAP" \
+        && tar -C . --exclude=./.stage --exclude=./.whl --exclude=./.venv --exclude=./.git -cf - . \
+           | tar -C "$SNAP" -xf - \
+        || { echo "detached.sh: could not copy the checkout to $SNAP" >&2; exit 1; }
     # detached (setsid): the machine ends a command's other processes when it returns
-    setsid bash -c 'python3 -m research.launch "$1" --out "$2" --resume; echo $? > "$3"' _ \
-        "$JOB" "$RUNS/$JOB" "$RC" >> "$LOG" 2>&1 < /dev/null &
+    setsid bash -c 'cd "$4" && python3 -m research.launch "$1" --out "$2" --resume; echo $? > "$3"' _ \
+        "$JOB" "$RUNS/$JOB" "$RC" "$SNAP" >> "$LOG" 2>&1 < /dev/null &
     echo $! > "$PID"
     echo "[detached] $JOB: started (pid $(cat "$PID")); waiting up to $LIMIT s"
 fi

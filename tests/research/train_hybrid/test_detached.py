@@ -15,7 +15,7 @@ SCRIPT = Path(__file__).resolve().parents[3] / "research" / "train_hybrid" / "de
 FAKE = """#!/usr/bin/env bash
 # python3 -m research.launch JOB --out DIR --resume: sleeps $SLEEP s, then exits with $RC_<JOB>
 job=$3 out=$5
-echo "$job $* sid=$(ps -o sid= $$ | tr -d ' ') cache=$HEADSCOPE_TEACHER_CACHE" >> "$CALLS"
+echo "$job $* sid=$(ps -o sid= $$ | tr -d ' ') cwd=$PWD cache=$HEADSCOPE_TEACHER_CACHE" >> "$CALLS"
 echo "[launch] job $job started"
 sleep "${SLEEP:-0}"
 mkdir -p "$out" && echo "[run.py] trained" && echo "[launch] job $job done"
@@ -24,7 +24,12 @@ rc_var="RC_$job"; exit "${!rc_var:-0}"
 
 
 def _run(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
-    return run_script(SCRIPT, FAKE, tmp_path, *args, **env)
+    """In a small checkout (tmp_path/repo: a module, and a .stage part that the job's copy leaves out)."""
+    repo = tmp_path / "repo"
+    (repo / ".stage").mkdir(parents=True, exist_ok=True)
+    (repo / "module.py").write_text("x = 1\n")
+    (repo / ".stage" / "big.part1of2").write_text("part")
+    return run_script(SCRIPT, FAKE, tmp_path, *args, cwd=repo, **env)
 
 
 def _calls(tmp_path: Path) -> list[str]:
@@ -40,6 +45,9 @@ def test_a_job_that_ends_in_time_exits_with_its_status(tmp_path):
     calls = _calls(tmp_path)
     assert len(calls) == 1 and "--resume" in calls[0] and f"--out {runs / 'jobA'}" in calls[0]
     assert calls[0].endswith(f"cache={runs / 'teacher_cache'}")
+    snap = runs / ".repo_jobA"  # the job runs from a copy of the checkout, the staged parts left out
+    assert f"cwd={snap} " in calls[0] and (snap / "module.py").read_text() == "x = 1\n"
+    assert not (snap / ".stage").exists()
     assert "[launch] job jobA done" in (tmp_path / "out" / "jobA.detached.log").read_text()
     # called again once done: nothing starts
     r = _run(tmp_path, "jobA", "30", str(runs))
