@@ -314,10 +314,9 @@ class Decoder:
     whole buffer (fixed shapes: one compilation for every step) and its compiled code sees constant host
     lengths (the Decoder keeps the real ones), so steps do not recompile. The decode weight caches
     (``hybrid.layers.common.fused_linear``, ``inference_constant``) are made by one eager step, undone, before the
-    first compiled one, and read by the compiled step without a check (``trusted_inference_caches``), so they
-    break no graph; on CUDA the graph
-    breaks at fla's, the Triton prologue's and flash-attn's compiler-disabled entry points (docs/kernels.md).
-    Off by default.
+    first compiled one (``prime``), and read by the compiled step without a check (``trusted_inference_caches``),
+    so they break no graph; on CUDA the graph breaks at fla's, the Triton prologue's and flash-attn's
+    compiler-disabled entry points (docs/kernels.md). Off by default.
 
     ``fused_gdn``: True switches every GDN branch of ``model`` to the fused decode op (``hybrid.ops.gdn_decode``:
     q/k prologue, gates and state update in one Triton kernel on CUDA), False back to the split ops; the switch
@@ -352,6 +351,15 @@ class Decoder:
     def _model_step(self, ids: torch.Tensor) -> torch.Tensor:
         return self.model(ids, hybrid_cache=self.cache, use_cache=True).logits[:, -1]  # [B, V]
 
+    @torch.no_grad()
+    def prime(self, ids: torch.Tensor) -> None:
+        """One eager step, undone (the cache as before): it makes the decode weight caches that a compiled step
+        reads inside ``trusted_inference_caches()``."""
+        snap = self.cache.snapshot()
+        self._model_step(ids)
+        self.cache.restore(snap)
+        self._primed = True
+
     def _forward(self, ids: torch.Tensor) -> torch.Tensor:
         if self.compiled is None:
             return self._model_step(ids)  # [B, V]
@@ -359,11 +367,8 @@ class Decoder:
         host, seen = cache.host_lengths, cache.seen_tokens
         if max(host) + 1 > cache.capacity:
             raise ValueError(f"StaticHybridCache is full (capacity {cache.capacity})")
-        if not self._primed:  # one eager step, undone: the fused weights and cached constants the compiled step reads
-            snap = cache.snapshot()
-            self._model_step(ids)
-            cache.restore(snap)
-            self._primed = True
+        if not self._primed:
+            self.prime(ids)
         # the compiled code reads host numbers for begin_step's capacity check (done above), the key count (the
         # capacity here) and "is this a first step" (never): constants, so its guards hold at every step
         cache.host_lengths, cache.seen_tokens = [0] * cache.batch, 1

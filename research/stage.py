@@ -65,7 +65,6 @@ PACK_PART = 15 * 2**20  # bytes: below the 16 MiB a returned file may have
 WHEELS = {"fla": "fla_core", "gguf": "gguf", "plotly": "plotly"}  # need -> the wheel's distribution name
 
 
-
 class StageError(RuntimeError):
     """A staging step that cannot go on; the message names the fix."""
 
@@ -149,30 +148,25 @@ def put(part: Path, stage_dir: Path = STAGE_DIR) -> Path | None:
         raise StageError(f"{part.name}: not a part name (<model>.gguf.partKofN, from `python -m research.stage split`)")
     if not part.is_file():
         raise StageError(f"{part} is not here: carry it with this command")
-    model, n = m["model"], int(m["n"])
+    model = m["model"]
     e = _entry(model)
-    stage_dir.mkdir(parents=True, exist_ok=True)
-    with open(part, "rb") as src, atomic_write(stage_dir / part.name, "wb") as f:
-        f.write(src.read())
-    names = [f"{model}.gguf.part{k}of{n}" for k in range(1, n + 1)]
-    missing = [name for name in names if not (stage_dir / name).is_file()]
-    if missing:
-        say(f"staged {part.name}; still missing: {', '.join(missing)}")
+    have = collect_part(part, stage_dir, PART_RE, f"{model}.gguf", "gguf")
+    if have is None:
         return None
     target = stage_dir / Path(e.filename).name
     with atomic_write(target, "wb") as f:
         h = hashlib.sha256()
-        for name in names:
-            data = (stage_dir / name).read_bytes()
+        for p in have:
+            data = p.read_bytes()
             h.update(data)
             f.write(data)
         if h.hexdigest() != e.sha256:
-            for name in names:
-                (stage_dir / name).unlink()
+            for p in have:
+                p.unlink()
             raise StageError(f"the joined {target.name} has sha256 {h.hexdigest()}, expected {e.sha256} "
                              "(headscope/zoo.py): a part is damaged; its parts were removed: stage again from part 1")
-    for name in names:
-        (stage_dir / name).unlink()
+    for p in have:
+        p.unlink()
     (stage_dir / "cache").mkdir(exist_ok=True)
     env = update_env(stage_dir, **{e.env_var: str(target), "HEADSCOPE_CACHE": str(stage_dir / "cache")})
     say(f"joined {target} (sha256 ok); `. {env}` points headscope at it")
@@ -395,8 +389,7 @@ def carry(job_name: str, jobs_file: str | None = None) -> dict:
         elif need.startswith("gguf:"):
             model = need.split(":", 1)[1]
             every.append(_wheel(WHEELS["gguf"]))
-            parts = sorted((REPO / ".stage").glob(f"{model}.gguf.part*"),
-                           key=lambda p: int(PART_RE.match(p.name)["k"]))
+            parts = parts_in(REPO / ".stage", f"{model}.gguf", PART_RE)
             once += [str(p.relative_to(REPO)) for p in parts]
             if not parts:
                 missing[f".stage/{model}.gguf.part*"] = f"python -m research.stage split --model {model}"
@@ -628,15 +621,15 @@ def main(argv: list[str] | None = None) -> int:
             setup(a.stage_dir, a.target)
         elif a.cmd == "carry":
             c = carry(a.job, a.jobs)
-            if a.plan:
-                plan = lease_plan(c, a.seconds)
-                if a.json:
-                    print(json.dumps(plan, indent=1))
-                for i, call in enumerate([] if a.json else plan, 1):
+            out = lease_plan(c, a.seconds) if a.plan else c
+            if a.json:
+                print(json.dumps(out, indent=1))
+            elif a.plan:
+                for i, call in enumerate(out, 1):
                     print(f"{i}. command: {call['command']}\n   carry: {json.dumps(call['carry'])}"
                           + (f"\n   again {call['again']}" if "again" in call else ""))
             else:
-                print(json.dumps(c, indent=1)) if a.json else _print_carry(c)
+                _print_carry(c)
         elif a.cmd == "pack":
             pack(a.folder, a.dest, a.max_mb)
         elif a.cmd == "unpack":

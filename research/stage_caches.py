@@ -17,7 +17,6 @@ from __future__ import annotations
 import io
 import os
 import re
-import shutil
 import tarfile
 from pathlib import Path
 
@@ -192,15 +191,19 @@ def parts_in(folder: Path, stem: str, pattern: re.Pattern, n: int | None = None)
 
 
 def collect_part(part: Path, stage_dir: Path, pattern: re.Pattern, stem: str, what: str) -> list[Path] | None:
-    """One carried part ``STEM.partKofN`` (matching ``pattern``, groups k and n) copied into ``stage_dir``; all N
-    parts there in order once they are all in, else None (and a line saying how many are)."""
+    """One carried part ``STEM.partKofN`` (matching ``pattern``, groups k and n) copied into ``stage_dir`` (whole or
+    not at all); all N parts there in order once they are all in, else None (and a line naming the missing ones)."""
+    from headscope.io import write_bytes
+
     n = int(pattern.match(part.name)["n"])
     stage_dir.mkdir(parents=True, exist_ok=True)
     if part.resolve() != (stage_dir / part.name).resolve():
-        shutil.copy2(part, stage_dir / part.name)
+        write_bytes(stage_dir / part.name, part.read_bytes())
     have = parts_in(stage_dir, stem, pattern, n)
     if len(have) < n:
-        say(f"{what}: {len(have)} of {n} parts staged; carry the others in the next commands")
+        names = [f"{stem}.part{k}of{n}" for k in range(1, n + 1)]
+        missing = [name for name in names if not (stage_dir / name).is_file()]
+        say(f"{what}: staged {part.name}; still missing: {', '.join(missing)} (carry them in the next commands)")
         return None
     return have
 

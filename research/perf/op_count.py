@@ -294,8 +294,7 @@ def graph_breaks(model, batch: int = 1, context: int = 16) -> dict:
     snap = cache.snapshot()
     dynamo.reset()
     with torch.no_grad():
-        dec._model_step(ids)  # eager: the decode weight caches the compiled step reads
-        cache.restore(snap)
+        dec.prime(ids)  # eager: the decode weight caches the compiled step reads
         with trusted_inference_caches():  # as the Decoder's compiled calls
             ex = dynamo.explain(dec._model_step)(ids)
     cache.restore(snap)
