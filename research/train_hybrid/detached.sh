@@ -34,9 +34,11 @@ else
            | tar -C "$SNAP" -xf - \
         || { echo "detached.sh: could not copy the checkout to $SNAP" >&2; exit 1; }
     # detached (setsid): the machine ends a command's other processes when it returns
-    setsid bash -c 'cd "$4" && python3 -m research.launch "$1" --out "$2" --resume; echo $? > "$3"' _ \
+    # the status and the pid written under a temporary name, then renamed: a reader sees all of it or nothing
+    setsid bash -c 'cd "$4" && python3 -m research.launch "$1" --out "$2" --resume
+                    echo $? > "$3.tmp" && mv "$3.tmp" "$3"' _ \
         "$JOB" "$RUNS/$JOB" "$RC" "$SNAP" >> "$LOG" 2>&1 < /dev/null &
-    echo $! > "$PID"
+    echo $! > "$PID.tmp" && mv "$PID.tmp" "$PID"
     echo "[detached] $JOB: started (pid $(cat "$PID")); waiting up to $LIMIT s"
 fi
 seen=$( [ -f "$LOG" ] && wc -l < "$LOG" || echo 0)
