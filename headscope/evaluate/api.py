@@ -224,10 +224,27 @@ def run_meta(info: dict, label: str, seed: int, ctx: EvalContext, cfgs, seconds:
     import headscope
 
     return {"schema": SCHEMA, "version": headscope.__version__, "suite": label, "seed": seed, **info,
-            "context": {k: v for k, v in dataclasses.asdict(ctx).items() if k not in ("deadline", "artifacts")},
+            "context": run_context(ctx),
             "configs": {n: dataclasses.asdict(c) for n, c in cfgs},
-            "seconds": seconds, "torch": torch.__version__, "transformers": transformers.__version__,
+            "seconds": seconds, "torch": str(torch.__version__), "transformers": str(transformers.__version__),
             "python": platform.python_version(), "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+
+
+def run_context(ctx: EvalContext) -> dict[str, Any]:
+    """The run-wide settings of ``ctx`` for ``df.attrs["meta"]["context"]``: plain JSON values only. Not
+    ``dataclasses.asdict(ctx)``: that deep-copies every field, and ``teacher_cache`` holds the teacher model (a
+    ``TeacherCache``), so the meta held a copy of the teacher's weights (on its device), which pandas deep-copies
+    again in every operation on the frame (``DataFrame.__finalize__`` copies ``attrs``): saving a fidelity part took
+    seconds. The cache is recorded as its folder (its reads and writes: ``meta["teacher_cache"]``)."""
+    out = {}
+    for f in dataclasses.fields(ctx):
+        if f.name in ("deadline", "artifacts"):
+            continue
+        v = getattr(ctx, f.name)
+        if f.name == "teacher_cache" and v is not None:
+            v = str(getattr(v, "folder", v))
+        out[f.name] = v
+    return out
 
 
 def _as_frame(result: Any) -> pd.DataFrame:
