@@ -11,7 +11,8 @@ Measured, most important first (each unit is skipped, with the reason recorded, 
 fits --budget-s):
   1. decode time per step (one token per row, hybrid.decoding.Decoder: preallocated StaticHybridCache, CUDA
      graph unless --no-cuda-graph, plus a few eager steps for comparison) at 128K then 32K context, batch 8 and 1;
-     --fused-gdn adds the hybrids' step with the fused GDN decode op (fused_gdn_ms), --compile-decode the compiled one.
+     --fused-gdn adds the hybrids' step with the fused GDN decode op (fused_gdn_ms), --compile-decode the compiled one
+     (compiled_ms), both together also the fused op inside the compiled step (compiled_fused_ms).
      The cache rows are set to the context length without a prefill (a step's cost depends on the lengths, not
      on the values; the ragged prefill path is tested on the CPU);
   2. prefill time (logits of the last position only, the cache kept) and peak memory at 128K, 64K, 32K, 16K
@@ -142,6 +143,10 @@ def decode_row(run: Run, name: str, model, ctx: int, batch: int, steps: int, gra
             try:
                 timed_column(run, row, "fused_gdn", "fused GDN step", lambda: Decoder(model, cache, cuda_graph=graph),
                              ids, steps, cache=cache)
+                if compiled:  # both: the fused op inside the compiled step
+                    timed_column(run, row, "compiled_fused", "compiled step with the fused GDN op",
+                                 lambda: Decoder(model, cache, cuda_graph=graph, compile=True), ids, steps,
+                                 cache=cache)
             finally:
                 use_fused_decode(model, False)
         row["step_ms"] = row.get("graph_ms", row["eager_ms"])

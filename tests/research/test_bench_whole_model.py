@@ -87,6 +87,21 @@ def test_dry_run_times_the_fused_gdn_step_beside_the_split_step(tmp_path):
     assert "| decode ms/step, fused GDN op | hybrid_7to1 (speedup) |" in doc.read_text()
 
 
+@pytest.mark.e2e
+def test_dry_run_with_both_flags_times_the_fused_op_inside_the_compiled_step(tmp_path):
+    """--compile-decode with --fused-gdn adds compiled_fused_ms to the hybrids' rows (not the teacher's), beside
+    the compiled and the fused columns."""
+    out = tmp_path / "bench.json"
+    run_script("bench_whole_model_gpu", "--dry-run", "--compile-decode", "--fused-gdn", "--sections", "decode",
+               "--out", str(out), "--contexts", "32", "--batches", "1", "--steps", "2", "--budget-s", "600")
+    rows = {r["model"]: r for r in json.loads(out.read_text())["decode"]}
+    assert "compiled_fused_ms" not in rows["teacher"] and rows["teacher"]["compiled_ms"] > 0
+    for name in ("hybrid_7to1", "layer_3to1"):
+        r = rows[name]
+        assert not [k for k in r if k.endswith("_error")], r
+        assert r["compiled_ms"] > 0 and r["fused_gdn_ms"] > 0 and r["compiled_fused_ms"] > 0
+
+
 def test_sections_runs_only_the_units_named(tmp_path):
     """--sections decode times the decode rows and nothing slower (no prefill, max batch or layer rows); an unknown
     name is refused with the list to choose from."""

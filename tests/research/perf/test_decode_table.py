@@ -11,13 +11,15 @@ SHAPE_CACHE = [dict(model="teacher", context=1024, fa_kv_bytes=1000, gdn_state_b
                dict(model="hybrid_7to1", context=1024, fa_kv_bytes=125, gdn_state_bytes=10)]
 
 
-def bench(tmp_path, name, teacher_graph, hybrid_graph, teacher_compiled=None, fused=None):
+def bench(tmp_path, name, teacher_graph, hybrid_graph, teacher_compiled=None, fused=None, compiled_fused=None):
     t = dict(model="teacher", context=2048, batch=2, graph_ms=teacher_graph)
     h = dict(model="hybrid_7to1", context=2048, batch=2, graph_ms=hybrid_graph)
     if teacher_compiled:
         t["compiled_ms"] = teacher_compiled
     if fused:
         h["fused_gdn_ms"] = fused
+    if compiled_fused:
+        h["compiled_fused_ms"] = compiled_fused
     path = tmp_path / name
     path.write_text(json.dumps(dict(decode=[t, h], cache_bytes=SHAPE_CACHE,
                                     params=dict(teacher=500, hybrid_7to1=600))))
@@ -51,3 +53,15 @@ def test_dry_runs_and_missing_files_are_refused_with_the_fix(tmp_path):
     empty.write_text(json.dumps(dict(decode=[])))
     with pytest.raises(SystemExit, match="--sections decode"):
         decode_table.load([str(empty)])
+
+
+def test_the_compiled_fused_path_is_a_column_and_can_be_the_best(tmp_path, capsys):
+    """compiled_fused_ms (the fused GDN op inside the compiled step) is summarized like the other paths, has its
+    markdown column, and counts for the verdict's best path."""
+    runs = [bench(tmp_path, "a.json", 10.0, 4.0, 9.0, fused=3.0, compiled_fused=2.0)]
+    hybrid = decode_table.summarize(decode_table.load(runs), bandwidth=1e6)[1]
+    assert hybrid["compiled_fused_ms"] == 2.0 and hybrid["compiled_fused_speedup"] == pytest.approx(9.0 / 2.0)
+    assert decode_table.main(runs + ["--markdown"]) == 0
+    out = capsys.readouterr().out
+    assert "| 2K, 2 | hybrid_7to1 | 4.00 (2.25x) | 3.00 (3.00x) | - | 2.00 (4.50x) |" in out
+    assert "(compiled_fused)" in out  # best / floor names the path
