@@ -5,7 +5,6 @@ stages at 256 and 512: past the teacher's positions, as 16K and 32K are past Smo
 with a held-out source, a few steps per stage."""
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import pytest
@@ -32,13 +31,14 @@ def test_the_recipe_as_written():
     assert [s.name for s in cfg.stages] == ["align", "distill", "long", "long"]
     align, distill, long16, long32 = cfg.stages
     assert align.train_gdn_qkv  # stage 1: the new parameters and the GDN heads' q/k/v
-    # stages 1-2 as smollm2_broad.toml's, the same fixed steps: the broad recipe's two seeds are the baseline
-    broad = TrainConfig.from_file(ROOT / "research" / "train_hybrid" / "smollm2_broad.toml", mask="m.json", out="r")
-    # (stage 2 in two passes of 32 rows: the same step, which an 80 GB GPU holds; not in the fingerprint)
-    one_pass = tuple(dataclasses.replace(s, micro_batch_size=0) for s in cfg.stages[:2])
-    assert one_pass == broad.stages and cfg.data == broad.data and cfg.eval == broad.eval == "none"
-    assert distill.micro_batch_size == 32
-    assert (align.steps, align.lr, align.seq_len, align.batch_size, align.max_minutes) == (180, 2e-3, 2048, 16, 2.0)
+    # stages 1-2 as the best broad recipe's (a 3x stage 1 on the teacher's inputs), the same fixed steps: that
+    # recipe's two seeds are the baseline within the teacher's context
+    best = TrainConfig.from_file(ROOT / "research" / "train_hybrid" / "smollm2_broad_align_long_teacher_inputs.toml",
+                                 mask="m.json", out="r")
+    assert cfg.stages[:2] == best.stages and cfg.data == best.data and cfg.eval == best.eval == "none"
+    assert distill.micro_batch_size == 32  # two passes of 32 rows: the same step, which an 80 GB GPU holds
+    assert align.align_inputs == "teacher"
+    assert (align.steps, align.lr, align.seq_len, align.batch_size, align.max_minutes) == (540, 2e-3, 2048, 16, 6.0)
     assert (distill.steps, distill.lr, distill.seq_len, distill.batch_size, distill.max_minutes) == (
         260, 5e-4, 2048, 64, 6.0)
     assert cfg.data.corpus == "data/corpus/manifest.json" and cfg.data.teacher_corpus == "data/corpus/teacher"
