@@ -238,17 +238,25 @@ def student_continuation(cfg, student, prompt: torch.Tensor, autocast) -> torch.
     return tokens.to(prompt.dtype)
 
 
+def _corpus_weights(cfg, w: torch.Tensor) -> torch.Tensor:
+    """w [B, T] with the positions predicting the student's own tokens zeroed (w[t] weighs the target t + 1)."""
+    w_corpus = w.clone()  # [B, T]
+    w_corpus[:, w.shape[1] - cfg.on_policy_tokens - 1:] = 0
+    return w_corpus
+
+
 def on_policy_loss(cfg, student, teacher, ids, w, autocast) -> list[Term]:
+    """distill_loss on each row's first T - on_policy_tokens tokens followed by the student's own continuation:
+    the KL over every position, the CE on the corpus part. Logged besides, with weight 0, on the full-logits path
+    of a step in one pass: the KL on the student's own tokens and on the rest (a step split into passes,
+    ``micro_batch_size``, gives the terms its counts() names, which are the distill terms alone)."""
     B, T = ids.shape
     P = T - cfg.on_policy_tokens
     seq = torch.cat([ids[:, :P], student_continuation(cfg, student, ids[:, :P], autocast)], 1)  # [B, T]
-    w_corpus = w.clone()  # [B, T]: w[t] weighs the target seq[t + 1]; the student's own tokens get no CE
-    w_corpus[:, P - 1:] = 0
     own = torch.zeros(B, T, dtype=torch.bool, device=ids.device)  # [B, T]: positions predicting the student's tokens
     own[:, P - 1:] = True
-    # the KL over every position, the CE on the corpus part; logged: the KL on the student's own tokens and the rest
-    return distill_loss(cfg, student, teacher, seq, w_corpus, autocast,
-                        kl_parts=(("kl_own", own), ("kl_corpus", ~own)))
+    parts = () if cfg.micro_batch_size else (("kl_own", own), ("kl_corpus", ~own))
+    return distill_loss(cfg, student, teacher, seq, _corpus_weights(cfg, w), autocast, kl_parts=parts)
 
 
 # ---- the fused loss (hybrid.train.fused_loss): lm_head + KL + CE in chunks, no [B, T, V] logits -------------------
@@ -351,6 +359,12 @@ def distill_counts(cfg, ids, w) -> list[torch.Tensor]:
     return out
 
 
+def on_policy_counts(cfg, ids, w) -> list[torch.Tensor]:
+    """on_policy_loss's counts in passes (no logged parts): the KL over every position, the CE on the corpus part.
+    The student's continuation replaces tokens, not positions or weights, so the counts need no sampling."""
+    return distill_counts(cfg, ids, _corpus_weights(cfg, w))
+
+
 def ce_counts(cfg, ids, w) -> list[torch.Tensor]:
     """lm_loss's count: the weights of the targets (weighted_ce)."""
     return [w[:, :-1].float().sum()]
@@ -371,7 +385,8 @@ register_stage(Stage("align", 1, True, True, "new", align_loss, "hidden-state MS
 register_stage(Stage("distill", 2, True, True, "all", distill_loss, "KL(teacher || student) + CE, all parameters",
                      distill_counts))
 register_stage(Stage("distill_on_policy", 2, True, True, "all", on_policy_loss,
-                     "KL(teacher || student) on rows the student continues itself + CE on the corpus part"))
+                     "KL(teacher || student) on rows the student continues itself + CE on the corpus part",
+                     on_policy_counts))
 register_stage(Stage("long", 3, True, False, "all", lm_loss, "next-token CE at a longer context", ce_counts))
 register_stage(Stage("pretrain", None, False, False, "all", lm_loss, "weighted next-token CE (reference model)",
                      ce_counts))

@@ -88,10 +88,57 @@ def test_a_bad_micro_batch_size_is_refused(bad, why):
 
 
 def test_a_stage_without_counts_refuses_micro_batches():
-    from hybrid.train.config import StageConfig
+    import dataclasses
 
-    with pytest.raises(TrainConfigError, match="cannot give its loss's counts"):
-        StageConfig(**stage("distill_on_policy", batch_size=4, on_policy_tokens=8, micro_batch_size=2))
+    from hybrid.train.config import StageConfig
+    from hybrid.train.stages import STAGES, register_stage
+
+    register_stage(dataclasses.replace(STAGES["distill"], name="distill_without_counts", counts=None))
+    try:
+        with pytest.raises(TrainConfigError, match="cannot give its loss's counts"):
+            StageConfig(**stage("distill_without_counts", batch_size=4, micro_batch_size=2))
+    finally:
+        STAGES.unregister("distill_without_counts")
+
+
+def test_an_on_policy_step_split_into_passes_has_the_one_pass_gradient(tmp_path, tiny_teacher_dir, tiny_mask,
+                                                                        monkeypatch):
+    """distill_on_policy in passes (what an 80 GB GPU needs at 64 rows of 2048): at sampling temperature 0 each
+    row's continuation is the same in a pass as in the whole batch, so the split step is the one-pass step; its
+    counts() are what its loss counts over the passes (the trainer checks it)."""
+    st = stage("distill_on_policy", steps=1, seq_len=32, batch_size=4, on_policy_tokens=8, sample_temperature=0.0)
+    one = _first_step_grads(tmp_path / "one", tiny_teacher_dir, tiny_mask, st, monkeypatch)
+    split = _first_step_grads(tmp_path / "split", tiny_teacher_dir, tiny_mask, {**st, "micro_batch_size": 2},
+                              monkeypatch)
+    assert len(one) == len(split) > 0 and sum(float(g.abs().sum()) for g in one) > 0
+    for a, b in zip(one, split):
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-6)
+
+
+def test_on_policy_counts_are_the_losss_own(tiny_teacher_dir, tiny_mask):
+    """The counts on_policy_counts gives without sampling equal the counts of the loss's terms (KL over every
+    position, CE over the corpus part's weights), and a split step's loss names only those terms."""
+    from contextlib import nullcontext
+
+    from transformers import AutoModelForCausalLM
+
+    from headscope.mask import HeadMask
+    from hybrid.convert import from_mask
+    from hybrid.train.config import StageConfig
+    from hybrid.train.stages import STAGES
+
+    teacher = AutoModelForCausalLM.from_pretrained(tiny_teacher_dir).eval()
+    student = from_mask(teacher, HeadMask.from_json(tiny_mask)).train()
+    torch.manual_seed(0)
+    ids = torch.randint(5, 4000, (2, 24))  # [B, T]
+    w = torch.rand(2, 24)  # [B, T]: uneven weights, as task rows give
+    cfg = StageConfig(name="distill_on_policy", steps=1, lr=1e-3, seq_len=24, batch_size=4, on_policy_tokens=6,
+                      micro_batch_size=2)
+    terms = STAGES["distill_on_policy"].loss(cfg, student, teacher, ids, w, nullcontext())
+    counts = STAGES["distill_on_policy"].counts(cfg, ids, w)
+    assert [n for n, *_ in terms] == ["kl", "ce"]
+    assert [float(c) for *_, c in terms] == pytest.approx([float(c) for c in counts])
+    assert float(counts[1]) == pytest.approx(float(w[:, :24 - 6 - 1].sum()))  # the corpus part's targets only
 
 
 def test_passes_that_do_not_split_the_process_rows_are_refused(tmp_path, tiny_teacher_dir, tiny_mask, monkeypatch):
