@@ -315,8 +315,10 @@ class Decoder:
     lengths (the Decoder keeps the real ones), so steps do not recompile. The decode weight caches
     (``hybrid.layers.common.fused_linear``, ``inference_constant``) are made by one eager step, undone, before the
     first compiled one (``prime``), and read by the compiled step without a check (``trusted_inference_caches``),
-    so they break no graph; on CUDA the graph breaks at fla's, the Triton prologue's and flash-attn's
-    compiler-disabled entry points (docs/kernels.md). Off by default.
+    so they break no graph. On CUDA the decode path's Triton / fla kernels (the split-KV decode attention, the q/k
+    prologue's forward, fla's recurrent step, the fused GDN step) are ``torch.library`` custom ops
+    (``torch.ops.hybrid.*``), each one node of the step's one graph, and the availability checks are constants
+    under compile, so the step compiles to one graph (docs/kernels.md). Off by default.
 
     ``fused_gdn``: True switches every GDN branch of ``model`` to the fused decode op (``hybrid.ops.gdn_decode``:
     q/k prologue, gates and state update in one Triton kernel on CUDA), False back to the split ops; the switch

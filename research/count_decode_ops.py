@@ -90,8 +90,10 @@ def main(argv: list[str] | None = None) -> dict:
             model = build(teacher, name).to(args.device)
             b = graph_breaks(model, args.batch[0], args.context)
             res[f"{name} graph breaks"] = {"graphs": b["graphs"], "breaks": b["breaks"],
-                                           "reasons": [[r, loc, n] for (r, loc), n in b["reasons"].items()]}
-            print(f"== {name}: torch.compile of the step: {b['graphs']} graphs, {b['breaks']} breaks")
+                                           "reasons": [[r, loc, n] for (r, loc), n in b["reasons"].items()],
+                                           "custom_ops": b["custom_ops"]}
+            print(f"== {name}: torch.compile of the step: {b['graphs']} graphs, {b['breaks']} breaks; custom ops "
+                  + (", ".join(f"{op} x{n}" for op, n in b["custom_ops"].items()) or "none"))
             for (reason, loc), n in b["reasons"].items():
                 print(f"   {n} x {loc}: {reason}")
     if args.json:

@@ -10,6 +10,12 @@ fla nor flash_attn (they load lazily inside the functions that use them).
     attention_eager             its naive twin
     decode_attention            one query per row over a KV buffer with per-row lengths ("triton" split-KV, "torch")
     gdn_qk_prologue             GDN q/k RMSNorm + RoPE + l2norm ("auto", "torch" twin, "triton" fused fwd+bwd)
+
+The forward-only kernels of decoding are ``torch.library`` custom ops, so a compiled decode step stays one graph:
+``torch.ops.hybrid.decode_attention``, ``.gdn_qk_prologue`` (no gradient needed), ``.fla_recurrent_gated_delta_rule``
+and ``.gdn_decode_step`` (hybrid.ops.gdn_decode; writes its state in place). Their CUDA kernels are the Triton / fla
+kernels, their CPU kernels the twins (``hybrid.ops.utils.custom_ops_on_cpu()`` routes CPU tensors through them, for
+tests). Triton / fla / flash-attn availability is cached and a constant under torch.compile.
 """
 from hybrid.ops.attention import attention, attention_eager
 from hybrid.ops.decode_attention import decode_attention

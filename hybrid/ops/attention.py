@@ -10,15 +10,15 @@ the naive twin), "auto" (flash where it applies, else sdpa).
 """
 from __future__ import annotations
 
-import functools
-
 import torch
 import torch.nn.functional as F
+
+from hybrid.ops.utils import constant_under_compile
 
 BACKENDS = ("auto", "sdpa", "flash", "eager")
 
 
-@functools.cache
+@constant_under_compile  # cached; a constant under torch.compile (hybrid.ops.utils)
 def flash_available() -> bool:
     """True if flash-attn imports."""
     try:

@@ -14,19 +14,27 @@ Backends:
               give one CTA per (row, KV head) for a single query, so one KV head at 128K keys streams 64 MB
               through one SM
     "auto"    "triton" on CUDA when Triton imports and D is a power of two, else "torch"
+
+Under ``torch.compile`` on CUDA "triton" runs as the custom op ``torch.ops.hybrid.decode_attention``
+(``torch.library.custom_op``: one opaque node, no graph break; its CPU kernel is the twin, its fake kernel gives the
+shape); eager calls launch the kernels directly.
 """
 from __future__ import annotations
 
 import functools
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
+from torch import Tensor
 
 from hybrid.ops.prologue import triton_available
+from hybrid.ops.utils import contiguous_fresh, fast_device, kernels_assumed, through_custom_op
 
 BACKENDS = ("auto", "torch", "triton")
 BLOCK_N = 64  # keys per inner step
 __all__ = ["decode_attention", "decode_attention_reference", "decode_attention_triton"]
+# torch.ops.hybrid.decode_attention: the Triton kernels as a custom op (below)
 
 
 def _check(q, k, v, kv_len):
@@ -151,14 +159,36 @@ def decode_attention_triton(q, k, v, kv_len, scale=None, window=None):
     return o
 
 
+# the schema given, not inferred from this module's string annotations (``from __future__ import annotations``;
+# their inference has changed between torch versions)
+@torch.library.custom_op("hybrid::decode_attention", mutates_args=(), device_types="cpu",
+                         schema="(Tensor q, Tensor k, Tensor v, Tensor kv_len, float? scale, SymInt? window) -> Tensor")
+def _decode_attention_op(q: Tensor, k: Tensor, v: Tensor, kv_len: Tensor, scale: Optional[float],
+                         window: Optional[int]) -> Tensor:
+    """CPU kernel: the twin (masked SDPA), contiguous [B, 1, H, D]."""
+    return contiguous_fresh(decode_attention_reference(q, k, v, kv_len, scale, window), q, k, v)
+
+
+@_decode_attention_op.register_kernel("cuda")
+def _decode_attention_op_cuda(q, k, v, kv_len, scale, window):
+    """CUDA kernel: the split-KV Triton kernels (split + combine); kv_len read as a contiguous [B]."""
+    return decode_attention_triton(q, k, v, kv_len.contiguous(), scale, window)
+
+
+@_decode_attention_op.register_fake
+def _decode_attention_op_fake(q, k, v, kv_len, scale, window):
+    return q.new_empty(q.shape)  # [B, 1, H, D], contiguous
+
+
 def resolve_backend(backend: str, q: torch.Tensor) -> str:
     if backend not in BACKENDS:
         raise ValueError(f"decode attention backend must be one of {BACKENDS}, got {backend!r}")
     D = q.shape[-1]
     pow2 = D >= 16 and D & (D - 1) == 0
+    triton_ok = kernels_assumed() or triton_available()
     if backend == "auto":
-        return "triton" if q.is_cuda and pow2 and q.dtype != torch.float64 and triton_available() else "torch"
-    if backend == "triton" and not triton_available():
+        return "triton" if fast_device(q) and pow2 and q.dtype != torch.float64 and triton_ok else "torch"
+    if backend == "triton" and not triton_ok:
         raise ImportError("decode attention backend='triton' needs Triton; use 'torch'")
     if backend == "triton" and not pow2:
         raise ValueError(f"decode attention backend='triton' needs D a power of two >= 16, got D={D}; use 'torch'")
@@ -176,5 +206,10 @@ def decode_attention(
 ) -> torch.Tensor:
     """Attention of one new query per row over the first kv_len[b] keys (the last ``window`` of them)."""
     _check(q, k, v, kv_len)
-    fn = decode_attention_triton if resolve_backend(backend, q) == "triton" else decode_attention_reference
-    return fn(q, k, v, kv_len, scale, window)
+    if resolve_backend(backend, q) != "triton":
+        return decode_attention_reference(q, k, v, kv_len, scale, window)
+    needs_grad = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))
+    if through_custom_op(q) and not needs_grad:  # compiling: the custom op, one node, no graph break
+        return _decode_attention_op(q, k, v, kv_len, None if scale is None else float(scale),
+                                    None if window is None else int(window))
+    return decode_attention_triton(q, k, v, kv_len, scale, window)  # eager (or Triton's CPU interpreter)

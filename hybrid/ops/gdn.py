@@ -21,18 +21,25 @@ HOPPER_BWD_VERIFIED_DIMS. `allow_unverified_hopper_backward=True` (or env HYBRID
 runs fla's own backward with the guard switched off at any head dim, for the parity test
 (tests/hybrid/ops/test_gpu_kernels.py, research/fla_parity_gpu.py) that measures whether it is right.
 See docs/kernels.md for the decision.
+
+"fla_recurrent" runs as the custom op ``torch.ops.hybrid.fla_recurrent_gated_delta_rule`` (``torch.library.custom_op``,
+forward only: one opaque node under ``torch.compile``, no graph break; its CPU kernel is the recurrent twin, its
+fake kernel gives the shapes). "fla_chunk" (training, prefill) stays compiler-disabled: a graph break.
 """
 from __future__ import annotations
 
 import contextlib
 import functools
 import os
+from typing import Optional
 
 import torch
+from torch import Tensor
 
 from hybrid.ops.gdn_chunk import chunk_gated_delta_rule as torch_chunk_gated_delta_rule
 from hybrid.ops.gdn_recurrent import recurrent_gated_delta_rule as torch_recurrent_gated_delta_rule
-from hybrid.ops.utils import check_gdn_inputs
+from hybrid.ops.utils import (check_gdn_inputs, constant_under_compile, contiguous_fresh, fast_device,
+                              kernels_assumed, through_custom_op)
 
 BACKENDS = ("auto", "torch_chunk", "torch_recurrent", "fla_chunk", "fla_recurrent")
 FLA_RECURRENT_MAX_T = 64  # auto: decode / short no-grad calls use fla's fused recurrent kernel
@@ -47,7 +54,7 @@ HOPPER_BWD_ENV = "HYBRID_ALLOW_UNVERIFIED_HOPPER_BWD"
 HOPPER_BWD_VERIFIED_DIMS: frozenset[tuple[int, int]] = frozenset({(32, 32), (64, 64), (128, 128)})
 
 
-@functools.cache
+@constant_under_compile  # cached; a constant under torch.compile (hybrid.ops.utils)
 def fla_available() -> bool:
     """True if fla's gated delta rule kernels import (needs fla-core, Triton and a GPU build)."""
     try:
@@ -154,14 +161,8 @@ def fla_chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None,
                                               chunk_size, q, k, v, g, beta, initial_state)
 
 
-@torch.compiler.disable  # a graph break under torch.compile, not a trace through fla / Triton (docs/kernels.md)
-def fla_recurrent_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
-                                   use_qk_l2norm_in_kernel=False, chunk_size=64):
-    """fla's fused recurrent kernel (forward only: fla has no backward for it). Keyword call: fla's
-    positional order there is (q, k, v, g, gk, gv, beta, ...)."""
-    if torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in (q, k, v, g, beta, initial_state)):
-        raise RuntimeError("backend='fla_recurrent' has no backward in fla; use 'fla_chunk' (or 'auto') for "
-                           "training, or call under torch.no_grad() for decoding")
+def _fla_recurrent_raw(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel):
+    """fla's fused recurrent kernel. Keyword call: fla's positional order there is (q, k, v, g, gk, gv, beta, ...)."""
     from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule
 
     return fused_recurrent_gated_delta_rule(q=q, k=k, v=v, g=g, beta=beta, scale=scale,
@@ -169,19 +170,71 @@ def fla_recurrent_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=N
                                             use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel)
 
 
+# the schema given, not inferred from this module's string annotations (``from __future__ import annotations``;
+# their inference has changed between torch versions)
+@torch.library.custom_op("hybrid::fla_recurrent_gated_delta_rule", mutates_args=(), device_types="cpu",
+                         schema="(Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, float? scale, "
+                                "Tensor? initial_state, bool output_final_state, bool use_qk_l2norm_in_kernel) "
+                                "-> (Tensor, Tensor)")
+def _fla_recurrent_op(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, scale: Optional[float],
+                      initial_state: Optional[Tensor], output_final_state: bool,
+                      use_qk_l2norm_in_kernel: bool) -> tuple[Tensor, Tensor]:
+    """CPU kernel: the recurrent twin. Returns (o [B, T, H, Dv], final state [B, H, Dk, Dv]; an empty tensor when
+    ``output_final_state`` is False: an op's outputs are tensors, ``fla_recurrent_gated_delta_rule`` makes it
+    None)."""
+    o, ht = torch_recurrent_gated_delta_rule(q, k, v, g, beta, scale, initial_state, output_final_state,
+                                             use_qk_l2norm_in_kernel)
+    ht = contiguous_fresh(ht, initial_state) if ht is not None else o.new_empty(0, dtype=torch.float32)
+    return contiguous_fresh(o, v), ht
+
+
+@_fla_recurrent_op.register_kernel("cuda")
+def _fla_recurrent_op_cuda(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel):
+    """CUDA kernel: fla's fused recurrent Triton kernel."""
+    o, ht = _fla_recurrent_raw(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel)
+    return o, (ht if ht is not None else o.new_empty(0, dtype=torch.float32))
+
+
+@_fla_recurrent_op.register_fake
+def _fla_recurrent_op_fake(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel):
+    B, T, H, Dk = q.shape
+    # the state: float32 from fla; the twin's accumulation dtype on the CPU (float64 for float64 inputs)
+    xs = (q, k, v, g, beta, initial_state)
+    st = torch.float64 if q.device.type != "cuda" and any(
+        x is not None and x.dtype == torch.float64 for x in xs) else torch.float32
+    ht = q.new_empty(B, H, Dk, v.shape[-1], dtype=st) if output_final_state else q.new_empty(0, dtype=torch.float32)
+    return v.new_empty(v.shape), ht  # o [B, T, H, Dv] contiguous, final state [B, H, Dk, Dv]
+
+
+def fla_recurrent_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
+                                   use_qk_l2norm_in_kernel=False, chunk_size=64):
+    """fla's fused recurrent kernel (forward only: fla has no backward for it); while torch.compile traces it,
+    through the custom op ``torch.ops.hybrid.fla_recurrent_gated_delta_rule`` (no graph break)."""
+    if torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in (q, k, v, g, beta, initial_state)):
+        raise RuntimeError("backend='fla_recurrent' has no backward in fla; use 'fla_chunk' (or 'auto') for "
+                           "training, or call under torch.no_grad() for decoding")
+    if not through_custom_op(q):  # eager: fla's kernel directly
+        return _fla_recurrent_raw(q, k, v, g, beta, scale, initial_state, output_final_state,
+                                  use_qk_l2norm_in_kernel)
+    o, ht = _fla_recurrent_op(q, k, v, g, beta, None if scale is None else float(scale), initial_state,
+                              bool(output_final_state), bool(use_qk_l2norm_in_kernel))
+    return o, (ht if output_final_state else None)
+
+
 def resolve_backend(backend: str, q: torch.Tensor, needs_grad: bool) -> str:
     """The concrete backend that `backend` means for this input."""
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     T = q.shape[1]
+    fla_ok = kernels_assumed() or fla_available()
     if backend == "auto":
-        if q.is_cuda and fla_available():
+        if fast_device(q) and fla_ok:
             return "fla_recurrent" if (not needs_grad and T <= FLA_RECURRENT_MAX_T) else "fla_chunk"
         return "torch_recurrent" if T == 1 else "torch_chunk"
     if backend.startswith("fla_"):
-        if not q.is_cuda:
+        if not fast_device(q):
             raise ValueError(f"backend={backend!r} needs CUDA tensors, got device {q.device}; use 'torch_chunk'")
-        if not fla_available():
+        if not fla_ok:
             raise ImportError(f"backend={backend!r} needs fla: pip install fla-core (with Triton on a GPU machine)")
     return backend
 

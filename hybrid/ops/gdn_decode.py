@@ -28,7 +28,9 @@ Backends:
     "auto"    "triton" on CUDA when Triton imports, D is a power of two >= 16, the inputs are not float64 and no
               gradient is needed; else "torch"
 
-Triton is imported lazily (only when the "triton" backend runs).
+On CUDA "triton" runs as the custom op ``torch.ops.hybrid.gdn_decode_step`` (``torch.library.custom_op`` with
+``mutates_args=("state",)``: one opaque node under ``torch.compile``, no graph break; its CPU kernel is the twin,
+its fake kernel gives the shape). Triton is imported lazily (only when the "triton" backend runs).
 ``hybrid.layers.hybrid_attention.use_fused_decode(model, True)`` switches every GDN branch of a model to this op
 for its per-row static-cache steps of one token (``GatedDeltaNetBranch.decode_backend``: "split", today's path
 and the default, or "fused"); docs/kernels.md.
@@ -36,13 +38,15 @@ and the default, or "fused"); docs/kernels.md.
 from __future__ import annotations
 
 import functools
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
+from torch import Tensor
 
 from hybrid.ops.gdn_recurrent import recurrent_gated_delta_rule
 from hybrid.ops.prologue import prologue_reference, triton_available
-from hybrid.ops.utils import L2NORM_EPS, acc
+from hybrid.ops.utils import L2NORM_EPS, acc, contiguous_fresh, fast_device, kernels_assumed, through_custom_op
 
 BACKENDS = ("auto", "torch", "triton")
 DECAYS = ("gdn", "simple")
@@ -148,15 +152,10 @@ def gdn_decode_step_triton(q, k, v, b, a, state, q_weight, k_weight, cos, sin, *
                            norm: bool = True, decay: str = "gdn", A_log=None, dt_bias=None, a_bias=None,
                            scale: float | None = None) -> torch.Tensor:
     """The fused kernel (see the module docstring); same function as the twin, forward only."""
+    _check_triton(q, k, v, state, cos, sin)
     triton, step = _kernel()
     B, _, H, D = q.shape
     scale = D ** -0.5 if scale is None else scale
-    if any(x.stride(-1) != 1 for x in (q, k, v, cos, sin)) or not state.is_contiguous():
-        raise ValueError("gdn_decode_step backend='triton' needs q/k/v/cos/sin with unit stride in the last dim and "
-                         "a contiguous state (the static cache's buffer is); use backend='torch'")
-    if state.dtype != torch.float32:
-        raise ValueError(f"gdn_decode_step backend='triton' needs a float32 state, got {state.dtype}; use "
-                         "backend='torch' (a float64 model)")
     cos_sb = cos.stride(0) if cos.dim() == 3 else 0  # [B, 1, D] per-row positions, or [1, D] shared
     p1, p2 = (A_log, dt_bias) if decay == "gdn" else (a_bias, a_bias)  # [H] each
     o = torch.empty(B, 1, H, D, device=v.device, dtype=v.dtype)  # [B, 1, H, D]
@@ -167,6 +166,51 @@ def gdn_decode_step_triton(q, k, v, b, a, state, q_weight, k_weight, cos, sin, *
                                v.stride(2), b.stride(0), b.stride(2), a.stride(0), a.stride(2), cos_sb, float(eps),
                                float(L2NORM_EPS), float(scale), D=D, BV=bv, NORM=norm, GDN=decay == "gdn")
     return o
+
+
+def _check_triton(q, k, v, state, cos, sin):
+    """What the kernel needs beyond ``_check``: unit last strides and a contiguous float32 state."""
+    if any(x.stride(-1) != 1 for x in (q, k, v, cos, sin)) or not state.is_contiguous():
+        raise ValueError("gdn_decode_step backend='triton' needs q/k/v/cos/sin with unit stride in the last dim and "
+                         "a contiguous state (the static cache's buffer is); use backend='torch'")
+    if state.dtype != torch.float32:
+        raise ValueError(f"gdn_decode_step backend='triton' needs a float32 state, got {state.dtype}; use "
+                         "backend='torch' (a float64 model)")
+
+
+# ---------------------------------------------------------------- the kernel as a custom op
+
+
+# the schema given, not inferred from this module's string annotations (``from __future__ import annotations``;
+# their inference has changed between torch versions)
+@torch.library.custom_op("hybrid::gdn_decode_step", mutates_args=("state",), device_types="cpu",
+                         schema="(Tensor q, Tensor k, Tensor v, Tensor b, Tensor a, Tensor(a!) state, "
+                                "Tensor? q_weight, Tensor? k_weight, Tensor cos, Tensor sin, float eps, bool norm, "
+                                "str decay, Tensor? A_log, Tensor? dt_bias, Tensor? a_bias, float scale) -> Tensor")
+def _gdn_decode_op(q: Tensor, k: Tensor, v: Tensor, b: Tensor, a: Tensor, state: Tensor, q_weight: Optional[Tensor],
+                   k_weight: Optional[Tensor], cos: Tensor, sin: Tensor, eps: float, norm: bool, decay: str,
+                   A_log: Optional[Tensor], dt_bias: Optional[Tensor], a_bias: Optional[Tensor],
+                   scale: float) -> Tensor:
+    """CPU kernel: the twin (``state`` stepped in place), o [B, 1, H, D] contiguous."""
+    o = gdn_decode_step_reference(q, k, v, b, a, state, q_weight, k_weight, cos, sin, eps=eps, norm=norm,
+                                  decay=decay, A_log=A_log, dt_bias=dt_bias, a_bias=a_bias, scale=scale)
+    return contiguous_fresh(o, q, k, v, state)
+
+
+@_gdn_decode_op.register_kernel("cuda")
+def _gdn_decode_op_cuda(q, k, v, b, a, state, q_weight, k_weight, cos, sin, eps, norm, decay, A_log, dt_bias, a_bias,
+                        scale):
+    """CUDA kernel: the fused Triton kernel (``state`` stepped in place). The public function checked the strides
+    eagerly; under torch.compile a layout that inductor chose is made unit-stride here rather than refused."""
+    q, k, v, cos, sin = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v, cos, sin))
+    return gdn_decode_step_triton(q, k, v, b, a, state, q_weight, k_weight, cos, sin, eps=eps, norm=norm,
+                                  decay=decay, A_log=A_log, dt_bias=dt_bias, a_bias=a_bias, scale=scale)
+
+
+@_gdn_decode_op.register_fake
+def _gdn_decode_op_fake(q, k, v, b, a, state, q_weight, k_weight, cos, sin, eps, norm, decay, A_log, dt_bias, a_bias,
+                        scale):
+    return v.new_empty(v.shape)  # o [B, 1, H, D] in v's dtype, contiguous
 
 
 def _check(q, k, v, b, a, state, q_weight, k_weight, cos, sin, norm, decay, A_log, dt_bias, a_bias):
@@ -207,11 +251,12 @@ def resolve_backend(backend: str, q: torch.Tensor, needs_grad: bool = False) -> 
         raise ValueError(f"gdn_decode_step backend must be one of {BACKENDS}, got {backend!r}")
     D = q.shape[-1]
     pow2 = D >= 16 and D & (D - 1) == 0
+    triton_ok = kernels_assumed() or triton_available()
     if backend == "auto":
-        ok = q.is_cuda and pow2 and q.dtype != torch.float64 and not needs_grad and triton_available()
+        ok = fast_device(q) and pow2 and q.dtype != torch.float64 and not needs_grad and triton_ok
         return "triton" if ok else "torch"
     if backend == "triton":
-        if not triton_available():
+        if not triton_ok:
             raise ImportError("gdn_decode_step backend='triton' needs Triton (a GPU build of torch ships it); "
                               "use 'torch'")
         if not pow2:
@@ -247,6 +292,15 @@ def gdn_decode_step(
     _check(q, k, v, b, a, state, q_weight, k_weight, cos, sin, norm, decay, A_log, dt_bias, a_bias)
     params = (q, k, v, b, a, q_weight, k_weight, A_log, dt_bias, a_bias)
     needs_grad = torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in params)
-    fn = gdn_decode_step_triton if resolve_backend(backend, q, needs_grad) == "triton" else gdn_decode_step_reference
-    return fn(q, k, v, b, a, state, q_weight, k_weight, cos, sin, eps=eps, norm=norm, decay=decay, A_log=A_log,
-              dt_bias=dt_bias, a_bias=a_bias, scale=scale)
+    kw = dict(eps=eps, norm=norm, decay=decay, A_log=A_log, dt_bias=dt_bias, a_bias=a_bias, scale=scale)
+    if resolve_backend(backend, q, needs_grad) != "triton":
+        return gdn_decode_step_reference(q, k, v, b, a, state, q_weight, k_weight, cos, sin, **kw)
+    if not through_custom_op(q):  # eager: the kernel launched directly (or Triton's CPU interpreter)
+        return gdn_decode_step_triton(q, k, v, b, a, state, q_weight, k_weight, cos, sin, **kw)
+    _check_triton(q, k, v, state, cos, sin)  # the kernel's errors, raised here (while tracing)
+    if not norm:
+        q_weight = k_weight = None
+    scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
+    # compiling: the custom op, one node (no graph break); it declares the in-place write of state
+    return _gdn_decode_op(q, k, v, b, a, state, q_weight, k_weight, cos, sin, float(eps), bool(norm), decay, A_log,
+                          dt_bias, a_bias, scale)

@@ -19,23 +19,30 @@ Backends:
               torch.autograd.Function
     "auto"    "triton" on CUDA when Triton imports and D / 2 is a power of two, else "torch"
 
-Triton is imported lazily (only when the "triton" backend runs).
+On CUDA with "triton" and no gradient needed (decoding), the forward runs as the custom op
+``torch.ops.hybrid.gdn_qk_prologue`` (``torch.library.custom_op``: one opaque node under ``torch.compile``, no
+graph break; its CPU kernel is the twin, its fake kernel gives the shapes); with a gradient it runs through the
+compiler-disabled autograd Function (training). Triton is imported lazily (only when the "triton" backend runs).
 """
 from __future__ import annotations
 
 import functools
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
+from torch import Tensor
 
-from hybrid.ops.utils import L2NORM_EPS
+from hybrid.ops.utils import (L2NORM_EPS, constant_under_compile, contiguous_fresh, fast_device, kernels_assumed,
+                              through_custom_op)
 
 BACKENDS = ("auto", "torch", "triton")
 
 __all__ = ["BACKENDS", "gdn_qk_prologue", "prologue_reference", "prologue_triton", "triton_available"]
+# torch.ops.hybrid.gdn_qk_prologue: the Triton forward as a custom op (below), used when no gradient is needed
 
 
-@functools.cache
+@constant_under_compile  # cached; a constant under torch.compile (hybrid.ops.utils)
 def triton_available() -> bool:
     try:
         import triton  # noqa: F401
@@ -251,6 +258,34 @@ def prologue_triton(q, k, q_weight, k_weight, cos, sin, eps: float = 1e-6, norm:
     return _PrologueFn.apply(q, k, q_weight, k_weight, cos, sin, eps, norm)
 
 
+# ---------------------------------------------------------------- the forward as a custom op (decoding)
+
+
+# the schema given, not inferred from this module's string annotations (``from __future__ import annotations``;
+# their inference has changed between torch versions)
+@torch.library.custom_op("hybrid::gdn_qk_prologue", mutates_args=(), device_types="cpu",
+                         schema="(Tensor q, Tensor k, Tensor? q_weight, Tensor? k_weight, Tensor cos, Tensor sin, "
+                                "float eps, bool norm) -> (Tensor, Tensor)")
+def _prologue_op(q: Tensor, k: Tensor, q_weight: Optional[Tensor], k_weight: Optional[Tensor], cos: Tensor,
+                 sin: Tensor, eps: float, norm: bool) -> tuple[Tensor, Tensor]:
+    """CPU kernel: the twin, in q's dtype (the Triton kernel's output dtype), contiguous."""
+    qo, ko = prologue_reference(q, k, q_weight, k_weight, cos, sin, eps, norm)
+    return contiguous_fresh(qo.to(q.dtype), q, k), contiguous_fresh(ko.to(k.dtype), q, k)
+
+
+@_prologue_op.register_kernel("cuda")
+def _prologue_op_cuda(q, k, q_weight, k_weight, cos, sin, eps, norm):
+    """CUDA kernel: the Triton forward (one launch per tensor)."""
+    q, k, cos, sin = (t.contiguous() for t in (q, k, cos, sin))
+    q_weight, k_weight = (None if w is None else w.contiguous() for w in (q_weight, k_weight))
+    return _fwd_one(q, q_weight, cos, sin, eps, norm), _fwd_one(k, k_weight, cos, sin, eps, norm)
+
+
+@_prologue_op.register_fake
+def _prologue_op_fake(q, k, q_weight, k_weight, cos, sin, eps, norm):
+    return q.new_empty(q.shape), k.new_empty(k.shape)  # [B, T, H, D] each, contiguous
+
+
 def _check(q, k, q_weight, k_weight, cos, sin, norm):
     if q.dim() != 4 or k.shape != q.shape:
         raise ValueError(f"q and k must both be [B, T, H, D], got {tuple(q.shape)} and {tuple(k.shape)}")
@@ -272,10 +307,11 @@ def resolve_backend(backend: str, q: torch.Tensor) -> str:
         raise ValueError(f"prologue backend must be one of {BACKENDS}, got {backend!r}")
     half = q.shape[-1] // 2
     pow2 = half > 0 and half & (half - 1) == 0
+    triton_ok = kernels_assumed() or triton_available()
     if backend == "auto":
-        return "triton" if q.is_cuda and pow2 and q.dtype != torch.float64 and triton_available() else "torch"
+        return "triton" if fast_device(q) and pow2 and q.dtype != torch.float64 and triton_ok else "torch"
     if backend == "triton":
-        if not triton_available():
+        if not triton_ok:
             raise ImportError("prologue backend='triton' needs Triton (a GPU build of torch ships it); use 'torch'")
         if not pow2:
             raise ValueError(f"prologue backend='triton' needs D / 2 a power of two, got D={q.shape[-1]}; use 'torch'")
@@ -296,5 +332,15 @@ def gdn_qk_prologue(
     """RMSNorm (optional) + RoPE + l2-norm of q and k on the chosen backend; returns (q, k) [B, T, H, D]."""
     _check(q, k, q_weight, k_weight, cos, sin, norm)
     name = resolve_backend(backend, q)
-    fn = prologue_triton if name == "triton" else prologue_reference
-    return fn(q, k, q_weight, k_weight, cos, sin, eps, norm)
+    if name == "triton":
+        if cos.requires_grad or sin.requires_grad:
+            raise ValueError("backend='triton' has no gradient for cos/sin; pass them detached or use "
+                             "backend='torch'")
+        needs_grad = torch.is_grad_enabled() and any(
+            x is not None and x.requires_grad for x in (q, k, q_weight, k_weight))
+        if not needs_grad and through_custom_op(q):  # a compiled decode step: the custom op (no graph break)
+            if not norm:
+                q_weight = k_weight = None
+            return _prologue_op(q, k, q_weight, k_weight, cos, sin, float(eps), bool(norm))
+        return prologue_triton(q, k, q_weight, k_weight, cos, sin, eps, norm)  # eager, training, CPU interpreter
+    return prologue_reference(q, k, q_weight, k_weight, cos, sin, eps, norm)

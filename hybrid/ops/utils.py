@@ -1,5 +1,10 @@
-"""Shared helpers for the GDN ops: input validation, fla's l2norm, accumulation dtype."""
+"""Shared helpers for the ops: input validation, fla's l2norm, accumulation dtype; availability checks that
+``torch.compile`` reads as constants, and the CPU test switch of the CUDA path's custom ops."""
 from __future__ import annotations
+
+import contextlib
+import functools
+from typing import Callable, Iterator
 
 import torch
 
@@ -42,3 +47,73 @@ def check_gdn_inputs(q, k, v, g, beta, initial_state=None) -> tuple[int, int, in
         raise ValueError(f"initial_state shape {tuple(initial_state.shape)} must be [B, H, Dk, Dv] = "
                          f"[{B}, {H}, {Dk}, {Dv}]")
     return B, T, H, Dk, Dv
+
+
+# ---------------------------------------------------------------- torch.compile: constants and custom ops
+
+
+def constant_under_compile(fn: Callable[[], bool]) -> Callable[[], bool]:
+    """``functools.cache`` for a no-argument check (can Triton / fla / flash-attn import?), read by dynamo as a
+    constant (``torch.compiler.assume_constant_result``): dynamo calls it once while tracing and puts its result in
+    the graph. A ``functools.cache``'d function alone is traced through (dynamo ignores the cache wrapper, warns,
+    and traces the imports, which broke the compiled decode step's graph inside Triton's ``knobs``). Eager callers
+    keep the cache's semantics, ``cache_info()`` and ``cache_clear()`` included."""
+    cached = functools.cache(fn)
+
+    @torch.compiler.assume_constant_result
+    @functools.wraps(fn)
+    def read() -> bool:
+        return cached()
+
+    read.cache_info = cached.cache_info  # type: ignore[attr-defined]
+    read.cache_clear = cached.cache_clear  # type: ignore[attr-defined]
+    return read
+
+
+# Tests only (custom_ops_on_cpu): CPU tensors take the CUDA path's dispatch. A module global, so a compiled
+# function guards on it (and recompiles when it changes).
+_CPU_CUSTOM_OPS = False
+
+
+@contextlib.contextmanager
+def custom_ops_on_cpu() -> Iterator[None]:
+    """Inside the block, CPU tensors take the dispatch that CUDA tensors take: ``"auto"`` backends resolve to the
+    Triton / fla kernels (their availability assumed), and those calls go through their ``torch.library`` custom
+    ops (``hybrid::decode_attention``, ``hybrid::gdn_qk_prologue``, ``hybrid::fla_recurrent_gated_delta_rule``,
+    ``hybrid::gdn_decode_step``), whose CPU kernels are the PyTorch twins. For tests: the CUDA path's graph (one
+    opaque op per kernel, no graph break) compiled and checked on the CPU. fla's chunk kernel (prefill past
+    ``FLA_RECURRENT_MAX_T`` tokens, training) and flash-attn have no CPU kernel: keep prompts short inside."""
+    global _CPU_CUSTOM_OPS
+    saved = _CPU_CUSTOM_OPS
+    _CPU_CUSTOM_OPS = True
+    try:
+        yield
+    finally:
+        _CPU_CUSTOM_OPS = saved
+
+
+def fast_device(x: torch.Tensor) -> bool:
+    """Whether ``x`` takes the CUDA path: on CUDA, or on the CPU inside ``custom_ops_on_cpu()``."""
+    return x.is_cuda or _CPU_CUSTOM_OPS
+
+
+def through_custom_op(x: torch.Tensor) -> bool:
+    """Whether a kernel call on ``x`` goes through its custom op: while ``torch.compile`` traces a CUDA call (one
+    opaque node, no graph break), or inside ``custom_ops_on_cpu()``. Eager CUDA calls (and a CUDA graph captured
+    from them) launch the kernels directly, as before the ops existed: no dispatch cost per call."""
+    return _CPU_CUSTOM_OPS or (x.is_cuda and torch.compiler.is_compiling())
+
+
+def kernels_assumed() -> bool:
+    """True inside ``custom_ops_on_cpu()``: Triton / fla count as available (their ops run the CPU twins)."""
+    return _CPU_CUSTOM_OPS
+
+
+def contiguous_fresh(out: torch.Tensor, *inputs: torch.Tensor | None) -> torch.Tensor:
+    """``out`` contiguous and sharing no storage with ``inputs`` (a custom op's output may not alias its inputs)."""
+    out = out.contiguous()
+    for x in inputs:
+        if x is not None and x.numel() and out.numel() and \
+                x.untyped_storage().data_ptr() == out.untyped_storage().data_ptr():
+            return out.clone()
+    return out

@@ -25,7 +25,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 __all__ = ["OpCounter", "counting", "count_step", "summarize", "layer_ops", "VIEW_OPS", "FUSED_ON_CUDA",
-           "count_cuda_kernels", "group_kernels", "graph_breaks"]
+           "count_cuda_kernels", "group_kernels", "graph_breaks", "custom_ops_in"]
 
 # ops that only make views / read metadata (no kernel)
 VIEW_OPS = {"view", "_unsafe_view", "reshape", "expand", "slice", "select", "unsqueeze", "squeeze", "permute",
@@ -304,4 +304,19 @@ def graph_breaks(model, batch: int = 1, context: int = 16) -> dict:
         loc = f"{_short(where.filename)}:{where.lineno} in {where.name}" if where else "?"
         reasons[(b.reason.strip().split("\n")[0], loc)] += 1
     dynamo.reset()
-    return dict(graphs=ex.graph_count, breaks=ex.graph_break_count, reasons=dict(reasons))
+    return dict(graphs=ex.graph_count, breaks=ex.graph_break_count, reasons=dict(reasons),
+                custom_ops=dict(custom_ops_in(ex.graphs)))
+
+
+def custom_ops_in(graphs) -> Counter:
+    """The project's custom ops (``torch.ops.hybrid.*``: the Triton / fla kernels of the CUDA path) called in FX
+    ``graphs`` (dynamo's, e.g. ``torch._dynamo.explain(...).graphs``), by name ("hybrid::decode_attention")."""
+    found = Counter()
+    for g in graphs:
+        for node in g.graph.nodes:
+            name = getattr(node.target, "name", None)
+            if node.op == "call_function" and callable(name):
+                name = name()  # OpOverload.name(): "hybrid::decode_attention"
+            if node.op == "call_function" and isinstance(name, str) and name.startswith("hybrid::"):
+                found[name] += 1
+    return found

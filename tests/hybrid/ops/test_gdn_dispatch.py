@@ -162,14 +162,20 @@ def test_fold_heads_reaches_the_kernel_with_one_head(monkeypatch):
 
 
 def test_fast_kernels_are_opaque_to_torch_compile():
-    """The fla / Triton / flash-attn entry points are torch.compiler.disable'd: a compiled hybrid layer breaks its
-    graph there instead of tracing their Python (on the H200, dynamo spent > 100 s in fla's and Triton's code for
-    one batch shape and did not finish the call); the PyTorch twins stay traceable (CPU compile fuses them)."""
+    """dynamo never traces the fla / Triton / flash-attn Python (on the H200 it spent > 100 s in fla's and Triton's
+    code for one batch shape and did not finish the call). The entry points with a backward (fla's chunk kernel,
+    the Triton prologue's autograd Function, flash-attn) are torch.compiler.disable'd: a compiled hybrid layer
+    breaks its graph there. The forward-only kernels of decoding (fla's recurrent step, the prologue's forward, the
+    decode attention, the fused GDN step) are torch.library custom ops, opaque without a break
+    (tests/hybrid/ops/test_custom_ops.py). The PyTorch twins stay traceable (CPU compile fuses them)."""
     from hybrid.ops.attention import attention_flash, attention_sdpa
     from hybrid.ops.gdn import chunk_gated_delta_rule, fla_chunk_gated_delta_rule, fla_recurrent_gated_delta_rule
     from hybrid.ops.prologue import prologue_reference, prologue_triton
+    import hybrid.ops.gdn_decode  # noqa: F401  (registers hybrid::gdn_decode_step)
 
-    for fn in (fla_chunk_gated_delta_rule, fla_recurrent_gated_delta_rule, prologue_triton, attention_flash):
+    for fn in (fla_chunk_gated_delta_rule, prologue_triton, attention_flash):
         assert getattr(fn, "_torchdynamo_disable", False), fn.__name__
-    for fn in (chunk_gated_delta_rule, prologue_reference, attention_sdpa):
+    for fn in (chunk_gated_delta_rule, prologue_reference, attention_sdpa, fla_recurrent_gated_delta_rule):
         assert not getattr(fn, "_torchdynamo_disable", False), fn.__name__
+    for op in ("decode_attention", "gdn_qk_prologue", "fla_recurrent_gated_delta_rule", "gdn_decode_step"):
+        assert isinstance(getattr(torch.ops.hybrid, op).default, torch._ops.OpOverload), op

@@ -1,6 +1,7 @@
 """research.perf.op_count on the GPU side: CUDA kernels of one decode step by torch.profiler (eager per layer,
 replayed, compiled; GPU tests), their grouping by layer scope, and where torch.compile of the step breaks its
-graph (CPU: only at the decode-time weight caches of hybrid.layers.common)."""
+graph: nowhere, on the CPU (the PyTorch twins), on the CPU along the CUDA path (its Triton / fla kernels as
+torch.library custom ops, whose CPU kernels are the twins: ``custom_ops_on_cpu()``) and on the GPU (marked gpu)."""
 from types import SimpleNamespace
 
 import pytest
@@ -10,6 +11,8 @@ from headscope.heads import Head
 from headscope.mask import HeadMask
 from hybrid.builders import from_teacher
 from hybrid.convert import from_mask
+from hybrid.layers.hybrid_attention import use_fused_decode
+from hybrid.ops.utils import custom_ops_on_cpu
 from research.perf.op_count import count_cuda_kernels, graph_breaks, group_kernels
 
 from model_factories import tiny_model
@@ -36,13 +39,46 @@ def test_group_kernels_by_enclosing_layer_range():
 def test_the_compiled_decode_step_is_one_graph_on_the_cpu(name):
     """On the CPU every op is traceable (the PyTorch twins), and the decode weight caches (fused_linear,
     inference_constant), made by an eager step first, are read without comparing data pointers: one graph, no
-    break (there were 5 per hybrid layer at the caches). On CUDA fla's recurrent kernel and the Triton prologue
-    are compiler-disabled: breaks there (research/count_decode_ops.py --device cuda --breaks)."""
+    break (there were 5 per hybrid layer at the caches). The CUDA path's kernels are custom ops (next test;
+    research/count_decode_ops.py --device cuda --breaks)."""
     teacher = tiny_model("qwen3", dtype=torch.float32, num_hidden_layers=2)
     model = from_teacher(teacher).eval() if name == "teacher" else hybrid_7to1(teacher)
     b = graph_breaks(model, batch=1, context=8)
     assert (b["graphs"], b["breaks"], b["reasons"]) == (1, 0, {})
     assert any(m.__dict__.get("_fused_linears") for m in model.modules())  # made by the eager step, then read
+
+
+def decode_model(name, teacher):
+    """"teacher", "hybrid" (split GDN decode ops) or "hybrid_fused" (the fused GDN decode op)."""
+    model = from_teacher(teacher).eval() if name == "teacher" else hybrid_7to1(teacher)
+    use_fused_decode(model, name == "hybrid_fused")
+    return model
+
+
+def expected_custom_ops(name, layers=2, triton=True, fla=True):
+    """The hybrid:: custom ops a compiled decode step calls on the CUDA path (one per layer each)."""
+    ops = ["hybrid::decode_attention"] if triton else []
+    if name == "hybrid" and triton:
+        ops.append("hybrid::gdn_qk_prologue")
+    if name == "hybrid" and fla:
+        ops.append("hybrid::fla_recurrent_gated_delta_rule")
+    if name == "hybrid_fused" and triton:
+        ops.append("hybrid::gdn_decode_step")
+    return {op: layers for op in ops}
+
+
+@pytest.mark.parametrize("name", ["teacher", "hybrid", "hybrid_fused"])
+def test_the_cuda_paths_compiled_step_is_one_graph_with_its_custom_ops(name):
+    """The CUDA path's dispatch on CPU tensors (custom_ops_on_cpu): the split-KV decode attention, the Triton
+    prologue, fla's recurrent step and the fused GDN step are each one custom-op node of the step's one graph (they
+    were compiler-disabled or traced into Triton, 14 breaks in the hybrid's step on an H100)."""
+    teacher = tiny_model("qwen3", dtype=torch.float32, num_hidden_layers=2)
+    model = decode_model(name, teacher)
+    with custom_ops_on_cpu():
+        b = graph_breaks(model, batch=2, context=8)
+    assert (b["graphs"], b["breaks"], b["reasons"]) == (1, 0, {})
+    assert b["custom_ops"] == expected_custom_ops(name)
+    assert graph_breaks(model, batch=2, context=8)["custom_ops"] == {}  # the CPU's own path: the twins
 
 
 def test_cuda_counter_refuses_the_cpu():
@@ -74,4 +110,49 @@ def test_gpu_kernel_counts_are_positive_and_compiling_does_not_add_kernels(name)
     assert both["total"] <= eager["total"]
     if graph["total"] > 0:  # the profiler reports kernels inside a graph replay (CUPTI): the same step's kernels
         assert abs(graph["total"] - eager["total"]) <= 0.1 * eager["total"] + 2
+    torch._dynamo.reset()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("name", ["teacher", "hybrid", "hybrid_fused"])
+def test_gpu_compiled_step_is_one_graph_and_keeps_the_eager_greedy_tokens(name):
+    """On CUDA the compiled decode step is one graph (bf16, as research/count_decode_ops.py --device cuda --breaks):
+    each Triton / fla kernel one hybrid:: custom op, no break; and Decoder(compile=True) (inductor, CUDA graph)
+    decodes the eager Decoder's greedy tokens (float32, so that no near-tie flips a token)."""
+    import torch._dynamo
+
+    from hybrid.decoding import Decoder, prefill
+    from hybrid.ops.gdn import fla_available
+    from hybrid.ops.prologue import triton_available
+    from testing_utils import assert_close
+
+    torch._dynamo.reset()
+    teacher = tiny_model("qwen3", num_hidden_layers=2, head_dim=64).to("cuda", torch.bfloat16)
+    model = decode_model(name, teacher).cuda()
+    b = graph_breaks(model, batch=2, context=16)
+    print(name, "bf16 compiled step:", b)
+    assert (b["graphs"], b["breaks"], b["reasons"]) == (1, 0, {})
+    assert b["custom_ops"] == expected_custom_ops(name, triton=triton_available(), fla=fla_available())
+
+    model = decode_model(name, tiny_model("qwen3", num_hidden_layers=2, head_dim=64).to("cuda")).cuda()  # float32
+    torch.manual_seed(4)
+    prompts = [torch.randint(0, 128, (n,), device="cuda") for n in (12, 7, 20)]
+    runs = []
+    for compile in (False, True):
+        torch._dynamo.reset()
+        cache, logits = prefill(model, prompts, 9)
+        dec = Decoder(model, cache, compile=compile)  # CUDA graph on (the default on CUDA)
+        ids = logits.argmax(-1, keepdim=True)  # [B, 1]
+        toks, logs = [ids], []
+        for _ in range(8):
+            logs.append(dec.step(ids).float().clone())  # [B, V]
+            ids = logs[-1].argmax(-1, keepdim=True)
+            toks.append(ids)
+        runs.append((torch.cat(toks, 1), torch.stack(logs)))  # [B, 9], [8, B, V]
+    (eager_toks, eager_logits), (comp_toks, comp_logits) = runs
+    # a loose bound (fused float32 math differs from eager in the last bits; the print gives the real error)
+    err = assert_close(f"{name}: compiled vs eager logits", comp_logits, eager_logits, "bf16_kernel")
+    print(name, "greedy tokens", eager_toks.tolist(), "compiled logits rel err", f"{err:.1e}")
+    assert torch.equal(comp_toks, eager_toks)
     torch._dynamo.reset()
