@@ -444,14 +444,21 @@ STAGE_COMMAND = "python3 -m research.stage setup 2>&1 | tail -1"
 def lease_plan(c: dict, seconds: int = 560) -> list[dict]:
     """The device commands of one lease for ``carry``'s job ``c``, in order: the staging commands (each a group of
     ``c["stage_commands"]``), then the job's command, to call again at once until it exits 0: ``detached.sh`` runs
-    the job on between commands, and the results folder is packed into ``$OUT`` after each (its weights stay)."""
+    the job on between commands, and the results folder is packed into ``$OUT`` after each (its weights stay);
+    last, where time is left, one command that brings back the teacher cache and the compile cache."""
     job = c["job"]
     run = (f"python3 -m research.stage setup >/dev/null 2>&1; . /tmp/stage/env.sh && "
            f"bash research/train_hybrid/detached.sh {job} {seconds}; rc=$?; "
            f"python3 -m research.stage pack /tmp/runs/{job} \"$OUT\" 2>&1 | tail -1; exit $rc")
     plan = [{"command": STAGE_COMMAND, "carry": group, "timeout_s": 120} for group in c.get("stage_commands", [])]
+    caches = (f". /tmp/stage/env.sh; python3 -m research.stage teacher-cache save \"$OUT/teacher_cache_{job}.tgz\"; "
+              f"python3 -m research.stage compile-cache save \"$OUT\"")
     return plan + [{"command": run, "carry": c["every_call"], "timeout_s": min(600, seconds + 35),
-                    "again": "until it exits 0 (3: the job still runs)"}]
+                    "again": "until it exits 0 (3: the job still runs)"},
+                   {"command": caches, "carry": [], "timeout_s": 120,
+                    "when": "after the job's exit 0, where the lease has a minute left: the teacher's side of its "
+                            "suites and the compile cache, for the next machines (teacher cache -> "
+                            "research/gpu_cache/ to commit; compile-cache parts -> .stage/)"}]
 
 
 def _print_carry(c: dict) -> None:
@@ -627,7 +634,8 @@ def main(argv: list[str] | None = None) -> int:
             elif a.plan:
                 for i, call in enumerate(out, 1):
                     print(f"{i}. command: {call['command']}\n   carry: {json.dumps(call['carry'])}"
-                          + (f"\n   again {call['again']}" if "again" in call else ""))
+                          + (f"\n   again {call['again']}" if "again" in call else "")
+                          + (f"\n   when: {call['when']}" if "when" in call else ""))
             else:
                 _print_carry(c)
         elif a.cmd == "pack":

@@ -153,15 +153,17 @@ def test_stage_commands_pack_small_parts_together():
 def test_lease_plan_stages_then_runs_the_job_detached():
     c = {"job": "j", "every_call": [".whl/a.whl", "data/gz"], "stage_commands": [["p1"], ["p2", "p3"]]}
     plan = stage.lease_plan(c, seconds=500)
-    assert [call["carry"] for call in plan] == [["p1"], ["p2", "p3"], [".whl/a.whl", "data/gz"]]
+    assert [call["carry"] for call in plan] == [["p1"], ["p2", "p3"], [".whl/a.whl", "data/gz"], []]
     assert all(call["command"] == stage.STAGE_COMMAND for call in plan[:2])
-    job = plan[-1]
+    job, caches = plan[-2:]
+    assert 'teacher-cache save "$OUT/teacher_cache_j.tgz"' in caches["command"] and "when" in caches
+    assert 'compile-cache save "$OUT"' in caches["command"]
     assert "research/train_hybrid/detached.sh j 500" in job["command"] and "pack /tmp/runs/j" in job["command"]
     assert job["command"].endswith("exit $rc") and job["timeout_s"] == 535 and "again" in job
     r = subprocess.run([sys.executable, "-m", "research.stage", "carry", "smollm2_hybrid", "--plan", "--json"],
                        capture_output=True, text=True, cwd=stage.REPO)
     assert r.returncode == 0, r.stderr
-    assert json.loads(r.stdout)[-1]["carry"] == stage.carry("smollm2_hybrid")["every_call"]
+    assert json.loads(r.stdout)[-2]["carry"] == stage.carry("smollm2_hybrid")["every_call"]
 
 
 def test_sizes_count_whole_disk_blocks(tmp_path):
