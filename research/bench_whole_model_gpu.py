@@ -13,6 +13,8 @@ fits --budget-s):
      graph unless --no-cuda-graph, plus a few eager steps for comparison) at 128K then 32K context, batch 8 and 1;
      --fused-gdn adds the hybrids' step with the fused GDN decode op (fused_gdn_ms), --compile-decode the compiled one
      (compiled_ms), both together also the fused op inside the compiled step (compiled_fused_ms).
+     --hf-teacher adds the teacher on transformers' own static cache, compiled as its generate() compiles it
+     (hf_static_ms): the other teacher every decode ratio is taken against the faster of.
      The cache rows are set to the context length without a prefill (a step's cost depends on the lengths, not
      on the values; the ragged prefill path is tested on the CPU);
   2. prefill time (logits of the last position only, the cache kept) and peak memory at 128K, 64K, 32K, 16K
@@ -56,8 +58,9 @@ TARGETS = dict(decode_speedup_b8_128k=5.0, decode_speedup_b1_128k=2.5, max_batch
 MODELS = ("teacher", "hybrid_7to1", "layer_3to1")
 
 
-def build_models(shape: dict, device: str, dtype: torch.dtype) -> dict:
-    """The three models of the module docstring (random weights; the HF teacher is dropped after conversion)."""
+def build_models(shape: dict, device: str, dtype: torch.dtype, keep_hf: bool = False) -> dict:
+    """The three models of the module docstring (random weights; the HF teacher is dropped after conversion unless
+    ``keep_hf``: then it is the dict's ``HF_TEACHER`` entry, for transformers' own decode step)."""
     from headscope.synthetic import random_qwen3
 
     hf = random_qwen3(dict(vocab=shape["vocab"], hidden=shape["C"], intermediate=shape["I"], layers=shape["L"],
@@ -73,10 +76,50 @@ def build_models(shape: dict, device: str, dtype: torch.dtype) -> dict:
             "hybrid_7to1": from_mask(hf, HeadMask.for_model(hf, fa)),
             "layer_3to1": from_mask(hf, layerwise_mask(hf, "3:1"), granularity="layer"),
         }
+    if keep_hf:
+        models[HF_TEACHER] = hf
     del hf
     for m in models.values():
         m.eval().requires_grad_(False)
     return models
+
+
+HF_TEACHER = "hf_teacher"  # build_models(keep_hf=True): the transformers teacher the engine's teacher came from
+
+
+def hf_static_step(hf, batch: int, ctx: int, capacity: int, vocab: int, device: str, compiled: bool):
+    """transformers' own decode step of the teacher: its ``StaticCache`` (``max_cache_len=capacity``) with every
+    layer's length set to ``ctx`` without a prefill (a step's cost depends on the lengths, not the values: its
+    attention reads the whole static buffer under a mask), one token per row, compiled on CUDA as transformers
+    compiles the static-cache forward for ``generate`` (``mode="reduce-overhead"``: CUDA graphs). Returns
+    ``step()``, which advances the positions by one each call (``step.cache``, ``step.ids``, ``step.cache_kwarg``:
+    its cache, its input [B, 1] and the forward's name for the cache)."""
+    import inspect
+
+    from transformers import StaticCache
+
+    params = inspect.signature(hf.forward).parameters
+    kw = "cache" if "cache" in params else "past_key_values"  # transformers renamed it after 5.17
+    cache = StaticCache(config=hf.config, max_cache_len=capacity)
+    ids = torch.randint(0, vocab, (batch, 1), device=device)  # [B, 1]
+    with torch.no_grad():
+        hf(input_ids=ids, use_cache=True, logits_to_keep=1, **{kw: cache})  # allocates every layer's buffers
+    for layer in cache.layers:
+        if not hasattr(layer, "cumulative_length"):
+            raise RuntimeError(f"transformers' {type(layer).__name__} has no cumulative_length (this transformers "
+                               "keeps a static cache's length elsewhere): hf_static_step needs updating for it")
+        layer.cumulative_length.fill_(ctx)
+    pos = torch.full((batch, 1), ctx, device=device, dtype=torch.long)  # [B, 1]: the next position
+    fwd = torch.compile(hf.forward, mode="reduce-overhead") if compiled else hf.forward
+
+    def step() -> torch.Tensor:
+        with torch.no_grad():
+            logits = fwd(input_ids=ids, position_ids=pos, use_cache=True, logits_to_keep=1, **{kw: cache}).logits
+        pos.add_(1)
+        return logits  # [B, 1, V]
+
+    step.cache, step.ids, step.cache_kwarg = cache, ids, kw
+    return step
 
 
 def free(device: str) -> None:
@@ -124,7 +167,7 @@ def timed_column(run: Run, row: dict, key: str, what: str, make, ids, steps: int
 
 
 def decode_row(run: Run, name: str, model, ctx: int, batch: int, steps: int, graph: bool, vocab: int,
-               compiled: bool = False, fused: bool = False) -> dict:
+               compiled: bool = False, fused: bool = False, hf=None) -> dict:
     dev = run.device
     capacity = round_up(ctx + steps + 16)
     cache = filled_cache(model, batch, ctx, capacity)
@@ -154,7 +197,25 @@ def decode_row(run: Run, name: str, model, ctx: int, batch: int, steps: int, gra
         row["error"] = f"out of memory: {str(e)[:120]}"
     del cache
     free(dev)
+    if hf is not None:  # the teacher's second engine: transformers' static cache, its own buffers (after ours went)
+        hf_column(run, row, hf, ctx, batch, steps, vocab, compiled=dev == "cuda")
     return row
+
+
+def hf_column(run: Run, row: dict, hf, ctx: int, batch: int, steps: int, vocab: int, compiled: bool) -> None:
+    """row["hf_static_ms"]: transformers' compiled static-cache step (``hf_static_step``) at the row's context, the
+    median after three untimed steps (compiling and recording the CUDA graphs); a failure is recorded, not raised."""
+    try:
+        step = hf_static_step(hf, batch, ctx, round_up(ctx + steps + 32), vocab, run.device, compiled)
+        for _ in range(3):
+            step()
+        row["hf_static_ms"] = round(bench_ms(step, run.device, target_ms=200.0, max_reps=steps), 3)
+        row["hf_static_compiled"] = compiled
+        del step
+    except Exception as e:  # out of memory included: the engine's columns stand
+        row["hf_static_error"] = f"{type(e).__name__}: {str(e)[:300]}"
+        run.say(f"transformers' static-cache step failed for ctx={ctx} B={batch}: {row['hf_static_error']}")
+    free(run.device)
 
 
 SECTIONS = ("decode", "prefill", "max_batch", "layer")  # --sections: most important first
@@ -170,7 +231,8 @@ def decode_section(run: Run, models: dict, contexts: list[int], batches: list[in
                     continue
                 row = decode_row(run, name, models[name], ctx, batch, steps, graph, vocab,
                                  compiled=run.data.get("compile_decode", False),
-                                 fused=run.data.get("fused_gdn", False))
+                                 fused=run.data.get("fused_gdn", False),
+                                 hf=models.get(HF_TEACHER) if name == "teacher" else None)
                 run.data["decode"].append(row)
                 run.say(f"{label}: {row}")
                 run.save()
@@ -362,6 +424,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--fused-gdn", action="store_true",
                     help="also time the hybrids' step with the fused GDN decode op (hybrid.ops.gdn_decode; columns "
                          "fused_gdn_ms and fused_speedup_vs_teacher; step_ms stays the split path's)")
+    ap.add_argument("--hf-teacher", action="store_true",
+                    help="also time the teacher on transformers' own static cache, compiled on CUDA as its "
+                         "generate() compiles it (column hf_static_ms of the teacher's decode rows)")
     ap.add_argument("--sections", default=",".join(SECTIONS),
                     help=f"comma list of the units to run, of {', '.join(SECTIONS)} (default all; the cache bytes "
                          "always run: they are instant)")
@@ -385,7 +450,7 @@ def main(argv: list[str] | None = None) -> dict:
     big = contexts[0]
     run = Run(args.budget_s, out, device, shape=shape, targets=TARGETS, decode=[], prefill=[], cache_bytes=[],
               max_batch=[], layer=[], dry_run=args.dry_run, cuda_graph=not args.no_cuda_graph and device == "cuda",
-              compile_decode=args.compile_decode, fused_gdn=args.fused_gdn)
+              compile_decode=args.compile_decode, fused_gdn=args.fused_gdn, hf_teacher=args.hf_teacher)
     from hybrid.ops import parity
     from hybrid.ops.gdn import fla_available
 
@@ -394,8 +459,8 @@ def main(argv: list[str] | None = None) -> dict:
     run.say(f"environment {run.data['environment']}; fla {run.data['fla']}; writing {out}")
     if device == "cuda" and not run.data["fla"]:
         run.say("WARNING: fla not importable: GDN runs the PyTorch twins (slow); carry the fla-core wheel")
-    models = build_models(shape, device, dtype)
-    run.data["params"] = {k: sum(p.numel() for p in m.parameters()) for k, m in models.items()}
+    models = build_models(shape, device, dtype, keep_hf=args.hf_teacher)
+    run.data["params"] = {k: sum(p.numel() for p in m.parameters()) for k, m in models.items() if k != HF_TEACHER}
     run.say(f"built {run.data['params']}")
     run.save()
     gpu = device == "cuda"

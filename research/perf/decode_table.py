@@ -5,9 +5,9 @@ ratios against the faster teacher, and each step against its bandwidth floor.
 
 Paths (columns of a decode row): ``graph`` (the CUDA-graph step, the default path), ``fused_gdn`` (the same with
 the fused GDN decode op), ``compiled`` (the ``torch.compile``d step in the graph), ``compiled_fused`` (the
-compiled step with the fused GDN decode op). The teacher's best is the
-faster of its graph and compiled steps (each the mean over the runs that have it); every hybrid path's speed-up is
-against that. The floor is the bytes one step must read, the weights (bf16, the tied embedding read once as the
+compiled step with the fused GDN decode op), ``hf_static`` (the teacher on transformers' own static cache, compiled:
+``--hf-teacher``). The teacher's best is the fastest of its graph, compiled and transformers steps (each the mean
+over the runs that have it); every hybrid path's speed-up is against that. The floor is the bytes one step must read, the weights (bf16, the tied embedding read once as the
 output head) plus every row's cache at the context (the FA keys/values scale with it, the GDN state does not), at
 ``--bandwidth`` bytes/s (the H200's 4.8 TB/s peak, ~4.3 TB/s reachable by a copy). Prints one line per (context,
 batch, model); ``--markdown`` prints the table for the docs.
@@ -20,7 +20,7 @@ import statistics
 import sys
 from pathlib import Path
 
-PATHS = ("graph", "fused_gdn", "compiled", "compiled_fused")
+PATHS = ("graph", "fused_gdn", "compiled", "compiled_fused", "hf_static")
 TARGETS = {(131072, 8): 5.0, (131072, 1): 2.5, (32768, 1): 1.5}  # speed-up over the teacher, 7:1 hybrid
 
 
@@ -102,15 +102,15 @@ def _cell(row: dict, p: str) -> str:
 
 def markdown(rows: list[dict]) -> str:
     lines = ["| context, batch | model | graph ms (speed-up) | fused GDN ms | compiled ms | compiled + fused ms | "
-             "floor ms | best / floor |",
-             "|---|---|---|---|---|---|---|---|"]
+             "transformers static ms | floor ms | best / floor |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         best = min((r[f"{p}_ms"], p) for p in PATHS if f"{p}_ms" in r)
         vs = f"{best[0] / r['floor_ms']:.2f}x ({best[1]})" if r["floor_ms"] else "-"
         fl = f"{r['floor_ms']:.2f}" if r["floor_ms"] else "-"
         lines.append(f"| {_len(r['context'])}, {r['batch']} | {r['model']} | {_cell(r, 'graph')} | "
-                     f"{_cell(r, 'fused_gdn')} | {_cell(r, 'compiled')} | {_cell(r, 'compiled_fused')} | {fl} | "
-                     f"{vs} |")
+                     f"{_cell(r, 'fused_gdn')} | {_cell(r, 'compiled')} | {_cell(r, 'compiled_fused')} | "
+                     f"{_cell(r, 'hf_static')} | {fl} | {vs} |")
     return "\n".join(lines)
 
 

@@ -139,3 +139,41 @@ def test_every_decode_column_starts_from_the_rows_context(tmp_path, monkeypatch)
                            fused=True)
     assert "fused_gdn_error" not in row and row["fused_gdn_ms"] > 0, row
     assert starts == [32, 32]  # the eager column, then the fused one after the eager column's steps
+
+
+def test_transformers_static_step_reads_the_context_it_is_set_to():
+    """hf_static_step sets transformers' StaticCache to the context without a prefill; with the keys and values of
+    a real prefill copied into its buffers, its next-token logits are the real ones: the step writes at the
+    context's position and attends over exactly the context before it (what its time is taken for)."""
+    import torch
+    from transformers import StaticCache
+
+    from research import bench_whole_model_gpu as bench
+
+    torch.manual_seed(0)
+    models = bench.build_models(bench.DRY_SHAPE, "cpu", torch.float32, keep_hf=True)
+    hf, ctx, vocab = models[bench.HF_TEACHER], 24, bench.DRY_SHAPE["vocab"]
+    assert set(models) == {"teacher", "hybrid_7to1", "layer_3to1", bench.HF_TEACHER}
+    step = bench.hf_static_step(hf, 2, ctx, 64, vocab, "cpu", compiled=False)
+    prompt = torch.randint(0, vocab, (2, ctx))  # [B, ctx]
+    real = StaticCache(config=hf.config, max_cache_len=64)
+    with torch.no_grad():
+        full = hf(input_ids=torch.cat([prompt, step.ids], 1)).logits[:, -1]  # [B, V]: the real next-token logits
+        hf(input_ids=prompt, use_cache=True, **{step.cache_kwarg: real})  # a real prefill of the context
+    for mine, theirs in zip(step.cache.layers, real.layers):
+        mine.keys[:, :, :ctx].copy_(theirs.keys[:, :, :ctx])
+        mine.values[:, :, :ctx].copy_(theirs.values[:, :, :ctx])
+    torch.testing.assert_close(step()[:, -1], full, rtol=1e-4, atol=1e-5)
+    assert not torch.allclose(step()[:, -1], full)  # the next step is at the next position
+
+
+@pytest.mark.e2e
+def test_dry_run_times_transformers_static_step_for_the_teacher(tmp_path):
+    """--hf-teacher adds hf_static_ms to the teacher's decode rows only."""
+    out = tmp_path / "bench.json"
+    run_script("bench_whole_model_gpu", "--dry-run", "--hf-teacher", "--sections", "decode", "--out", str(out),
+               "--contexts", "32", "--batches", "1", "--steps", "2")
+    rows = {r["model"]: r for r in json.loads(out.read_text())["decode"]}
+    assert "hf_static_error" not in rows["teacher"], rows["teacher"]
+    assert rows["teacher"]["hf_static_ms"] > 0 and rows["teacher"]["hf_static_compiled"] is False
+    assert all("hf_static_ms" not in rows[n] for n in ("hybrid_7to1", "layer_3to1"))

@@ -65,3 +65,16 @@ def test_the_compiled_fused_path_is_a_column_and_can_be_the_best(tmp_path, capsy
     out = capsys.readouterr().out
     assert "| 2K, 2 | hybrid_7to1 | 4.00 (2.25x) | 3.00 (3.00x) | - | 2.00 (4.50x) |" in out
     assert "(compiled_fused)" in out  # best / floor names the path
+
+
+def test_the_teachers_transformers_step_can_be_its_best(tmp_path):
+    """hf_static_ms (the teacher on transformers' own compiled static cache) is one of the teacher's paths: the
+    faster of all its paths is the base of every hybrid ratio."""
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(dict(decode=[dict(model="teacher", context=2048, batch=2, graph_ms=10.0, compiled_ms=9.0,
+                                                 hf_static_ms=7.0),
+                                            dict(model="hybrid_7to1", context=2048, batch=2, graph_ms=3.5)],
+                                    cache_bytes=SHAPE_CACHE, params=dict(teacher=500, hybrid_7to1=600))))
+    teacher, hybrid = decode_table.summarize(decode_table.load([str(path)]), bandwidth=1e6)
+    assert (teacher["teacher_best_ms"], teacher["teacher_best_path"]) == (7.0, "hf_static")
+    assert hybrid["graph_speedup"] == pytest.approx(2.0)
