@@ -11,7 +11,8 @@ fla nor flash_attn (they load lazily inside the functions that use them).
     decode_attention            one query per row over a KV buffer with per-row lengths ("triton" split-KV, "torch")
     gdn_qk_prologue             GDN q/k RMSNorm + RoPE + l2norm ("auto", "torch" twin, "triton" fused fwd+bwd)
 
-The forward-only kernels of decoding are ``torch.library`` custom ops, so a compiled decode step stays one graph:
+The forward-only kernels of decoding run as ``torch.library`` custom ops while torch.compile traces them (eager
+calls launch the kernels directly), so a compiled decode step stays one graph:
 ``torch.ops.hybrid.decode_attention``, ``.gdn_qk_prologue`` (no gradient needed), ``.fla_recurrent_gated_delta_rule``
 and ``.gdn_decode_step`` (hybrid.ops.gdn_decode; writes its state in place). Their CUDA kernels are the Triton / fla
 kernels, their CPU kernels the twins (``hybrid.ops.utils.custom_ops_on_cpu()`` routes CPU tensors through them, for

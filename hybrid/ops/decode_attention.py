@@ -28,8 +28,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from hybrid.ops.prologue import triton_available
-from hybrid.ops.utils import contiguous_fresh, fast_device, kernels_assumed, through_custom_op
+from hybrid.ops.prologue import triton_usable
+from hybrid.ops.utils import contiguous_fresh, fast_device, through_custom_op
 
 BACKENDS = ("auto", "torch", "triton")
 BLOCK_N = 64  # keys per inner step
@@ -185,7 +185,7 @@ def resolve_backend(backend: str, q: torch.Tensor) -> str:
         raise ValueError(f"decode attention backend must be one of {BACKENDS}, got {backend!r}")
     D = q.shape[-1]
     pow2 = D >= 16 and D & (D - 1) == 0
-    triton_ok = kernels_assumed() or triton_available()
+    triton_ok = triton_usable()
     if backend == "auto":
         return "triton" if fast_device(q) and pow2 and q.dtype != torch.float64 and triton_ok else "torch"
     if backend == "triton" and not triton_ok:

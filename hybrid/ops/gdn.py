@@ -22,9 +22,10 @@ runs fla's own backward with the guard switched off at any head dim, for the par
 (tests/hybrid/ops/test_gpu_kernels.py, research/fla_parity_gpu.py) that measures whether it is right.
 See docs/kernels.md for the decision.
 
-"fla_recurrent" runs as the custom op ``torch.ops.hybrid.fla_recurrent_gated_delta_rule`` (``torch.library.custom_op``,
-forward only: one opaque node under ``torch.compile``, no graph break; its CPU kernel is the recurrent twin, its
-fake kernel gives the shapes). "fla_chunk" (training, prefill) stays compiler-disabled: a graph break.
+While ``torch.compile`` traces a CUDA call, "fla_recurrent" runs as the custom op
+``torch.ops.hybrid.fla_recurrent_gated_delta_rule`` (``torch.library.custom_op``, forward only: one opaque node, no
+graph break; its CPU kernel is the recurrent twin, its fake kernel gives the shapes); eager calls run fla's kernel
+directly. "fla_chunk" (training, prefill) stays compiler-disabled: a graph break.
 """
 from __future__ import annotations
 

@@ -28,9 +28,10 @@ Backends:
     "auto"    "triton" on CUDA when Triton imports, D is a power of two >= 16, the inputs are not float64 and no
               gradient is needed; else "torch"
 
-On CUDA "triton" runs as the custom op ``torch.ops.hybrid.gdn_decode_step`` (``torch.library.custom_op`` with
-``mutates_args=("state",)``: one opaque node under ``torch.compile``, no graph break; its CPU kernel is the twin,
-its fake kernel gives the shape). Triton is imported lazily (only when the "triton" backend runs).
+While ``torch.compile`` traces a CUDA call, "triton" runs as the custom op ``torch.ops.hybrid.gdn_decode_step``
+(``torch.library.custom_op`` with ``mutates_args=("state",)``: one opaque node, no graph break; its CPU kernel is
+the twin, its fake kernel gives the shape); eager calls launch the kernel directly. Triton is imported lazily
+(only when the "triton" backend runs).
 ``hybrid.layers.hybrid_attention.use_fused_decode(model, True)`` switches every GDN branch of a model to this op
 for its per-row static-cache steps of one token (``GatedDeltaNetBranch.decode_backend``: "split", today's path
 and the default, or "fused"); docs/kernels.md.
@@ -45,8 +46,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from hybrid.ops.gdn_recurrent import recurrent_gated_delta_rule
-from hybrid.ops.prologue import prologue_reference, triton_available
-from hybrid.ops.utils import L2NORM_EPS, acc, contiguous_fresh, fast_device, kernels_assumed, through_custom_op
+from hybrid.ops.prologue import prologue_reference, triton_usable
+from hybrid.ops.utils import L2NORM_EPS, acc, contiguous_fresh, fast_device, through_custom_op
 
 BACKENDS = ("auto", "torch", "triton")
 DECAYS = ("gdn", "simple")
@@ -251,7 +252,7 @@ def resolve_backend(backend: str, q: torch.Tensor, needs_grad: bool = False) -> 
         raise ValueError(f"gdn_decode_step backend must be one of {BACKENDS}, got {backend!r}")
     D = q.shape[-1]
     pow2 = D >= 16 and D & (D - 1) == 0
-    triton_ok = kernels_assumed() or triton_available()
+    triton_ok = triton_usable()
     if backend == "auto":
         ok = fast_device(q) and pow2 and q.dtype != torch.float64 and not needs_grad and triton_ok
         return "triton" if ok else "torch"

@@ -19,10 +19,10 @@ Backends:
               torch.autograd.Function
     "auto"    "triton" on CUDA when Triton imports and D / 2 is a power of two, else "torch"
 
-On CUDA with "triton" and no gradient needed (decoding), the forward runs as the custom op
-``torch.ops.hybrid.gdn_qk_prologue`` (``torch.library.custom_op``: one opaque node under ``torch.compile``, no
-graph break; its CPU kernel is the twin, its fake kernel gives the shapes); with a gradient it runs through the
-compiler-disabled autograd Function (training). Triton is imported lazily (only when the "triton" backend runs).
+While ``torch.compile`` traces a CUDA call with "triton" and no gradient needed (a compiled decode step), the
+forward runs as the custom op ``torch.ops.hybrid.gdn_qk_prologue`` (``torch.library.custom_op``: one opaque node,
+no graph break; its CPU kernel is the twin, its fake kernel gives the shapes); eager calls and calls with a gradient
+run the compiler-disabled autograd Function (training). Triton is imported lazily (only when the "triton" backend runs).
 """
 from __future__ import annotations
 
@@ -38,8 +38,13 @@ from hybrid.ops.utils import (L2NORM_EPS, constant_under_compile, contiguous_fre
 
 BACKENDS = ("auto", "torch", "triton")
 
-__all__ = ["BACKENDS", "gdn_qk_prologue", "prologue_reference", "prologue_triton", "triton_available"]
+__all__ = ["BACKENDS", "gdn_qk_prologue", "prologue_reference", "prologue_triton", "triton_available", "triton_usable"]
 # torch.ops.hybrid.gdn_qk_prologue: the Triton forward as a custom op (below), used when no gradient is needed
+
+
+def _check_trig_detached(cos: torch.Tensor, sin: torch.Tensor) -> None:
+    if cos.requires_grad or sin.requires_grad:
+        raise ValueError("backend='triton' has no gradient for cos/sin; pass them detached or use backend='torch'")
 
 
 @constant_under_compile  # cached; a constant under torch.compile (hybrid.ops.utils)
@@ -50,6 +55,12 @@ def triton_available() -> bool:
     except Exception:
         return False
     return True
+
+
+def triton_usable() -> bool:
+    """The "triton" backends may run: Triton imports, or the CPU test switch assumes it
+    (``hybrid.ops.utils.custom_ops_on_cpu``, whose custom ops run the twins)."""
+    return kernels_assumed() or triton_available()
 
 
 def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -251,8 +262,7 @@ class _PrologueFn(torch.autograd.Function):
 @torch.compiler.disable  # a graph break under torch.compile, not a trace through fla / Triton (docs/kernels.md)
 def prologue_triton(q, k, q_weight, k_weight, cos, sin, eps: float = 1e-6, norm: bool = True):
     """The fused Triton path (forward and backward); same signature and function as ``prologue_reference``."""
-    if cos.requires_grad or sin.requires_grad:
-        raise ValueError("backend='triton' has no gradient for cos/sin; pass them detached or use backend='torch'")
+    _check_trig_detached(cos, sin)
     if not norm:
         q_weight = k_weight = None
     return _PrologueFn.apply(q, k, q_weight, k_weight, cos, sin, eps, norm)
@@ -307,7 +317,7 @@ def resolve_backend(backend: str, q: torch.Tensor) -> str:
         raise ValueError(f"prologue backend must be one of {BACKENDS}, got {backend!r}")
     half = q.shape[-1] // 2
     pow2 = half > 0 and half & (half - 1) == 0
-    triton_ok = kernels_assumed() or triton_available()
+    triton_ok = triton_usable()
     if backend == "auto":
         return "triton" if fast_device(q) and pow2 and q.dtype != torch.float64 and triton_ok else "torch"
     if backend == "triton":
@@ -333,9 +343,7 @@ def gdn_qk_prologue(
     _check(q, k, q_weight, k_weight, cos, sin, norm)
     name = resolve_backend(backend, q)
     if name == "triton":
-        if cos.requires_grad or sin.requires_grad:
-            raise ValueError("backend='triton' has no gradient for cos/sin; pass them detached or use "
-                             "backend='torch'")
+        _check_trig_detached(cos, sin)  # the custom op below bypasses prologue_triton's own check
         needs_grad = torch.is_grad_enabled() and any(
             x is not None and x.requires_grad for x in (q, k, q_weight, k_weight))
         if not needs_grad and through_custom_op(q):  # a compiled decode step: the custom op (no graph break)
