@@ -14,10 +14,13 @@ other layers) are averaged over the layers. The tiny model is bf16 (--dtype), as
     PYTHONPATH=$PWD python research/count_decode_ops.py --breaks                    # where torch.compile breaks
     PYTHONPATH=$PWD python research/count_decode_ops.py --device cuda               # CUDA kernels (torch.profiler)
     PYTHONPATH=$PWD python research/count_decode_ops.py --device cuda --compile     # eager vs compiled step
+    PYTHONPATH=$PWD python research/count_decode_ops.py --device cuda --compile --fused-gdn   # + the fused GDN op
 
 ``--device cuda`` counts the kernels a step launches on the GPU (research.perf.op_count.count_cuda_kernels):
 per layer for the eager step (by kernel name), and the totals per step of the eager step, the CUDA-graph replay,
-and with ``--compile`` the compiled step and its replay (``Decoder(compile=True)``), divided by the layers.
+and with ``--compile`` the compiled step and its replay (``Decoder(compile=True)``), divided by the layers, with
+the compiled step's kernels by name (inductor's fused kernels included); ``--fused-gdn`` adds the hybrid with the
+fused GDN decode op (``hybrid_fused``).
 ``--layers`` sets the tiny model's depth; ``--json`` writes the numbers.
 """
 from __future__ import annotations
@@ -44,7 +47,8 @@ def tiny_teacher(layers: int = 2, seed: int = 0, dtype: torch.dtype = torch.bflo
 
 
 def build(teacher, name: str):
-    """"teacher" (every head FA with RoPE) or "hybrid" (per layer one whole KV group FA, the rest GDN)."""
+    """"teacher" (every head FA with RoPE), "hybrid" (per layer one whole KV group FA, the rest GDN) or
+    "hybrid_fused" (the same with the fused GDN decode op on)."""
     from headscope.heads import Head
     from headscope.mask import HeadMask
     from hybrid.builders import from_teacher
@@ -52,11 +56,18 @@ def build(teacher, name: str):
 
     if name == "teacher":
         return from_teacher(teacher).eval()
+    if name not in ("hybrid", "hybrid_fused"):
+        raise ValueError(f"model {name!r}: expected 'teacher', 'hybrid' or 'hybrid_fused'")
     cfg = teacher.config
     rep = cfg.num_attention_heads // cfg.num_key_value_heads
     fa = [Head(layer=l, head=(l % cfg.num_key_value_heads) * rep + r)
           for l in range(cfg.num_hidden_layers) for r in range(rep)]
-    return from_mask(teacher, HeadMask.for_model(teacher, fa)).eval()
+    model = from_mask(teacher, HeadMask.for_model(teacher, fa)).eval()
+    if name == "hybrid_fused":
+        from hybrid.layers.hybrid_attention import use_fused_decode
+
+        use_fused_decode(model, True)
+    return model
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -70,6 +81,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--compile-mode", default="default",
                     help="torch.compile mode (default, max-autotune-no-cudagraphs)")
     ap.add_argument("--breaks", action="store_true", help="print where torch.compile of the step breaks its graph")
+    ap.add_argument("--fused-gdn", action="store_true",
+                    help="cuda: also count the hybrid with the fused GDN decode op (hybrid_fused)")
     ap.add_argument("--layers", type=int, default=2, help="the tiny model's layers (default 2)")
     ap.add_argument("--json", default=None, help="write the results to this JSON path")
     args = ap.parse_args(argv)
@@ -86,7 +99,7 @@ def main(argv: list[str] | None = None) -> dict:
             print("   per layer: " + ", ".join(f"{op} {c:g}" for op, c in s["per_layer_ops"].items()))
             print("   outside:   " + ", ".join(f"{op} {c:g}" for op, c in s["outside_ops"].items()))
     if args.breaks:
-        for name in ("teacher", "hybrid"):
+        for name in ("teacher", "hybrid") + (("hybrid_fused",) if args.fused_gdn else ()):
             model = build(teacher, name).to(args.device)
             b = graph_breaks(model, args.batch[0], args.context)
             res[f"{name} graph breaks"] = {"graphs": b["graphs"], "breaks": b["breaks"],
@@ -108,7 +121,8 @@ def cuda_rows(teacher, args) -> dict:
     variants = [("eager", False, False), ("eager, graph", False, True)]
     if args.compile:
         variants += [("compiled", True, False), ("compiled, graph", True, True)]
-    for name, batch in ((n, b) for b in args.batch for n in ("teacher", "hybrid")):
+    names = ("teacher", "hybrid") + (("hybrid_fused",) if args.fused_gdn else ())
+    for name, batch in ((n, b) for b in args.batch for n in names):
         model = build(teacher, name).cuda()
         for label, comp, graph in variants:
             r = count_cuda_kernels(model, batch, args.context, compile=comp, cuda_graph=graph,
@@ -123,6 +137,8 @@ def cuda_rows(teacher, args) -> dict:
             if "scoped" in r and "layer 0" in r["scoped"]:
                 print("   layer 0: " + ", ".join(f"{k[:60]} {c:g}" for k, c in
                                                sorted(r["scoped"]["layer 0"].items(), key=lambda kv: -kv[1])))
+            elif comp and not graph:  # the compiled step's kernels (inductor's fused ones by name), whole step
+                print("   whole step: " + ", ".join(f"{k[:60]} {c:g}" for k, c in r["by_name"].items()))
     return res
 
 

@@ -204,9 +204,10 @@ def group_kernels(events) -> dict[str, Counter]:
     return counts
 
 
-def _device_kernel_total(events) -> tuple[int, int]:
-    """(kernels, memcpy/memset nodes) among the profiler's device-side events."""
+def _device_kernel_total(events) -> tuple[int, int, Counter]:
+    """(kernels, memcpy/memset nodes, kernels by name) among the profiler's device-side events."""
     kern = mem = 0
+    names: Counter = Counter()
     for e in events:
         if getattr(e, "device_type", None) is None or str(e.device_type).split(".")[-1] != "CUDA":
             continue
@@ -214,7 +215,8 @@ def _device_kernel_total(events) -> tuple[int, int]:
             mem += 1
         else:
             kern += 1
-    return kern, mem
+            names[e.name] += 1
+    return kern, mem, names
 
 
 @torch.no_grad()
@@ -223,6 +225,7 @@ def count_cuda_kernels(model, batch: int = 1, context: int = 16, compile: bool =
     """CUDA kernels of one decode step (mean over ``steps`` profiled steps), by torch.profiler (CUDA activity).
 
     Returns dict(total = kernels per step, memops = memcpy/memset per step, per_layer = total / layers,
+    by_name = {kernel name: count per step} (every variant, the compiled one's inductor kernels included),
     scoped = {scope: {kernel name: count per step}} and scoped_per_layer = the "layer l" scopes' mean).
     ``scoped``: each decoder layer runs inside a record_function range "decode_layer l" (forward hooks), so the
     kernels that a layer's CPU calls launch are grouped under it; that needs the launches to happen inside the
@@ -258,10 +261,11 @@ def count_cuda_kernels(model, batch: int = 1, context: int = 16, compile: bool =
         for h in handles:
             h.remove()
     events = prof.events()
-    kern, mem = _device_kernel_total(events)
+    kern, mem, names = _device_kernel_total(events)
     total = kern / steps
     out = dict(total=total, memops=mem / steps, per_layer=total / len(layers), layers=len(layers),
-               compile=compile, cuda_graph=cuda_graph, batch=batch)
+               compile=compile, cuda_graph=cuda_graph, batch=batch,
+               by_name={k: c / steps for k, c in names.most_common()})
     if scoped_ok:
         grouped = group_kernels(events)
         out["scoped"] = {s: {k: c / steps for k, c in cnt.items()} for s, cnt in grouped.items()}
