@@ -70,6 +70,11 @@ def build(teacher, name: str):
     return model
 
 
+def models(args) -> tuple[str, ...]:
+    """The models a GPU count or a graph-break check covers: teacher and hybrid, and the fused one on request."""
+    return ("teacher", "hybrid") + (("hybrid_fused",) if args.fused_gdn else ())
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 8])
@@ -99,7 +104,7 @@ def main(argv: list[str] | None = None) -> dict:
             print("   per layer: " + ", ".join(f"{op} {c:g}" for op, c in s["per_layer_ops"].items()))
             print("   outside:   " + ", ".join(f"{op} {c:g}" for op, c in s["outside_ops"].items()))
     if args.breaks:
-        for name in ("teacher", "hybrid") + (("hybrid_fused",) if args.fused_gdn else ()):
+        for name in models(args):
             model = build(teacher, name).to(args.device)
             b = graph_breaks(model, args.batch[0], args.context)
             res[f"{name} graph breaks"] = {"graphs": b["graphs"], "breaks": b["breaks"],
@@ -121,8 +126,7 @@ def cuda_rows(teacher, args) -> dict:
     variants = [("eager", False, False), ("eager, graph", False, True)]
     if args.compile:
         variants += [("compiled", True, False), ("compiled, graph", True, True)]
-    names = ("teacher", "hybrid") + (("hybrid_fused",) if args.fused_gdn else ())
-    for name, batch in ((n, b) for b in args.batch for n in names):
+    for name, batch in ((n, b) for b in args.batch for n in models(args)):
         model = build(teacher, name).cuda()
         for label, comp, graph in variants:
             r = count_cuda_kernels(model, batch, args.context, compile=comp, cuda_graph=graph,
