@@ -128,14 +128,23 @@ def _kernel():
     return triton, split_kv, combine
 
 
-def _n_splits(q: torch.Tensor, B: int, K: int, S: int) -> int:
+def _n_splits(q: torch.Tensor, B: int, K: int, S: int, waves: int = 2, block_n: int = BLOCK_N) -> int:
+    """Splits of each row's keys: about ``waves`` programs per SM over the B * K (row, KV head) pairs, at most one
+    per ``block_n`` keys and 256 in all."""
     sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 8
-    want = max(1, -(-2 * sms // (B * K)))  # about two waves of programs
-    return max(1, min(want, -(-S // BLOCK_N), 256))
+    want = max(1, -(-waves * sms // (B * K)))  # about `waves` waves of programs
+    return max(1, min(want, -(-S // block_n), 256))
 
 
-def decode_attention_triton(q, k, v, kv_len, scale=None, window=None):
-    """Split-KV decode attention (see the module docstring); same function as the twin."""
+def decode_attention_triton(q, k, v, kv_len, scale=None, window=None, *, block_n: int = BLOCK_N,
+                            waves: int = 2, num_warps: int | None = None, num_stages: int | None = None):
+    """Split-KV decode attention (see the module docstring); same function as the twin. The keyword arguments
+    tune the split kernel (keys per inner step, programs per SM, Triton's warps and pipeline stages; None:
+    Triton's defaults); the defaults are what every caller uses (research/perf/decode_attention_sweep.py times
+    the others)."""
+    if block_n < 16 or block_n & (block_n - 1) or waves < 1:
+        raise ValueError(f"decode_attention_triton: block_n must be a power of two >= 16 and waves >= 1, "
+                         f"got block_n={block_n}, waves={waves}")
     triton, split_kv, combine = _kernel()
     B, _, H, D = q.shape
     S, K = k.shape[1], k.shape[2]
@@ -144,16 +153,17 @@ def decode_attention_triton(q, k, v, kv_len, scale=None, window=None):
     if k.stride(3) != 1 or v.stride() != k.stride():
         k, v = k.contiguous(), v.contiguous()
     q = q.contiguous()
-    ns = _n_splits(q, B, K, S)
+    ns = _n_splits(q, B, K, S, waves, block_n)
     chunk = -(-S // ns)
-    chunk = -(-chunk // BLOCK_N) * BLOCK_N
+    chunk = -(-chunk // block_n) * block_n
+    launch = {k_: v_ for k_, v_ in (("num_warps", num_warps), ("num_stages", num_stages)) if v_ is not None}
     o_part = torch.empty(B, H, ns, D, device=q.device, dtype=torch.float32)  # [B, H, splits, D]
     m_part = torch.empty(B, H, ns, device=q.device, dtype=torch.float32)  # [B, H, splits]
     l_part = torch.empty_like(m_part)
     split_kv[(B * K, ns)](q, k, v, kv_len, o_part, m_part, l_part, float(scale), int(window or 0), S, chunk,
                           q.stride(0), q.stride(2), k.stride(0), k.stride(1), k.stride(2), ns,
-                          K=K, REP=rep, RP=max(16, triton.next_power_of_2(rep)), D=D, BN=BLOCK_N,
-                          WINDOWED=window is not None)
+                          K=K, REP=rep, RP=max(16, triton.next_power_of_2(rep)), D=D, BN=block_n,
+                          WINDOWED=window is not None, **launch)
     o = torch.empty(B, 1, H, D, device=q.device, dtype=q.dtype)  # [B, 1, H, D]
     combine[(B * H,)](o_part, m_part, l_part, o, ns, NS=max(2, triton.next_power_of_2(ns)), D=D)
     return o

@@ -343,6 +343,9 @@ KINDS.register("bench_fused_loss", _script(
 KINDS.register("bench_kernels", _script(
     "research/bench_kernels_gpu.py: fla GDN chunk and SDPA kernel timings", "research.bench_kernels_gpu",
     done="bench_kernels.json", needs=_FLA))
+KINDS.register("decode_attention_sweep", _script(
+    "research/perf/decode_attention_sweep.py: the split-KV decode attention kernel's tunings timed at the decode "
+    "benchmark's shapes", "research.perf.decode_attention_sweep", done="decode_attention_sweep.json"))
 KINDS.register("fla_parity", _script(
     "research/fla_parity_gpu.py: fla's GDN kernels against the PyTorch reference", "research.fla_parity_gpu",
     needs=_FLA))
