@@ -52,6 +52,11 @@ INTERPRETED = textwrap.dedent("""
         kl = torch.tensor(lens)
         assert_close(f"H={H} K={K} window={window}", decode_attention_triton(q, k, v, kl, 0.3, window),
                      decode_attention_reference(q, k, v, kl, 0.3, window), "fp32")
+    # the tunings research/perf/decode_attention_sweep.py times give the same function
+    for tuning in [dict(block_n=16, waves=1), dict(block_n=32, waves=4), dict(block_n=128, waves=8, num_warps=8,
+                                                                              num_stages=2)]:
+        assert_close(f"window={window} {tuning}", decode_attention_triton(q, k, v, kl, 0.3, window, **tuning),
+                     decode_attention_reference(q, k, v, kl, 0.3, window), "fp32")
     print("OK")
 """)
 
