@@ -215,15 +215,17 @@ class GatedDeltaNetBranch(nn.Module):
         per_row = cache is not None and getattr(cache, "per_row", False)  # decoding on a preallocated cache
         per_row = per_row and cache.fuse_projections  # its switch for one matmul per branch (fused_linear)
         b = a = None  # [B, T, H] b_proj(x), a_proj(x) (float32 for half types) when computed with the others
-        if per_row and B * T == 1:  # one token: all five projections as one matmul (views stay contiguous)
+        fused = self._fused_step(per_row, T)
+        # all five projections as one matmul: for one token (the views stay contiguous), and for the fused decode
+        # op at any batch (its kernel reads q/k/v/b/a through their row and head strides)
+        if per_row and (B * T == 1 or fused):
             q, k, v, ba = fused_linear(self, "qkvba", (self.q_proj, self.k_proj, self.v_proj, self.b_proj,
                                                        self.a_proj), x, groups=(1, 1, 1, 2))  # [B, T, 2H] last
         else:
             q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)  # [B, T, H*D] each
             ba = None
-            if per_row:  # rows > 1: q/k/v separate (a slice of a fused output would be copied by the kernels)
+            if per_row:  # split path, rows > 1: q/k/v separate (the prologue and fla would copy strided slices)
                 ba = fused_linear(self, "ba", (self.b_proj, self.a_proj), x, groups=(2,))[0]  # [B, T, 2H]
-        fused = self._fused_step(per_row, T)
         if ba is not None and not fused:
             b, a = acc(ba).split(H, dim=-1)  # [B, T, H] x2: one cast for both
         if self.convs:

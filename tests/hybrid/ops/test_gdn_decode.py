@@ -96,7 +96,8 @@ def decode_steps(model, seqs, N, fused):
 @pytest.mark.parametrize("rows", [1, 3])
 def test_fused_decode_backend_equals_split_in_a_whole_model(name, family, rows):
     """Decoder steps with fused_gdn (the twin on the CPU) equal the split ops: logits and every GDN state (float64;
-    llama has no q/k norm; one row takes the one-matmul projections of B * T == 1)."""
+    llama has no q/k norm; one row takes the one-matmul projections of B * T == 1, and so does the fused op at any
+    number of rows: its kernel reads the strided slices of the one matmul's output)."""
     teacher = tiny_model(family, dtype=torch.float64)
     model = perturbed(BUILDERS[name](teacher))
     torch.manual_seed(1)
@@ -111,6 +112,8 @@ def test_fused_decode_backend_equals_split_in_a_whole_model(name, family, rows):
         assert not calls
         fused, s_fused = decode_steps(model, seqs, 4, fused=True)
         assert len(calls) == 3 * 3  # 3 steps x 3 layers with GDN heads
+        branches = [m for m in model.modules() if isinstance(m, GatedDeltaNetBranch)]
+        assert all("qkvba" in m.__dict__.get("_fused_linears", {}) for m in branches)  # one matmul, all rows
     finally:
         gd.gdn_decode_step = real
         use_fused_decode(model, False)
