@@ -69,17 +69,21 @@ class FullAttentionBranch(nn.Module):
         if self.gate_proj is not None:  # 2 * sigmoid(0 x + 0) = 1: the gate starts as the identity
             self.gate_proj.reset_new_parameters()
 
+    def decode_linears(self) -> tuple[nn.Linear, ...]:
+        """The projections of x a decode step makes, in order: q, k, v and the gate if any."""
+        return (self.q_proj, self.k_proj, self.v_proj) + ((self.gate_proj,) if self.gate_proj is not None else ())
+
     def forward(self, x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                cache: LayerCache | None) -> torch.Tensor:
-        """x [B, T, C], positions [T] absolute -> o [B, T, H_F, D] (gated)."""
+                cache: LayerCache | None, proj: list[torch.Tensor] | None = None) -> torch.Tensor:
+        """x [B, T, C], positions [T] absolute -> o [B, T, H_F, D] (gated). ``proj``: ``decode_linears()``'s
+        outputs already computed (the layer's one matmul for both branches, HybridAttention)."""
         B, T, _ = x.shape
         D = self.head_dim
         per_row = cache is not None and getattr(cache, "per_row", False)  # preallocated cache, per-row lengths
         gate = None  # [B, T, H*D] gate logits when computed with q/k/v
-        if per_row and cache.fuse_projections:  # decoding: q/k/v (and the gate) as one matmul (common.fused_linear)
-            lins = (self.q_proj, self.k_proj, self.v_proj) + ((self.gate_proj,) if self.gate_proj is not None else ())
-            q, k, v, *rest = fused_linear(self, "qkv_gate", lins, x)  # [B, T, H*D], [B, T, K*D] x2, [B, T, H*D]
-            gate = rest[0] if rest else None
+        if proj is not None or per_row and cache.fuse_projections:  # decoding: q/k/v (and the gate) as one matmul
+            q, k, v, *rest = proj if proj is not None else fused_linear(self, "qkv_gate", self.decode_linears(), x)
+            gate = rest[0] if rest else None  # [B, T, H*D], [B, T, K*D] x2, [B, T, H*D]
         else:
             q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         q = q.view(B, T, self.n_heads, D)  # [B, T, H, D]
@@ -204,9 +208,22 @@ class GatedDeltaNetBranch(nn.Module):
             return neg_A * F.softplus(a + dt_bias)
         return F.logsigmoid(a + inference_constant(self, "a_bias", (self.a_bias,), lambda: acc(self.a_bias)))
 
+    DECODE_GROUPS = (1, 1, 1, 2)  # decode_linears() as q, k, v and [b | a]
+
+    def decode_linears(self) -> tuple[nn.Linear, ...]:
+        """The projections of x a decode step makes, in order (``DECODE_GROUPS`` puts b and a side by side)."""
+        return self.q_proj, self.k_proj, self.v_proj, self.b_proj, self.a_proj
+
+    def one_matmul(self, per_row: bool, B: int, T: int) -> bool:
+        """Whether this step's projections are one matmul with strided outputs: one token (the slices stay
+        contiguous), or the fused decode op at any batch (its kernel reads q/k/v/b/a through their row and head
+        strides; the split path's prologue and fla would copy them)."""
+        return per_row and (B * T == 1 or self._fused_step(per_row, T))
+
     def forward(self, x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                cache: LayerCache | None) -> torch.Tensor:
-        """x [B, T, C] -> o [B, T, H_L, D]."""
+                cache: LayerCache | None, proj: list[torch.Tensor] | None = None) -> torch.Tensor:
+        """x [B, T, C] -> o [B, T, H_L, D]. ``proj``: ``decode_linears()``'s outputs grouped by ``DECODE_GROUPS``,
+        already computed (the layer's one matmul for both branches, HybridAttention), where ``one_matmul``."""
         from hybrid.ops import gated_delta_rule
         from hybrid.ops.prologue import gdn_qk_prologue
 
@@ -216,11 +233,9 @@ class GatedDeltaNetBranch(nn.Module):
         per_row = per_row and cache.fuse_projections  # its switch for one matmul per branch (fused_linear)
         b = a = None  # [B, T, H] b_proj(x), a_proj(x) (float32 for half types) when computed with the others
         fused = self._fused_step(per_row, T)
-        # all five projections as one matmul: for one token (the views stay contiguous), and for the fused decode
-        # op at any batch (its kernel reads q/k/v/b/a through their row and head strides)
-        if per_row and (B * T == 1 or fused):
-            q, k, v, ba = fused_linear(self, "qkvba", (self.q_proj, self.k_proj, self.v_proj, self.b_proj,
-                                                       self.a_proj), x, groups=(1, 1, 1, 2))  # [B, T, 2H] last
+        if proj is not None or self.one_matmul(per_row, B, T):  # all five projections as one matmul
+            q, k, v, ba = proj if proj is not None else fused_linear(self, "qkvba", self.decode_linears(), x,
+                                                                     groups=self.DECODE_GROUPS)  # [B, T, 2H] last
         else:
             q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)  # [B, T, H*D] each
             ba = None
@@ -305,8 +320,17 @@ class HybridAttention(nn.Module):
     def forward(self, x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 cache: LayerCache | None = None) -> torch.Tensor:
         """x [B, T, C] -> [B, T, C]."""
-        o_fa = self.fa(x, positions, cos, sin, cache) if self.fa is not None else None  # [B, T, H_F, D]
-        o_la = self.la(x, positions, cos, sin, cache) if self.la is not None else None  # [B, T, H_L, D]
+        proj_fa = proj_la = None
+        B, T, _ = x.shape
+        per_row = cache is not None and getattr(cache, "per_row", False) and cache.fuse_projections
+        if self.fa is not None and self.la is not None and self.la.one_matmul(per_row, B, T):
+            # decoding: both branches' projections as ONE matmul (common.fused_linear), each reading its slices
+            fa_lins = self.fa.decode_linears()
+            outs = fused_linear(self, "fa_la_in", fa_lins + self.la.decode_linears(), x,
+                                groups=(1,) * len(fa_lins) + self.la.DECODE_GROUPS)  # [B, T, N_i] each
+            proj_fa, proj_la = outs[:len(fa_lins)], outs[len(fa_lins):]
+        o_fa = self.fa(x, positions, cos, sin, cache, proj_fa) if self.fa is not None else None  # [B, T, H_F, D]
+        o_la = self.la(x, positions, cos, sin, cache, proj_la) if self.la is not None else None  # [B, T, H_L, D]
         return self.merge.project(x, o_fa, o_la, self.o_proj)  # [B, T, C] = o_proj(merge(...)), no [B, T, H*D] copy
 
     def reset_new_parameters(self) -> None:

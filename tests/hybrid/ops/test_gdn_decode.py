@@ -13,8 +13,7 @@ from hybrid.config import HybridConfig
 from hybrid.convert import from_mask
 from hybrid.decoding import Decoder, greedy_decode, prefill
 from hybrid.layers.common import RotaryEmbedding
-from hybrid.layers.hybrid_attention import GatedDeltaNetBranch
-from hybrid.layers.hybrid_attention import use_fused_decode
+from hybrid.layers.hybrid_attention import GatedDeltaNetBranch, HybridAttention, use_fused_decode
 from hybrid.ops.gdn_decode import gdn_decode_step, gdn_decode_step_reference, resolve_backend
 from hybrid.ops.prologue import triton_available
 
@@ -112,8 +111,10 @@ def test_fused_decode_backend_equals_split_in_a_whole_model(name, family, rows):
         assert not calls
         fused, s_fused = decode_steps(model, seqs, 4, fused=True)
         assert len(calls) == 3 * 3  # 3 steps x 3 layers with GDN heads
-        branches = [m for m in model.modules() if isinstance(m, GatedDeltaNetBranch)]
-        assert all("qkvba" in m.__dict__.get("_fused_linears", {}) for m in branches)  # one matmul, all rows
+        for layer in (m for m in model.modules() if isinstance(m, HybridAttention) and m.la is not None):
+            # one matmul at every row count: both branches' projections together, or the GDN branch's own
+            owner, name = (layer, "fa_la_in") if layer.fa is not None else (layer.la, "qkvba")
+            assert name in owner.__dict__.get("_fused_linears", {}), (layer.layer_idx, name)
     finally:
         gd.gdn_decode_step = real
         use_fused_decode(model, False)
