@@ -5,7 +5,7 @@
     out = model.generate(ids, attention_mask=mask, max_new_tokens=64, do_sample=True, top_p=0.9)
     out = model.generate(ids, max_new_tokens=64, static_cache=False)                          # transformers' loop
     model.generation_config.static_cache = False                                              # the same, kept
-    out = model.generate(ids, max_new_tokens=64, compile_decode=True)   # torch.compile the step (not yet measured)
+    out = model.generate(ids, max_new_tokens=64, compile_decode=True)   # torch.compile the decode step
 
 transformers prepares everything as for any model (the generation config merged with the keywords, the logits
 processors and warpers, the stopping criteria: max_length / max_new_tokens, EOS ids, stop strings with
@@ -42,7 +42,10 @@ such rows as before). ``output_scores`` / ``output_logits`` are returned by the 
 
 ``compile_decode=True`` (or ``generation_config.compile_decode = True``) compiles the decode step with
 ``torch.compile`` before the CUDA graph captures it (``Decoder(compile=True)``; the first call compiles, later
-calls with the same kept cache reuse it). Off by default until measured on a GPU (docs/kernels.md).
+calls with the same kept cache reuse it). Off by default: compiling costs ~50-100 s on the first call of a
+shape (the whole-model benchmark's 28 layers), which a short generation does not win back. The compiled step with
+the fused GDN op (``hybrid.layers.hybrid_attention.use_fused_decode(model)`` before the call) is the fastest
+measured decode step (docs/kernels.md); ``generate()`` through it is not timed yet.
 """
 from __future__ import annotations
 
