@@ -42,7 +42,7 @@ such rows as before). ``output_scores`` / ``output_logits`` are returned by the 
 
 ``compile_decode=True`` (or ``generation_config.compile_decode = True``) compiles the decode step with
 ``torch.compile`` before the CUDA graph captures it (``Decoder(compile=True)``; the first call compiles, later
-calls with the same kept cache reuse it). Off by default: compiling costs ~50-100 s on the first call of a
+calls with the same kept cache reuse it). Off by default: compiling costs tens of seconds on the first call of a
 shape (the whole-model benchmark's 28 layers), which a short generation does not win back. The compiled step with
 the fused GDN op (``hybrid.layers.hybrid_attention.use_fused_decode(model)`` before the call) is the fastest
 measured decode step (docs/kernels.md); ``generate()`` through it is not timed yet.
