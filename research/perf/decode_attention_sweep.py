@@ -19,6 +19,7 @@ skipped once ``--budget-s`` is spent (recorded). ``--dry-run`` prints the cells 
 from __future__ import annotations
 
 import argparse
+import inspect
 import itertools
 import json
 import os
@@ -28,9 +29,13 @@ from pathlib import Path
 
 import torch
 
+from hybrid.ops.decode_attention import decode_attention_triton
+
 D = 128  # head dim of the benchmark shape (Qwen3-1.7B)
 REP = 2  # query heads per KV head (16 query / 8 KV heads)
-DEFAULT = dict(block_n=64, waves=2, num_warps=None, num_stages=None)  # decode_attention_triton's defaults
+# decode_attention_triton's tuning keywords and their defaults (what every caller runs)
+DEFAULT = {n: p.default for n, p in inspect.signature(decode_attention_triton).parameters.items()
+           if p.kind is inspect.Parameter.KEYWORD_ONLY}
 
 
 def grid(args) -> list[dict]:
@@ -52,7 +57,7 @@ def label(t: dict) -> str:
 
 
 def run_cell(S: int, B: int, K: int, tunings: list[dict], bandwidth: float, deadline: float) -> dict:
-    from hybrid.ops.decode_attention import decode_attention_reference, decode_attention_triton
+    from hybrid.ops.decode_attention import decode_attention_reference
     from research.perf.benchmark import bench_ms
 
     g = torch.Generator(device="cuda").manual_seed(0)
