@@ -26,11 +26,11 @@ fused GDN decode op (``hybrid_fused``).
 from __future__ import annotations
 
 import argparse
+import json
 
 import torch
 
-import json
-
+from headscope.io import write_text
 from research.perf.op_count import count_cuda_kernels, count_step, graph_breaks, summarize
 
 
@@ -115,8 +115,7 @@ def main(argv: list[str] | None = None) -> dict:
             for (reason, loc), n in b["reasons"].items():
                 print(f"   {n} x {loc}: {reason}")
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(res, f, indent=1)
+        write_text(args.json, json.dumps(res, indent=1))  # atomic (headscope.io)
     return res
 
 

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import torch
 
+from headscope.io import write_text
 from hybrid.ops.decode_attention import decode_attention_triton
 
 D = 128  # head dim of the benchmark shape (Qwen3-1.7B)
@@ -122,14 +123,13 @@ def main(argv: list[str] | None = None) -> dict:
     if not torch.cuda.is_available():
         sys.exit("decode_attention_sweep: needs a CUDA GPU with Triton (--dry-run runs anywhere)")
     out = args.out or Path(os.environ.get("OUT", ".")) / "decode_attention_sweep.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
     deadline = time.monotonic() + args.budget_s
     res = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, bandwidth=args.bandwidth,
                tunings=len(tunings), cells=[])
     for S, B, K in todo:
         cell = run_cell(S, B, K, tunings, args.bandwidth, deadline)
         res["cells"].append(cell)
-        out.write_text(json.dumps(res, indent=1))
+        write_text(out, json.dumps(res, indent=1))  # atomic: a cut run leaves the last whole cell
         d, b = cell["default"], cell["best"]
         print(f"context {S}, batch {B}, KV heads {K} ({cell['bytes'] / 1e6:.0f} MB): "
               + (f"default {d['ms']:.4f} ms ({d['of_bandwidth']:.0%} of bandwidth)" if d else "default not timed")
