@@ -454,7 +454,10 @@ def lease_plan(c: dict, seconds: int = 560) -> list[dict]:
     caches = (f". /tmp/stage/env.sh; python3 -m research.stage teacher-cache save \"$OUT/teacher_cache_{job}.tgz\"; "
               f"python3 -m research.stage compile-cache save \"$OUT\"")
     return plan + [{"command": run, "carry": c["every_call"], "timeout_s": min(600, seconds + 35),
-                    "again": "until it exits 0 (3: the job still runs)"},
+                    "again": "until it exits 0 (3: the job still runs)",
+                    "last": f"where the lease has less than {seconds + 40} s of device time left (status's "
+                            "budget_left_s), the same command with detached.sh's seconds = that time - 40: a "
+                            "command cut by the lease's end never reaches `pack`, and its results stay there"},
                    {"command": caches, "carry": [], "timeout_s": 120,
                     "when": "after the job's exit 0, where the lease has a minute left: the teacher's side of its "
                             "suites and the compile cache, for the next machines (teacher cache -> "
@@ -635,6 +638,7 @@ def main(argv: list[str] | None = None) -> int:
                 for i, call in enumerate(out, 1):
                     print(f"{i}. command: {call['command']}\n   carry: {json.dumps(call['carry'])}"
                           + (f"\n   again {call['again']}" if "again" in call else "")
+                          + (f"\n   last call: {call['last']}" if "last" in call else "")
                           + (f"\n   when: {call['when']}" if "when" in call else ""))
             else:
                 _print_carry(c)

@@ -160,6 +160,7 @@ def test_lease_plan_stages_then_runs_the_job_detached():
     assert 'compile-cache save "$OUT"' in caches["command"]
     assert "research/train_hybrid/detached.sh j 500" in job["command"] and "pack /tmp/runs/j" in job["command"]
     assert job["command"].endswith("exit $rc") and job["timeout_s"] == 535 and "again" in job
+    assert "540 s" in job["last"] and "pack" in job["last"]  # the lease's last call leaves time to pack
     r = subprocess.run([sys.executable, "-m", "research.stage", "carry", "smollm2_hybrid", "--plan", "--json"],
                        capture_output=True, text=True, cwd=stage.REPO)
     assert r.returncode == 0, r.stderr
