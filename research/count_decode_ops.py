@@ -20,7 +20,10 @@ other layers) are averaged over the layers. The tiny model is bf16 (--dtype), as
 per layer for the eager step (by kernel name), and the totals per step of the eager step, the CUDA-graph replay,
 and with ``--compile`` the compiled step and its replay (``Decoder(compile=True)``), divided by the layers, with
 the compiled step's kernels by name (inductor's fused kernels included); ``--fused-gdn`` adds the hybrid with the
-fused GDN decode op (``hybrid_fused``).
+fused GDN decode op (``hybrid_fused``). A compiled step has no per-layer scopes, and its ``per_layer`` (total /
+layers) carries the kernels outside the layers divided among the tiny model's two: so ``--compile`` also counts the
+same model one layer deeper, and the difference is one layer's kernels (``per_layer_marginal``; the rest
+``outside``), what a 28-layer model's step pays per layer.
 ``--layers`` sets the tiny model's depth; ``--json`` writes the numbers.
 """
 from __future__ import annotations
@@ -93,7 +96,8 @@ def main(argv: list[str] | None = None) -> dict:
     args = ap.parse_args(argv)
     teacher = tiny_teacher(layers=args.layers, dtype=getattr(torch, args.dtype))
     if args.device == "cuda":
-        res = cuda_rows(teacher, args)
+        deeper = tiny_teacher(layers=args.layers + 1, dtype=getattr(torch, args.dtype)) if args.compile else None
+        res = cuda_rows(teacher, args, deeper)
     else:
         res = {}
         for name, batch in ((n, b) for b in args.batch for n in ("teacher", "hybrid")):
@@ -119,23 +123,40 @@ def main(argv: list[str] | None = None) -> dict:
     return res
 
 
-def cuda_rows(teacher, args) -> dict:
-    """Kernels per layer per step on the GPU: eager (scoped per layer), replayed, compiled, compiled + replayed."""
+def marginal(total: float, total_deeper: float, layers: int) -> dict:
+    """Kernels of one more layer (``total_deeper``: the same model one layer deeper) and what is left outside the
+    layers (embedding, final norm, head, the step's once-per-step work): ``per_layer`` of a shallow model divides
+    the outside kernels among its few layers, which a 28-layer model spreads 14 times thinner."""
+    per = total_deeper - total
+    return {"per_layer_marginal": per, "outside": total - layers * per}
+
+
+def cuda_rows(teacher, args, deeper=None, counter=None) -> dict:
+    """Kernels per layer per step on the GPU: eager (scoped per layer), replayed, compiled, compiled + replayed.
+    ``deeper``: the same teacher one layer deeper; with it the compiled rows (which have no per-layer scopes) also
+    get ``per_layer_marginal`` and ``outside`` (``marginal``). ``counter``: ``count_cuda_kernels`` (tests pass a
+    stand-in)."""
+    counter = counter or count_cuda_kernels
     res = {}
     variants = [("eager", False, False), ("eager, graph", False, True)]
     if args.compile:
         variants += [("compiled", True, False), ("compiled, graph", True, True)]
     for name, batch in ((n, b) for b in args.batch for n in models(args)):
         model = build(teacher, name).cuda()
+        deep = build(deeper, name).cuda() if deeper is not None and args.compile else None
         for label, comp, graph in variants:
-            r = count_cuda_kernels(model, batch, args.context, compile=comp, cuda_graph=graph,
-                                   compile_mode=args.compile_mode)
+            r = counter(model, batch, args.context, compile=comp, cuda_graph=graph, compile_mode=args.compile_mode)
+            if comp and deep is not None:
+                r.update(marginal(r["total"], counter(deep, batch, args.context, compile=comp, cuda_graph=graph,
+                                                      compile_mode=args.compile_mode)["total"], r["layers"]))
             res[f"{name} batch {batch} {label}"] = r
             line = (f"== {name}, batch {batch}, {label}: {r['total']:g} kernels per step "
                     f"({r['per_layer']:g} per layer over {r['layers']} layers, outside included; "
                     f"+{r['memops']:g} memcpy/memset)")
             if "scoped_per_layer" in r:
                 line += f"; inside the layers {r['scoped_per_layer']:g} per layer"
+            if "per_layer_marginal" in r:
+                line += (f"; one more layer adds {r['per_layer_marginal']:g}, {r['outside']:g} outside the layers")
             print(line, flush=True)
             if "scoped" in r and "layer 0" in r["scoped"]:
                 print("   layer 0: " + ", ".join(f"{k[:60]} {c:g}" for k, c in

@@ -1,8 +1,11 @@
 """research/count_decode_ops.py: the models it counts and its CPU report."""
+import argparse
+
 import pytest
+import torch
 
 from hybrid.layers.hybrid_attention import GatedDeltaNetBranch
-from research.count_decode_ops import build, main, tiny_teacher
+from research.count_decode_ops import build, cuda_rows, main, marginal, tiny_teacher
 
 
 def test_build_gives_the_split_and_the_fused_hybrid_and_refuses_other_names():
@@ -21,3 +24,30 @@ def test_breaks_with_the_fused_op_list_it_as_one_graph_on_the_cpu(capsys):
     for name in ("teacher", "hybrid", "hybrid_fused"):
         assert (res[f"{name} graph breaks"]["graphs"], res[f"{name} graph breaks"]["breaks"]) == (1, 0)
     assert "== hybrid_fused: torch.compile of the step: 1 graphs, 0 breaks" in capsys.readouterr().out
+
+
+def test_marginal_splits_one_layers_kernels_from_the_outside():
+    # 2 layers: 2 x 20 + 9 outside = 49; 3 layers: 69 -> 20 a layer, 9 outside (per_layer would say 24.5)
+    assert marginal(49, 69, 2) == {"per_layer_marginal": 20, "outside": 9}
+
+
+def test_cuda_rows_count_the_compiled_rows_one_layer_deeper_too(monkeypatch, capsys):
+    # a stand-in counter (the real one needs a GPU): 9 kernels outside the layers, 20 per layer when compiled
+    monkeypatch.setattr(torch.nn.Module, "cuda", lambda self, *a, **k: self)
+    seen = []
+
+    def counter(model, batch, context, compile, cuda_graph, compile_mode):
+        layers = len(model.model.layers)
+        seen.append((layers, compile, cuda_graph))
+        per = 20 if compile else 40
+        return {"total": 9 + per * layers, "per_layer": (9 + per * layers) / layers, "layers": layers, "memops": 0,
+                "by_name": {"k": 9 + per * layers}}
+
+    args = argparse.Namespace(compile=True, batch=[1], fused_gdn=False, context=16, compile_mode="default")
+    res = cuda_rows(tiny_teacher(layers=2), args, deeper=tiny_teacher(layers=3), counter=counter)
+    compiled = res["hybrid batch 1 compiled, graph"]
+    assert (compiled["per_layer"], compiled["per_layer_marginal"], compiled["outside"]) == (24.5, 20, 9)
+    assert "per_layer_marginal" not in res["teacher batch 1 eager"]  # eager rows have their per-layer scopes
+    assert sorted(set(seen)) == [(2, False, False), (2, False, True), (2, True, False), (2, True, True),
+                                 (3, True, False), (3, True, True)]
+    assert "one more layer adds 20, 9 outside the layers" in capsys.readouterr().out
