@@ -13,6 +13,10 @@ SmolLM2-135M-Instruct (the real teacher; its GGUF staged on a remote GPU with py
     python research/train_hybrid/run.py --config research/train_hybrid/smollm2.toml --out $OUT/smol \
         --throughput-only                   # untrained hybrid: stage-2 + teacher training-step MFU, batch sweep
 
+Past the teacher's context (research/train_hybrid/smollm2_long.toml): --suite fidelity_long,fidelity evaluates the
+held-out suites, --generate-speed 32640,8064 times the trained hybrid's generate() at 32K positions beside the
+teacher's at its 8192 (batch 1, 128 new tokens; OUT/generate_speed.json) before them.
+
 Evaluation lengths (hybrid.train.evals.eval_lengths): L0 = the align / distill length, never past the teacher's
 own training length; NIAH at L0 and 2x / 4x / 8x L0 (at most 16384 tokens: --max-eval-length).
 
@@ -224,7 +228,17 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--eval-only", action="store_true",
                     help="no training: evaluate the hybrid a finished run left in OUT/run (OUT/run/hybrid, "
                          "OUT/run/log.jsonl, OUT/mask.json), e.g. one trained on the GPU and brought back")
+    ap.add_argument("--generate-speed", default=None, metavar="PROMPT[,TEACHER_PROMPT]",
+                    help="after the training, before the suites: generate() speed and cache bytes of the trained "
+                         "hybrid at PROMPT tokens beside the teacher at TEACHER_PROMPT (default PROMPT), batch 1, "
+                         "128 new tokens (research.perf.generate_speed): OUT/generate_speed.json, results.json's "
+                         "\"generate_speed\"; read back when a resumed call finds it for the same weights")
     a = ap.parse_args(argv)
+    if a.generate_speed is not None:
+        try:
+            a.generate_speed = generate_speed_lengths(a.generate_speed)
+        except ValueError as err:
+            ap.error(str(err))
     if a.compiled_only and not (a.compile and a.throughput_only):
         ap.error("--compiled-only times only the compiled side runs: give it with --throughput-only --compile")
     if a.bf16_weights and not (a.compile and a.throughput_only):
@@ -325,6 +339,9 @@ def main(argv: list[str] | None = None) -> dict:
 
     weights = Path(result.model_path) / "model.safetensors"
     model_key = file_sha256(weights) if weights.is_file() else None
+    speed = None
+    if a.generate_speed:
+        speed = generate_speed(a.generate_speed, base.teacher, result.model_path, device, a.out, model_key, a.tiny)
     # the suites first (the fidelity suite is what a broad-data run is judged by; the template evaluation below
     # uses the training mixture's own templates): a call cut short by its time limit has them saved
     suites = {}
@@ -375,7 +392,7 @@ def main(argv: list[str] | None = None) -> dict:
                      "config": base.to_dict()},
            "eval": {"length": L0, "long_lengths": list(long_lengths), "n": n,
                     "table": json.loads(table.to_json(orient="index")), "checks": checks},
-           "suites": suites, "throughput": throughput}
+           "suites": suites, "throughput": throughput, "generate_speed": speed}
     write_text(a.out / "results.json", json.dumps(out, indent=1, default=str))
     print(table.to_string(float_format=lambda x: f"{x:.3f}"))
     print(f"KV cache: hybrid {kv['fa_kv'] / teacher_kv:.3f} of the teacher's at {L0} tokens "
@@ -387,6 +404,48 @@ def main(argv: list[str] | None = None) -> dict:
               f"{d['peak_flops'] / 1e12:.0f} TFLOP/s, GPU utilisation {d['gpu_utilisation_percent']}%; teacher "
               f"training step: {t['tokens_per_s']:,.0f} tokens/s, MFU {t['mfu']:.2%}")
     return out
+
+
+def generate_speed_lengths(spec: str) -> tuple[int, int]:
+    """"PROMPT[,TEACHER_PROMPT]" -> (prompt, teacher prompt), each a whole number of tokens >= 8."""
+    parts = [p.strip() for p in str(spec).split(",")]
+    try:
+        lengths = [int(p) for p in parts]
+    except ValueError:
+        lengths = []
+    if len(parts) not in (1, 2) or len(lengths) != len(parts) or min(lengths) < 8:
+        raise ValueError(f"--generate-speed {spec!r}: give PROMPT or PROMPT,TEACHER_PROMPT in tokens (each >= 8), "
+                         "e.g. 32640,8064: the hybrid at 32K with 128 new tokens, the teacher at its 8192")
+    return lengths[0], lengths[-1]
+
+
+def generate_speed(lengths: tuple[int, int], teacher: str, model_path, device, out: Path, model_key: str | None,
+                   tiny: bool = False) -> dict:
+    """research.perf.generate_speed on the trained hybrid (``model_path``) at ``lengths[0]`` prompt tokens beside
+    the teacher on the same engine at ``lengths[1]``: batch 1, 128 new tokens (tiny: 2), the CUDA-graph fast path
+    in bf16 on CUDA (the torch.compile'd step and transformers' own loops left out: each would compile for a minute
+    or more). Writes OUT/generate_speed.json (with the weights' key beside it) and returns {"file", "rows"}; a call
+    that finds the file for the same weights reads it back."""
+    from headscope.io import write_text
+    from research.perf import generate_speed as gs
+
+    path, key_file = out / "generate_speed.json", out / "generate_speed.model_key.txt"
+    if not (model_key and path.is_file() and key_file.is_file() and key_file.read_text().strip() == model_key):
+        argv = ["--model", str(teacher), "--hybrid", str(model_path), "--prompt", str(lengths[0]),
+                "--teacher-prompt", str(lengths[1]), "--new", "2" if tiny else "128", "--batch", "1",
+                "--repeats", "1" if tiny else "3", "--device", device.type,
+                "--skip", "eager,teacher_dynamic,teacher_static", "--out", str(path)]
+        if device.type == "cuda":
+            argv += ["--dtype", "bfloat16"]
+        t0 = time.time()
+        if gs.main(argv) != 0:
+            raise RuntimeError(f"research.perf.generate_speed {' '.join(argv)} failed")
+        if model_key:
+            write_text(key_file, model_key + "\n")
+        print(f"[run.py] generate speed done in {time.time() - t0:.0f} s: {path}", flush=True)
+    else:
+        print(f"[run.py] generate speed of this hybrid already in {path}; read back", flush=True)
+    return {"file": path.name, "rows": json.loads(path.read_text())["rows"]}
 
 
 class StopAtCheckpoint(CheckpointAndStop):

@@ -44,10 +44,26 @@ def test_tiny_pipeline_with_a_given_mask(tmp_path):
     # a run trained elsewhere (the GPU) and brought back is evaluated without training again
     (tmp_path / "o" / "results.json").unlink()
     again = run_script("--config", str(ROOT / "research/train_hybrid/tiny.toml"), "--out", str(tmp_path / "o"),
-                       "--tiny", "--mask", str(mask), "--n", "1", "--eval-only", "--no-throughput")
+                       "--tiny", "--mask", str(mask), "--n", "1", "--eval-only", "--no-throughput",
+                       "--generate-speed", "24,12")
     assert again["train"]["minutes_by_stage"] == out["train"]["minutes_by_stage"]
+    # the trained hybrid's generate() at 24 prompt tokens beside the teacher's (on the same engine) at 12
+    speed = json.loads((tmp_path / "o" / "generate_speed.json").read_text())
+    assert (speed["prompt"], speed["teacher_prompt"]) == (24, 12) and speed["mask"].startswith("saved hybrid")
+    row = speed["rows"][0]
+    assert row["fast"]["tok_s"] > 0 and row["teacher_engine"]["tok_s"] > 0 and "teacher_static" not in row
+    assert again["generate_speed"]["rows"] == speed["rows"] and row["cache_bytes"] > 0
     assert again["train"]["minutes_from"] == "stage minutes in the log"
     assert again["eval"]["table"].keys() == out["eval"]["table"].keys()
+
+
+def test_generate_speed_lengths_are_checked():
+    from research.train_hybrid.run import generate_speed_lengths
+
+    assert generate_speed_lengths("32640,8064") == (32640, 8064) and generate_speed_lengths("64") == (64, 64)
+    for bad in ("", "32K", "64,4", "1,2,3"):
+        with pytest.raises(ValueError, match="PROMPT,TEACHER_PROMPT"):
+            generate_speed_lengths(bad)
 
 
 def test_eval_only_without_a_finished_run_says_what_to_do(tmp_path):

@@ -114,3 +114,5 @@ def test_the_job_reads_the_broad_recipes_mask_and_runs_the_long_suite_first():
     assert args[args.index("--mask") + 1] == "research/train_hybrid/smollm2_broad_mask.json"
     assert args[args.index("--suite") + 1] == "fidelity_long,fidelity"  # past 8K first: the recipe's question
     assert args[args.index("--max-eval-length") + 1] == "2048"
+    # generate() at 32K positions (4x the teacher's) beside the teacher's at its own 8192, new tokens included
+    assert args[args.index("--generate-speed") + 1] == "32640,8064"
