@@ -2,6 +2,7 @@
 ratios against the faster teacher, and each step against its bandwidth floor.
 
     python -m research.perf.decode_table RUN1.json RUN2.json [...] [--bandwidth 4.3e12] [--markdown]
+    python -m research.perf.decode_table RUN1.json RUN2.json --kernels COUNT.json --markdown
 
 Paths (columns of a decode row): ``graph`` (the CUDA-graph step, the default path), ``fused_gdn`` (the same with
 the fused GDN decode op), ``compiled`` (the ``torch.compile``d step in the graph), ``compiled_fused`` (the
@@ -10,7 +11,12 @@ compiled step with the fused GDN decode op), ``hf_static`` (the teacher on trans
 over the runs that have it); every hybrid path's speed-up is against that. The floor is the bytes one step must read, the weights (bf16, the tied embedding read once as the
 output head) plus every row's cache at the context (the FA keys/values scale with it, the GDN state does not), at
 ``--bandwidth`` bytes/s (the H200's 4.8 TB/s peak, ~4.3 TB/s reachable by a copy). Prints one line per (context,
-batch, model); ``--markdown`` prints the table for the docs.
+batch, model); ``--markdown`` prints the table for the docs. ``--kernels`` adds the compiled step's kernels per
+layer from ``research/count_decode_ops.py --device cuda --compile --fused-gdn --json COUNT.json`` (its tiny model of
+the same layer structures, replayed as a CUDA graph): the teacher's, and the 7:1 hybrid's with the fused GDN op (the
+split op's when the count has no fused rows, marked so); one layer's own count where the file has it
+(``per_layer_marginal``), else the tiny model's total / its layers, marked ``*`` (the kernels outside the layers
+shared among two).
 """
 from __future__ import annotations
 
@@ -102,15 +108,47 @@ def _cell(row: dict, p: str) -> str:
     return s
 
 
-def markdown(rows: list[dict]) -> str:
+KERNEL_MODELS = {"teacher": ("teacher",), "hybrid_7to1": ("hybrid_fused", "hybrid")}  # table -> count_decode_ops
+
+
+def kernels_per_layer(count: dict, model: str, batch: int) -> str | None:
+    """The compiled step's kernels per layer (replayed as a CUDA graph) for a decode-table model at ``batch``, from
+    count_decode_ops's JSON: "20" (one layer's own), "24.5*" (total / layers), " (split GDN)" where only the split
+    op was counted; None where the count has no such row."""
+    for name in KERNEL_MODELS.get(model, ()):
+        r = count.get(f"{name} batch {batch} compiled, graph")
+        if r is not None:
+            v = f"{r['per_layer_marginal']:g}" if "per_layer_marginal" in r else f"{r['per_layer']:g}*"
+            return v + (" (split GDN)" if name == "hybrid" else "")
+    return None
+
+
+def load_count(path: str) -> dict:
+    try:
+        count = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        sys.exit(f"decode_table: cannot read {path}: {e}; pass the JSON of research/count_decode_ops.py --device cuda "
+                 "--compile --fused-gdn --json PATH")
+    if not any(k.endswith("compiled, graph") for k in count):
+        sys.exit(f"decode_table: {path} has no compiled GPU counts; make it with research/count_decode_ops.py "
+                 "--device cuda --compile --fused-gdn --json PATH")
+    return count
+
+
+def markdown(rows: list[dict], count: dict | None = None) -> str:
     cols = ["context, batch", "model", *(HEADERS[p] for p in PATHS), "floor ms", "best / floor"]
+    cols += ["compiled kernels / layer"] if count is not None else []
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r in rows:
         best = min((r[f"{p}_ms"], p) for p in PATHS if f"{p}_ms" in r)
         vs = f"{best[0] / r['floor_ms']:.2f}x ({best[1]})" if r["floor_ms"] else "-"
         fl = f"{r['floor_ms']:.2f}" if r["floor_ms"] else "-"
+        kern = "" if count is None else f" {kernels_per_layer(count, r['model'], r['batch']) or '-'} |"
         lines.append(f"| {_len(r['context'])}, {r['batch']} | {r['model']} | "
-                     + " | ".join(_cell(r, p) for p in PATHS) + f" | {fl} | {vs} |")
+                     + " | ".join(_cell(r, p) for p in PATHS) + f" | {fl} | {vs} |" + kern)
+    if count is not None and any("*" in line.rsplit("|", 2)[-2] for line in lines[2:]):
+        lines.append("\n\\* the tiny count model's kernels per step / its layers: the kernels outside the layers "
+                     "(embedding, final norm, head) shared among them")
     return "\n".join(lines)
 
 
@@ -133,17 +171,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("runs", nargs="+", help="bench_whole_model JSON files (GPU runs)")
     ap.add_argument("--bandwidth", type=float, default=4.3e12, help="bytes/s for the floor (default 4.3e12)")
     ap.add_argument("--markdown", action="store_true", help="print the docs table")
+    ap.add_argument("--kernels", default=None, metavar="COUNT.json",
+                    help="research/count_decode_ops.py's --json of a GPU count: a kernels-per-layer column")
     args = ap.parse_args(argv)
     if args.bandwidth <= 0:
         ap.error(f"--bandwidth must be > 0 bytes/s, got {args.bandwidth}")
     rows = summarize(load(args.runs), args.bandwidth)
+    count = load_count(args.kernels) if args.kernels else None
     if args.markdown:
-        print(markdown(rows))
+        print(markdown(rows, count))
     else:
         for r in rows:
             print(f"{_len(r['context'])} B={r['batch']} {r['model']}: " + ", ".join(
                 f"{p} {_cell(r, p)}" for p in PATHS if f"{p}_ms" in r)
-                + (f"; floor {r['floor_ms']:.2f} ms" if r["floor_ms"] else ""))
+                + (f"; floor {r['floor_ms']:.2f} ms" if r["floor_ms"] else "")
+                + (f"; compiled kernels / layer {k}" if count and (k := kernels_per_layer(count, r["model"],
+                                                                                         r["batch"])) else ""))
     for v in verdicts(rows):
         print(v)
     return 0

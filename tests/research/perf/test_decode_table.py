@@ -78,3 +78,29 @@ def test_the_teachers_transformers_step_can_be_its_best(tmp_path):
     teacher, hybrid = decode_table.summarize(decode_table.load([str(path)]), bandwidth=1e6)
     assert (teacher["teacher_best_ms"], teacher["teacher_best_path"]) == (7.0, "hf_static")
     assert hybrid["graph_speedup"] == pytest.approx(2.0)
+
+
+def test_kernels_per_layer_column_prefers_one_layers_count_and_the_fused_op(tmp_path, capsys):
+    runs = [bench(tmp_path, "a.json", 10.0, 4.0, compiled_fused=3.0)]
+    count = {"teacher batch 2 compiled, graph": {"per_layer": 15.5, "per_layer_marginal": 13},
+             "hybrid batch 2 compiled, graph": {"per_layer": 24.5},
+             "hybrid_fused batch 2 compiled, graph": {"per_layer": 22.0, "per_layer_marginal": 19}}
+    assert decode_table.kernels_per_layer(count, "teacher", 2) == "13"
+    assert decode_table.kernels_per_layer(count, "hybrid_7to1", 2) == "19"  # the fused op's, one layer's own
+    split_only = {k: v for k, v in count.items() if not k.startswith("hybrid_fused")}
+    assert decode_table.kernels_per_layer(split_only, "hybrid_7to1", 2) == "24.5* (split GDN)"
+    assert decode_table.kernels_per_layer(count, "layer_3to1", 2) is None  # not counted
+    path = tmp_path / "count.json"
+    path.write_text(json.dumps(split_only))
+    assert decode_table.main(runs + ["--kernels", str(path), "--markdown"]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0].endswith("| compiled kernels / layer |")
+    assert "| 13 |" in out and "| 24.5* (split GDN) |" in out and "\\* the tiny count model's" in out
+
+
+def test_a_count_without_gpu_rows_is_refused_with_the_command(tmp_path):
+    runs = [bench(tmp_path, "a.json", 10.0, 4.0)]
+    path = tmp_path / "count.json"
+    path.write_text(json.dumps({"teacher batch 1": {"per_layer": 30}}))  # a CPU count: aten ops, not kernels
+    with pytest.raises(SystemExit, match="--device cuda --compile"):
+        decode_table.main(runs + ["--kernels", str(path)])
