@@ -242,3 +242,19 @@ def test_mask_only_and_a_shared_scores_file(tmp_path):
     assert written[0] == written[1]  # the second read the shared scores back: the file was not written again
     assert (tmp_path / "a" / "mask.json").read_text() == (tmp_path / "b" / "mask.json").read_text()
     assert shared.is_file() and not (tmp_path / "a" / "scores.json").exists()
+
+
+def test_a_failed_generate_speed_is_recorded_and_does_not_stop_the_run(tmp_path, monkeypatch, capsys):
+    import torch
+
+    from research.perf import generate_speed as gs
+    from research.train_hybrid.run import generate_speed
+
+    def oom(argv):
+        raise torch.OutOfMemoryError("CUDA out of memory")
+
+    monkeypatch.setattr(gs, "main", oom)
+    got = generate_speed((64, 32), "default", tmp_path / "hybrid", torch.device("cpu"), tmp_path, "key", tiny=True)
+    assert got["error"] == "OutOfMemoryError: CUDA out of memory" and "--hybrid" in got["argv"]
+    assert not (tmp_path / "generate_speed.model_key.txt").exists()
+    assert "generate speed failed" in capsys.readouterr().out
