@@ -161,6 +161,10 @@ def test_lease_plan_stages_then_runs_the_job_detached():
     assert "research/train_hybrid/detached.sh j 500" in job["command"] and "pack /tmp/runs/j" in job["command"]
     assert job["command"].endswith("exit $rc") and job["timeout_s"] == 535 and "again" in job
     assert "540 s" in job["last"] and "pack" in job["last"]  # the lease's last call leaves time to pack
+    assert "teacher_text" not in caches["command"]  # a job without the teacher's text
+    text = stage.lease_plan({**c, "teacher_text": True})[-1]
+    assert 'tar -cJf "$OUT/teacher_text.tar.xz" -C /tmp/runs/.repo_j/data/corpus teacher/teacher.txt' in text["command"]
+    assert "split-corpus" in text["when"]
     r = subprocess.run([sys.executable, "-m", "research.stage", "carry", "smollm2_hybrid", "--plan", "--json"],
                        capture_output=True, text=True, cwd=stage.REPO)
     assert r.returncode == 0, r.stderr
