@@ -24,6 +24,7 @@ __all__ = ["HybridOptions", "HybridConfig", "HybridConfigError", "GRANULARITIES"
 
 GRANULARITIES = ("head", "layer", "token")
 FA_GATES = ("sigmoid2", "none")
+FA_NOPE_INITS = ("copy", "rope_mean")  # hybrid.convert: how a NoPE FA head's queries start from the teacher's
 DECAYS = ("gdn", "simple")
 PROLOGUE_BACKENDS = ("auto", "torch", "triton")  # hybrid.ops.prologue.BACKENDS (not imported: config stays light)
 
@@ -55,6 +56,10 @@ class HybridOptions:
     fa_log_scale: bool = True  # multiply queries by s_t = log(t + a) / log(a)
     log_scale_base: float = 512.0  # a in s_t
     fa_gate: str = "sigmoid2"  # "sigmoid2": o * 2*sigmoid(W x + b), W=0, b=0 -> exactly 1 at init; "none"
+    # NoPE FA heads' queries at conversion: "copy" (the teacher's rows) or "rope_mean" (each rotary pair mapped by
+    # the teacher's RoPE rotation averaged over the causal pairs of a fa_nope_init_length-token context)
+    fa_nope_init: str = "copy"
+    fa_nope_init_length: int = 2048
     # GDN branch
     gdn_conv: bool = False  # short causal depthwise conv on q, k, v (initialised to identity)
     conv_size: int = 4
@@ -91,6 +96,14 @@ class HybridOptions:
                          "competition); use one of those with granularity='token'")
         if self.fa_gate not in FA_GATES:
             bad("fa_gate", f"must be one of {FA_GATES}")
+        if self.fa_nope_init not in FA_NOPE_INITS:
+            bad("fa_nope_init", f"must be one of {FA_NOPE_INITS}")
+        if self.fa_nope_init != "copy" and self.fa_rope:
+            bad("fa_nope_init", "initialises NoPE FA heads (fa_rope=False); with fa_rope=True the teacher's "
+                                "queries are copied as they are: leave it at 'copy'")
+        if not isinstance(self.fa_nope_init_length, int) or isinstance(self.fa_nope_init_length, bool) \
+                or self.fa_nope_init_length < 1:
+            bad("fa_nope_init_length", "must be a positive int (tokens)")
         if self.decay not in DECAYS:
             bad("decay", f"must be one of {DECAYS}")
         if self.prologue_backend not in PROLOGUE_BACKENDS:

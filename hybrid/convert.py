@@ -84,6 +84,40 @@ def _copy_branch(branch: nn.Module, t_attn: nn.Module, q_heads: list[int], kv_he
         branch.k_norm.weight.copy_(t_attn.k_norm.weight)
 
 
+def rope_mean_rotation(inv_freq: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``inv_freq  # [D/2]`` -> (E cos(d w), E sin(d w)), each ``[D/2]`` float64: the mean over every causal
+    (query, key) pair of a ``length``-token context, i.e. over the distance d = 0 .. length-1 weighted by the
+    length - d pairs at that distance."""
+    d = torch.arange(length, dtype=torch.float64)  # [length]
+    w = (length - d) / (length - d).sum()  # [length]
+    ang = d[:, None] * inv_freq.double()[None, :]  # [length, D/2]
+    return (w[:, None] * ang.cos()).sum(0), (w[:, None] * ang.sin()).sum(0)
+
+
+@torch.no_grad()
+def rope_mean_queries(branch: nn.Module, rotary: nn.Module, length: int) -> None:
+    """A NoPE FA branch's query rows mapped so that its logit q'.k is the teacher's RoPE logit averaged over the
+    causal pairs of ``length`` tokens: per head and rotary pair (a, b) = (i, i + D/2), the teacher's logit at
+    distance d is q^T R(-d w_i) k (HF's rotate-half convention), so q' = E[R(-d w_i)]^T q = [[c, -s], [s, c]] q with
+    (c, s) = ``rope_mean_rotation`` (times RoPE's attention scaling squared). Low frequencies (wavelength past the
+    context) keep their rows, high ones, whose rotation averages out, shrink towards 0. The keys are left as they are
+    (one per KV group, shared with the group's other heads)."""
+    if getattr(branch, "q_norm", None) is not None:
+        raise ValueError("fa_nope_init='rope_mean' maps the query projection's rows, which a per-head q_norm after "
+                         "the projection would undo: this teacher has q/k norms; use fa_nope_init='copy'")
+    inv_freq, scaling = rotary.inv_freq()  # [D/2]
+    c, s = (x * scaling ** 2 for x in rope_mean_rotation(inv_freq, length))  # [D/2] each
+    half = inv_freq.numel()
+    for p in (branch.q_proj.weight, branch.q_proj.bias):
+        if p is None:
+            continue
+        w = p.view(-1, 2, half, *p.shape[1:]).double()  # [H, 2, D/2, (hidden)]
+        shape = (half,) + (1,) * (w.dim() - 3)  # broadcast over the hidden dim (weights) or none (bias)
+        cc, ss = c.view(shape), s.view(shape)
+        a, b = w[:, 0], w[:, 1]  # [H, D/2, (hidden)] each
+        p.copy_(torch.stack((cc * a - ss * b, ss * a + cc * b), 1).reshape(p.shape).to(p.dtype))
+
+
 @torch.no_grad()
 def from_mask(teacher: nn.Module, mask: Any, *, check_fingerprint: bool = True, **options: Any) -> HybridForCausalLM:
     """A HybridForCausalLM whose FA heads are ``mask``'s (a HeadMask or the path to its JSON).
@@ -129,6 +163,8 @@ def from_mask(teacher: nn.Module, mask: Any, *, check_fingerprint: bool = True, 
         else:
             if attn.fa is not None:
                 _copy_branch(attn.fa, t_attn, attn.fa.heads, attn.fa.kv_heads, D)
+                if opts.fa_nope_init == "rope_mean":
+                    rope_mean_queries(attn.fa, model.model.rotary_emb, opts.fa_nope_init_length)
             if attn.la is not None:
                 _copy_branch(attn.la, t_attn, attn.la.heads, [h // rep for h in attn.la.heads], D)
         attn.reset_new_parameters()

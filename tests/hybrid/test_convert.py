@@ -138,3 +138,51 @@ def test_new_parameters_have_one_initialisation(options, tmp_path):
     assert set(loaded.new_parameters()) == set(new)
     for name, p in new.items():
         assert torch.equal(loaded.get_parameter(name), p), name
+
+
+def test_rope_mean_rotation_is_the_mean_over_causal_pairs():
+    from hybrid.convert import rope_mean_rotation
+
+    inv_freq = torch.tensor([1.0, 0.1, 1e-4])  # [D/2]
+    c, s = rope_mean_rotation(inv_freq, 5)
+    pairs = [(m - n) for m in range(5) for n in range(m + 1)]  # every causal (query, key) distance
+    for i, w in enumerate(inv_freq.double()):
+        assert c[i] == pytest.approx(sum(torch.cos(d * w) for d in pairs).item() / len(pairs))
+        assert s[i] == pytest.approx(sum(torch.sin(d * w) for d in pairs).item() / len(pairs))
+    assert rope_mean_rotation(inv_freq, 1) == (pytest.approx(torch.ones(3).double()), pytest.approx(torch.zeros(3).double()))
+    assert c[2] == pytest.approx(1.0, abs=1e-6)  # a wavelength far past the context: the rows are kept
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])  # qwen2: the query bias is mapped too
+@torch.no_grad()
+def test_rope_mean_queries_give_the_teachers_rope_logit_averaged_over_causal_pairs(family):
+    from hybrid.layers.common import apply_rope
+
+    teacher = tiny_model(family)
+    L = 12
+    model = from_mask(teacher, HeadMask.for_model(teacher, FA), fa_nope_init="rope_mean", fa_nope_init_length=L)
+    copy = from_mask(teacher, HeadMask.for_model(teacher, FA))
+    layer, ref = model.model.layers[1].self_attn.fa, copy.model.layers[1].self_attn.fa
+    assert torch.equal(layer.k_proj.weight, ref.k_proj.weight)  # keys as the teacher's
+    x = torch.randn(2, model.config.hidden_size, dtype=torch.float64)  # [2, C]: one query input, one key input
+    D = model.config.head_dim
+    q0 = ref.q_proj.double()(x[:1]).view(1, 1, -1, D)  # [1, 1, H_fa, D]: the teacher's query (RoPE-trained)
+    k = ref.k_proj.double()(x[1:]).view(1, 1, -1, D)[:, :, :1]  # [1, 1, 1, D]: the first FA head's key
+    q1 = layer.q_proj.double()(x[:1]).view(1, 1, -1, D)  # [1, 1, H_fa, D]: the mapped query
+    cos, sin = model.model.rotary_emb(torch.arange(L), torch.float64)  # [L, D] each
+    logits = [(apply_rope(q0, cos[m:m + 1], sin[m:m + 1])[..., 0, :] *
+               apply_rope(k, cos[n:n + 1], sin[n:n + 1])[..., 0, :]).sum() for m in range(L) for n in range(m + 1)]
+    mean_rope_logit = torch.stack(logits).mean()
+    assert (q1[..., 0, :] * k[..., 0, :]).sum().item() == pytest.approx(mean_rope_logit.item(), rel=1e-5)  # float32 rows
+    assert not torch.equal(layer.q_proj.weight, ref.q_proj.weight)
+
+
+def test_rope_mean_is_refused_with_rope_and_with_query_norms():
+    teacher = tiny_model("llama")
+    with pytest.raises(HybridConfigError, match="fa_rope=True"):
+        from_mask(teacher, HeadMask.for_model(teacher, FA), fa_rope=True, fa_nope_init="rope_mean")
+    with pytest.raises(HybridConfigError, match="fa_nope_init"):
+        from_mask(teacher, HeadMask.for_model(teacher, FA), fa_nope_init="zero")
+    qwen3 = tiny_model("qwen3")
+    with pytest.raises(ValueError, match="q/k norms"):
+        from_mask(qwen3, HeadMask.for_model(qwen3, FA), fa_nope_init="rope_mean")
