@@ -105,6 +105,11 @@ class SuiteStopped(Exception):
     """``run_suite``'s ``stop()`` said to stop: the part under way was finished and saved first."""
 
 
+def same_weights(key_file: Path, model_key: str | None) -> bool:
+    """Whether ``key_file`` names the weights ``model_key`` (their hash): a result saved beside it is this model's."""
+    return model_key is not None and key_file.is_file() and key_file.read_text().strip() == model_key
+
+
 def run_suite(model, tok, teacher, suite: str, out: Path, model_key: str | None = None, stop=None):
     """``headscope.evaluate(model, suite, teacher=teacher)`` one evaluation at a time, each saved to
     OUT/<suite>_parts/<evaluation>/ as soon as it is done (one with several prompt lengths: each length on its own,
@@ -127,8 +132,7 @@ def run_suite(model, tok, teacher, suite: str, out: Path, model_key: str | None 
 
     parts_dir = out / f"{suite}_parts"
     key_file = parts_dir / "model_key.txt"
-    if parts_dir.is_dir() and (model_key is None or not key_file.is_file()
-                               or key_file.read_text().strip() != model_key):
+    if parts_dir.is_dir() and not same_weights(key_file, model_key):
         shutil.rmtree(parts_dir)  # another model's (or unknown) parts
     if model_key is not None:
         parts_dir.mkdir(parents=True, exist_ok=True)
@@ -357,8 +361,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     t_eval = time.time()
     key_file = a.out / "eval_rows.model_key.txt"
-    if model_key and (a.out / "eval_rows.csv").is_file() and key_file.is_file() and \
-            key_file.read_text().strip() == model_key:  # a call cut short after this evaluation: read it back
+    if (a.out / "eval_rows.csv").is_file() and same_weights(key_file, model_key):  # a call cut short after it
         import pandas as pd
 
         rows = pd.read_csv(a.out / "eval_rows.csv")
@@ -431,7 +434,7 @@ def generate_speed(lengths: tuple[int, int], teacher: str, model_path, device, o
     from research.perf import generate_speed as gs
 
     path, key_file = out / "generate_speed.json", out / "generate_speed.model_key.txt"
-    if not (model_key and path.is_file() and key_file.is_file() and key_file.read_text().strip() == model_key):
+    if not (path.is_file() and same_weights(key_file, model_key)):
         argv = ["--model", str(teacher), "--hybrid", str(model_path), "--prompt", str(lengths[0]),
                 "--teacher-prompt", str(lengths[1]), "--new", "2" if tiny else "128", "--batch", "1",
                 "--repeats", "1" if tiny else "3", "--device", device.type,
