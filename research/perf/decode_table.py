@@ -139,14 +139,19 @@ def markdown(rows: list[dict], count: dict | None = None) -> str:
     cols = ["context, batch", "model", *(HEADERS[p] for p in PATHS), "floor ms", "best / floor"]
     cols += ["compiled kernels / layer"] if count is not None else []
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    shared = False  # some count is the tiny model's total / its layers (marked *)
     for r in rows:
         best = min((r[f"{p}_ms"], p) for p in PATHS if f"{p}_ms" in r)
         vs = f"{best[0] / r['floor_ms']:.2f}x ({best[1]})" if r["floor_ms"] else "-"
         fl = f"{r['floor_ms']:.2f}" if r["floor_ms"] else "-"
-        kern = "" if count is None else f" {kernels_per_layer(count, r['model'], r['batch']) or '-'} |"
+        kern = ""
+        if count is not None:
+            k = kernels_per_layer(count, r["model"], r["batch"])
+            shared |= k is not None and "*" in k
+            kern = f" {k or '-'} |"
         lines.append(f"| {_len(r['context'])}, {r['batch']} | {r['model']} | "
                      + " | ".join(_cell(r, p) for p in PATHS) + f" | {fl} | {vs} |" + kern)
-    if count is not None and any("*" in line.rsplit("|", 2)[-2] for line in lines[2:]):
+    if shared:
         lines.append("\n\\* the tiny count model's kernels per step / its layers: the kernels outside the layers "
                      "(embedding, final norm, head) shared among them")
     return "\n".join(lines)
