@@ -1,7 +1,7 @@
 """How far from the teacher a NoPE FA branch starts: stage 1's alignment loss at conversion, per FA-branch variant.
 
     python -m research.nope_init                                  # SmolLM2-135M-Instruct, the broad recipe's mask
-    python -m research.nope_init --windows 6 --length 2048 --json nope_init.json   # stage 1's length
+    python -m research.nope_init --length 2048 --json nope_init.json   # stage 1's length
 
 Each variant is the teacher converted by ``hybrid.from_mask`` with the same mask and seed (so the GDN heads, whose
 new parameters are random, start the same in every variant) and only the FA branch set otherwise: RoPE kept (the
@@ -38,21 +38,19 @@ VARIANTS = {  # name -> HybridOptions overrides of the FA branch (the gate is th
 }
 
 
-def windows(tokenizer, n: int, length: int) -> torch.Tensor:
-    """``n`` windows of ``length`` tokens, spread over the fidelity suite's held-out sources in turn: [n, length]."""
-    folder = ROOT / "headscope/evaluate/data/fidelity"
-    names = json.loads((folder / "sources.json").read_text())
-    names = [s["file"] if isinstance(s, dict) else s for s in (names.get("sources", names) if isinstance(names, dict)
-                                                                else names)]
-    texts = [tokenizer((folder / f).read_text(), add_special_tokens=False)["input_ids"]
-             for f in sorted(p.name for p in folder.glob("*.txt"))]
-    out = []
+def windows(tokenizer, n: int, length: int) -> tuple[torch.Tensor, list[str]]:
+    """``n`` windows of ``length`` tokens, one per held-out source of the fidelity suite in its manifest's order
+    (``headscope.evaluate.fidelity_data.load_sources``), round again past the last: ([n, length], source names)."""
+    from headscope.evaluate.fidelity_data import load_sources
+
+    sources = [(name, tokenizer(text, add_special_tokens=False)["input_ids"]) for name, text in load_sources()]
+    out, names = [], []
     for i in range(n):
-        ids = texts[i % len(texts)]
-        k = i // len(texts)
-        start = min(k * length, max(0, len(ids) - length))
+        name, ids = sources[i % len(sources)]
+        start = min(i // len(sources) * length, max(0, len(ids) - length))
         out.append(torch.tensor(ids[start:start + length]))
-    return torch.stack(out)  # [n, length]
+        names.append(name)
+    return torch.stack(out), names  # [n, length]
 
 
 @torch.no_grad()
@@ -72,7 +70,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--mask", default=str(MASK))
-    ap.add_argument("--windows", type=int, default=6)
+    ap.add_argument("--windows", type=int, default=7, help="windows of held-out text (default 7: one per source)")
     ap.add_argument("--length", type=int, default=1024)
     ap.add_argument("--variants", default=",".join(VARIANTS), help="comma list of " + ", ".join(VARIANTS))
     ap.add_argument("--json", default=None)
@@ -87,10 +85,11 @@ def main(argv: list[str] | None = None) -> dict:
 
     torch.manual_seed(0)
     teacher, tok = load_model(a.model)
-    ids = windows(tok, a.windows, a.length)  # [n, T]
+    ids, sources = windows(tok, a.windows, a.length)  # [n, T]
     mask = Path(a.mask).resolve()
     shown = str(mask.relative_to(ROOT)) if mask.is_relative_to(ROOT) else a.mask
-    res = {"model": a.model, "mask": shown, "windows": a.windows, "length": a.length, "seed": 0, "loss": {}}
+    res = {"model": a.model, "mask": shown, "windows": a.windows, "length": a.length, "sources": sources, "seed": 0,
+           "loss": {}}
     for name in names:
         student = hybrid.from_mask(teacher, a.mask, gdn_fold_heads=True, **VARIANTS[name]).eval()
         res["loss"][name] = alignment_loss(student, teacher, ids)

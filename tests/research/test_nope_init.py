@@ -3,6 +3,7 @@ import json
 
 import pytest
 
+from headscope.evaluate.fidelity_data import list_sources
 from research import nope_init
 
 REF_MASK = "docs/results/2026-12-02_reference_hybrid_training/ref_mask.json"
@@ -19,6 +20,7 @@ def test_variants_share_the_gdn_start_and_rope_is_the_teachers_fa(tmp_path, caps
                             "--variants", "rope"])
     assert again["loss"]["rope"] == pytest.approx(loss["rope"])  # the same seed: the same start
     assert json.loads(out.read_text())["mask"] == REF_MASK  # the repository's path, not this machine's
+    assert res["sources"] == list_sources()[:2]  # one window per held-out source, in the manifest's order
     assert "vs rope" in capsys.readouterr().out
 
 
