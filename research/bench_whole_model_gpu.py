@@ -12,7 +12,8 @@ fits --budget-s):
   1. decode time per step (one token per row, hybrid.decoding.Decoder: preallocated StaticHybridCache, CUDA
      graph unless --no-cuda-graph, plus a few eager steps for comparison) at 128K then 32K context, batch 8 and 1;
      --fused-gdn adds the hybrids' step with the fused GDN decode op (fused_gdn_ms), --compile-decode the compiled one
-     (compiled_ms), both together also the fused op inside the compiled step (compiled_fused_ms).
+     (compiled_ms), both together also the fused op inside the compiled step (compiled_fused_ms); --best-only
+     times only each model's fastest of those (one compile per row).
      --hf-teacher adds the teacher on transformers' own static cache, compiled as its generate() compiles it
      (hf_static_ms): the other teacher every decode ratio is taken against the faster of.
      The cache rows are set to the context length without a prefill (a step's cost depends on the lengths, not
@@ -167,8 +168,18 @@ def timed_column(run: Run, row: dict, key: str, what: str, make, ids, steps: int
 
 
 def decode_row(run: Run, name: str, model, ctx: int, batch: int, steps: int, graph: bool, vocab: int,
-               compiled: bool = False, fused: bool = False, hf=None) -> dict:
+               compiled: bool = False, fused: bool = False, hf=None, best_only: bool = False) -> dict:
+    """One (model, context, batch) row: the eager step, then each path asked for. ``best_only`` (with
+    ``compiled``) times only each model's fastest path: the compiled step with the fused GDN op where the model
+    has GDN heads and ``fused``, the compiled step otherwise (one compile per row instead of up to three)."""
     dev = run.device
+    fusable = fused and use_fused_decode(model, True)
+    if fusable:
+        use_fused_decode(model, False)
+    if best_only and compiled:
+        graph_col, compiled_col, fused_col = False, not fusable, False
+    else:
+        graph_col, compiled_col, fused_col = graph, compiled, True
     capacity = round_up(ctx + steps + 16)
     cache = filled_cache(model, batch, ctx, capacity)
     ids = torch.randint(0, vocab, (batch, 1), device=dev)  # [B, 1]
@@ -176,16 +187,17 @@ def decode_row(run: Run, name: str, model, ctx: int, batch: int, steps: int, gra
     try:
         eager = Decoder(model, cache, cuda_graph=False)
         row["eager_ms"] = round(bench_ms(lambda: eager.step(ids), dev, target_ms=100.0, max_reps=5), 3)
-        if graph:
+        if graph_col:
             timed_column(run, row, "graph", "CUDA graph capture", lambda: Decoder(model, cache, cuda_graph=True),
                          ids, steps, cache=cache)
-        if compiled:  # the torch.compile'd step (inside the graph on CUDA): its own column, never the step_ms
+        if compiled_col:  # the torch.compile'd step (inside the graph on CUDA): its own column, never the step_ms
             timed_column(run, row, "compiled", "compiled step",
                          lambda: Decoder(model, cache, cuda_graph=graph, compile=True), ids, steps, cache=cache)
-        if fused and use_fused_decode(model, True):  # the fused GDN decode op (hybrid.ops.gdn_decode): own column
+        if fusable and use_fused_decode(model, True):  # the fused GDN decode op (hybrid.ops.gdn_decode): own column
             try:
-                timed_column(run, row, "fused_gdn", "fused GDN step", lambda: Decoder(model, cache, cuda_graph=graph),
-                             ids, steps, cache=cache)
+                if fused_col:
+                    timed_column(run, row, "fused_gdn", "fused GDN step",
+                                 lambda: Decoder(model, cache, cuda_graph=graph), ids, steps, cache=cache)
                 if compiled:  # both: the fused op inside the compiled step
                     timed_column(run, row, "compiled_fused", "compiled step with the fused GDN op",
                                  lambda: Decoder(model, cache, cuda_graph=graph, compile=True), ids, steps,
@@ -231,7 +243,7 @@ def decode_section(run: Run, models: dict, contexts: list[int], batches: list[in
                     continue
                 row = decode_row(run, name, models[name], ctx, batch, steps, graph, vocab,
                                  compiled=run.data.get("compile_decode", False),
-                                 fused=run.data.get("fused_gdn", False),
+                                 fused=run.data.get("fused_gdn", False), best_only=run.data.get("best_only", False),
                                  hf=models.get(HF_TEACHER) if name == "teacher" else None)
                 run.data["decode"].append(row)
                 run.say(f"{label}: {row}")
@@ -427,6 +439,10 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--hf-teacher", action="store_true",
                     help="also time the teacher on transformers' own static cache, compiled on CUDA as its "
                          "generate() compiles it (column hf_static_ms of the teacher's decode rows)")
+    ap.add_argument("--best-only", action="store_true",
+                    help="with --compile-decode: time only each model's fastest decode path (the compiled step, with "
+                         "the fused GDN op where --fused-gdn and the model has GDN heads) beside the eager step: one "
+                         "compile per row, so that 128K and 32K fit one command")
     ap.add_argument("--sections", default=",".join(SECTIONS),
                     help=f"comma list of the units to run, of {', '.join(SECTIONS)} (default all; the cache bytes "
                          "always run: they are instant)")
@@ -435,6 +451,8 @@ def main(argv: list[str] | None = None) -> dict:
     unknown = sorted(set(sections) - set(SECTIONS))
     if unknown or not sections:
         ap.error(f"--sections {args.sections!r}: unknown {unknown or 'nothing given'}; choose from {', '.join(SECTIONS)}")
+    if args.best_only and not args.compile_decode:
+        ap.error("--best-only times the compiled step only: add --compile-decode")
     out = args.out or Path(os.environ.get("OUT", ".")) / "bench_whole_model.json"
     if args.dry_run:
         device, dtype, shape = "cpu", torch.float32, DRY_SHAPE
@@ -450,7 +468,8 @@ def main(argv: list[str] | None = None) -> dict:
     big = contexts[0]
     run = Run(args.budget_s, out, device, shape=shape, targets=TARGETS, decode=[], prefill=[], cache_bytes=[],
               max_batch=[], layer=[], dry_run=args.dry_run, cuda_graph=not args.no_cuda_graph and device == "cuda",
-              compile_decode=args.compile_decode, fused_gdn=args.fused_gdn, hf_teacher=args.hf_teacher)
+              compile_decode=args.compile_decode, fused_gdn=args.fused_gdn, hf_teacher=args.hf_teacher,
+              best_only=args.best_only)
     from hybrid.ops import parity
     from hybrid.ops.gdn import fla_available
 

@@ -102,6 +102,26 @@ def test_dry_run_with_both_flags_times_the_fused_op_inside_the_compiled_step(tmp
         assert r["compiled_ms"] > 0 and r["fused_gdn_ms"] > 0 and r["compiled_fused_ms"] > 0
 
 
+@pytest.mark.e2e
+def test_best_only_times_each_models_fastest_path_alone(tmp_path):
+    """--best-only with --compile-decode --fused-gdn: the teacher's row has the compiled step and the hybrids' the
+    compiled step with the fused op, beside the eager step, and no other path; without --compile-decode it is
+    refused with the flag to add."""
+    out = tmp_path / "bench.json"
+    run_script("bench_whole_model_gpu", "--dry-run", "--compile-decode", "--fused-gdn", "--best-only", "--sections",
+               "decode", "--out", str(out), "--contexts", "32", "--batches", "1", "--steps", "2", "--budget-s", "600")
+    rows = {r["model"]: r for r in json.loads(out.read_text())["decode"]}
+    paths = ("graph_ms", "compiled_ms", "fused_gdn_ms", "compiled_fused_ms")
+    assert [k for k in paths if k in rows["teacher"]] == ["compiled_ms"] and rows["teacher"]["eager_ms"] > 0
+    for name in ("hybrid_7to1", "layer_3to1"):
+        assert [k for k in paths if k in rows[name]] == ["compiled_fused_ms"], rows[name]
+        assert rows[name]["compiled_fused_ms"] > 0
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    bad = subprocess.run([sys.executable, str(ROOT / "research" / "bench_whole_model_gpu.py"), "--dry-run",
+                          "--best-only"], env=env, cwd=ROOT, capture_output=True, text=True)
+    assert bad.returncode == 2 and "add --compile-decode" in bad.stderr
+
+
 def test_sections_runs_only_the_units_named(tmp_path):
     """--sections decode times the decode rows and nothing slower (no prefill, max batch or layer rows); an unknown
     name is refused with the list to choose from."""
