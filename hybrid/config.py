@@ -60,6 +60,10 @@ class HybridOptions:
     # the teacher's RoPE rotation averaged over the causal pairs of a fa_nope_init_length-token context)
     fa_nope_init: str = "copy"
     fa_nope_init_length: int = 2048
+    # partial RoPE on the FA heads (with fa_rope=True): rotate only the frequencies whose wavelength 2*pi/theta is at
+    # most this many positions (the fast ones, which turn through every phase within it); the slower ones carry no
+    # position, as NoPE. None: every frequency (the teacher's heads exactly)
+    fa_rope_max_wavelength: float | None = None
     # GDN branch
     gdn_conv: bool = False  # short causal depthwise conv on q, k, v (initialised to identity)
     conv_size: int = 4
@@ -101,6 +105,13 @@ class HybridOptions:
         if self.fa_nope_init != "copy" and self.fa_rope:
             bad("fa_nope_init", "initialises NoPE FA heads (fa_rope=False); with fa_rope=True the teacher's "
                                 "queries are copied as they are: leave it at 'copy'")
+        if self.fa_rope_max_wavelength is not None:
+            w = self.fa_rope_max_wavelength
+            if isinstance(w, bool) or not isinstance(w, (int, float)) or not w > 0:
+                bad("fa_rope_max_wavelength", "must be a positive number of positions, or None for every frequency")
+            if not self.fa_rope:
+                bad("fa_rope_max_wavelength", "keeps RoPE on part of the FA heads' frequencies: it needs "
+                                              "fa_rope=True (with fa_rope=False no frequency is rotated)")
         if not isinstance(self.fa_nope_init_length, int) or isinstance(self.fa_nope_init_length, bool) \
                 or self.fa_nope_init_length < 1:
             bad("fa_nope_init_length", "must be a positive int (tokens)")

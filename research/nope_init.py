@@ -7,7 +7,8 @@ Each variant is the teacher converted by ``hybrid.from_mask`` with the same mask
 new parameters are random, start the same in every variant) and only the FA branch set otherwise: RoPE kept (the
 teacher's heads exactly), NoPE with the teacher's query rows (``fa_nope_init = "copy"``), and NoPE with the queries
 mapped to the teacher's RoPE logit averaged over the causal pairs of a context (``"rope_mean"``, at two context
-lengths), each with and without the log-length query scale. The number is the loss stage 1 trains on with
+lengths), each with and without the log-length query scale, and partial RoPE (``fa_rope_max_wavelength``: only the
+frequencies whose wavelength is within 8192 or 2048 positions rotated). The number is the loss stage 1 trains on with
 ``align_inputs = "teacher"`` (``hybrid.train.stages.align_loss``: the sum over layers of the per-position mean
 squared error of each layer's output, every layer reading the teacher's input to it), averaged over windows of
 held-out text (the fidelity suite's sources, none of them training text), before any training. The difference to
@@ -35,6 +36,10 @@ VARIANTS = {  # name -> HybridOptions overrides of the FA branch (the gate is th
                                     fa_nope_init_length=2048),
     "nope_log_rope_mean_8192": dict(fa_rope=False, fa_log_scale=True, fa_nope_init="rope_mean",
                                     fa_nope_init_length=8192),
+    # partial RoPE: the frequencies that turn within the teacher's 8192 positions (or 2048) rotated, the slower none
+    "rope_part_8192": dict(fa_rope=True, fa_log_scale=False, fa_rope_max_wavelength=8192),
+    "rope_part_log_8192": dict(fa_rope=True, fa_log_scale=True, fa_rope_max_wavelength=8192),
+    "rope_part_log_2048": dict(fa_rope=True, fa_log_scale=True, fa_rope_max_wavelength=2048),
 }
 
 

@@ -234,6 +234,28 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos + torch.cat((-x2, x1), dim=-1) * sin
 
 
+def rope_kept_frequencies(inv_freq: torch.Tensor, max_wavelength: float | None) -> int:
+    """How many of the rotary frequencies ``inv_freq`` [D/2] (fastest first) have a wavelength 2*pi/theta of at
+    most ``max_wavelength`` positions: partial RoPE rotates these and leaves the slower ones unrotated. None: all."""
+    n = inv_freq.numel()
+    if max_wavelength is None:
+        return n
+    if n > 1 and not bool((inv_freq[1:] <= inv_freq[:-1]).all()):
+        raise ValueError("partial RoPE needs the rotary frequencies in decreasing order (fastest first); this rope "
+                         "type's are not: use fa_rope_max_wavelength=None")
+    return int((2 * math.pi / inv_freq <= max_wavelength).sum())
+
+
+def apply_partial_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kept: int) -> torch.Tensor:
+    """apply_rope on the first ``kept`` frequencies of each rotate-half pair only; the others pass unrotated.
+    x [B, T, H, D], cos/sin [T, D] or [B, T, D] -> [B, T, H, D]."""
+    D = x.shape[-1]
+    if kept >= D // 2:
+        return apply_rope(x, cos, sin)
+    on = (torch.arange(D, device=cos.device) % (D // 2)) < kept  # [D] the rotated dims
+    return apply_rope(x, torch.where(on, cos, torch.ones_like(cos)), sin * on)
+
+
 def log_length_scale(positions: torch.Tensor, base: float) -> torch.Tensor:
     """s_t = log(t + a) / log(a) with t = position + 1 (1-based). positions [T] or [B, T] -> same shape, float32."""
     t = positions.float() + 1.0  # [T] or [B, T]

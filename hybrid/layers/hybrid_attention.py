@@ -22,9 +22,9 @@ import torch.nn.functional as F
 
 from hybrid.cache import LayerCache
 from hybrid.config import HybridConfig
-from hybrid.layers.common import (NewLinear, RMSNorm, ShortConv, acc, apply_rope, fused_linear, grouped_attention,
-                                  inference_constant, log_length_scale, mark_new, take_heads,
-                                  window_attention)
+from hybrid.layers.common import (NewLinear, RMSNorm, RotaryEmbedding, ShortConv, acc, apply_partial_rope, apply_rope,
+                                  fused_linear, grouped_attention, inference_constant, log_length_scale, mark_new,
+                                  rope_kept_frequencies, take_heads, window_attention)
 from hybrid.layers.merge import FORMER_NAME, HeadMerge
 from hybrid.ops.gdn_decode import DECODE_BACKENDS
 
@@ -52,6 +52,9 @@ class FullAttentionBranch(nn.Module):
         self.n_heads, self.n_kv, self.head_dim = len(self.heads), len(self.kv_heads), D
         self.rope, self.log_scale, self.window = rope, log_scale, window
         self.log_base, self.backend = opts.log_scale_base, opts.attn_backend
+        # frequencies rotated (fastest first): all of them, or those of partial RoPE (fa_rope_max_wavelength)
+        self.rope_kept = (rope_kept_frequencies(RotaryEmbedding(config).inv_freq()[0], opts.fa_rope_max_wavelength)
+                          if rope else 0)
         self.q_proj = nn.Linear(C, self.n_heads * D, bias=config.qkv_bias)
         self.k_proj = nn.Linear(C, self.n_kv * D, bias=config.qkv_bias)
         self.v_proj = nn.Linear(C, self.n_kv * D, bias=config.qkv_bias)
@@ -92,7 +95,7 @@ class FullAttentionBranch(nn.Module):
         if self.q_norm is not None:
             q, k = qk_norm(self.q_norm, q), qk_norm(self.k_norm, k)
         if self.rope:
-            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+            q, k = apply_partial_rope(q, cos, sin, self.rope_kept), apply_partial_rope(k, cos, sin, self.rope_kept)
         if self.log_scale:  # positions [T] (shared) or [B, T] (per row: computed once per step for all layers)
             s = (cache.step.log_scale(self.log_base, q.dtype) if per_row
                  else log_length_scale(positions, self.log_base).to(q.dtype))  # [B, T] or [T]

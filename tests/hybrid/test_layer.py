@@ -49,6 +49,53 @@ def test_fa_branch_is_teacher_heads_without_rope(log_scale):
     assert_close("fa branch", o, teacher_nope_heads(teacher.model.layers[1].self_attn, x, [0, 3], s), "fp64_exact")
 
 
+def test_partial_rope_keeps_the_fast_frequencies_and_leaves_the_slow_ones_unrotated():
+    """rope_kept_frequencies counts the wavelengths 2*pi/theta within the limit (None: all); apply_partial_rope
+    rotates those dims as apply_rope does and passes the rest through; all kept is apply_rope itself."""
+    from hybrid.layers.common import apply_partial_rope, rope_kept_frequencies
+
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, D, 2, dtype=torch.float) / D))  # [D/2] fastest first
+    waves = 2 * torch.pi / inv_freq
+    assert rope_kept_frequencies(inv_freq, None) == D // 2
+    assert rope_kept_frequencies(inv_freq, float(waves[2])) == 3 and rope_kept_frequencies(inv_freq, 1.0) == 0
+    with pytest.raises(ValueError, match="decreasing order"):
+        rope_kept_frequencies(inv_freq.flip(0), 100.0)
+    x = torch.randn(2, 5, 3, D, dtype=torch.float64)  # [B, T, H, D]
+    freqs = torch.arange(5, dtype=torch.float64)[:, None] * inv_freq.double()[None, :]  # [T, D/2]
+    cos, sin = torch.cat((freqs, freqs), -1).cos(), torch.cat((freqs, freqs), -1).sin()  # [T, D] each
+    full, part = apply_rope(x, cos, sin), apply_partial_rope(x, cos, sin, 3)
+    on = (torch.arange(D) % (D // 2)) < 3  # [D]
+    assert torch.equal(part[..., on], full[..., on]) and torch.equal(part[..., ~on], x[..., ~on])
+    assert torch.equal(apply_partial_rope(x, cos, sin, D // 2), full)
+
+
+@pytest.mark.parametrize("log_scale", [False, True])
+def test_fa_branch_with_partial_rope_spans_nope_to_rope(log_scale):
+    """fa_rope_max_wavelength below every wavelength gives the NoPE branch, above every one the RoPE branch."""
+    x = torch.randn(2, 9, 64, dtype=torch.float64)  # [B, T, C]
+    pos = torch.arange(9)
+    out = {}
+    for name, kw in {"nope": dict(fa_rope=False), "rope": dict(fa_rope=True),
+                     "none_kept": dict(fa_rope=True, fa_rope_max_wavelength=1.0),
+                     "all_kept": dict(fa_rope=True, fa_rope_max_wavelength=1e12)}.items():
+        _, model = build(fa_log_scale=log_scale, log_scale_base=4.0, **kw)
+        cos, sin = model.model.rotary_emb(pos, x.dtype)
+        out[name] = model.model.layers[1].self_attn.fa(x, pos, cos, sin, None)  # [B, T, 2, D]
+    assert torch.equal(out["none_kept"], out["nope"]) and torch.equal(out["all_kept"], out["rope"])
+    assert not torch.equal(out["nope"], out["rope"])
+
+
+def test_partial_rope_needs_rope_and_a_positive_wavelength():
+    from hybrid.config import HybridConfigError, HybridOptions
+
+    assert HybridOptions(fa_rope=True, fa_rope_max_wavelength=8192).fa_rope_max_wavelength == 8192
+    with pytest.raises(HybridConfigError, match="needs fa_rope=True"):
+        HybridOptions(fa_rope=False, fa_rope_max_wavelength=8192)
+    for bad in (0, -1.0, True, "8192"):
+        with pytest.raises(HybridConfigError, match="positive number of positions"):
+            HybridOptions(fa_rope=True, fa_rope_max_wavelength=bad)
+
+
 def test_log_length_scale_formula():
     s = log_length_scale(torch.arange(3), 512.0)
     assert torch.allclose(s, torch.log(torch.tensor([1.0, 2.0, 3.0]) + 512) / torch.log(torch.tensor(512.0)))
