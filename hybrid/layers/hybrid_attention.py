@@ -53,8 +53,10 @@ class FullAttentionBranch(nn.Module):
         self.rope, self.log_scale, self.window = rope, log_scale, window
         self.log_base, self.backend = opts.log_scale_base, opts.attn_backend
         # frequencies rotated (fastest first): all of them, or those of partial RoPE (fa_rope_max_wavelength)
-        self.rope_kept = (rope_kept_frequencies(RotaryEmbedding(config).inv_freq()[0], opts.fa_rope_max_wavelength)
-                          if rope else 0)
+        # (on the CPU: from_pretrained builds the model under a meta-device context, where no value can be read)
+        with torch.device("cpu"):
+            self.rope_kept = (rope_kept_frequencies(RotaryEmbedding(config).inv_freq()[0],
+                                                    opts.fa_rope_max_wavelength) if rope else 0)
         self.q_proj = nn.Linear(C, self.n_heads * D, bias=config.qkv_bias)
         self.k_proj = nn.Linear(C, self.n_kv * D, bias=config.qkv_bias)
         self.v_proj = nn.Linear(C, self.n_kv * D, bias=config.qkv_bias)

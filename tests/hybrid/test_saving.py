@@ -69,6 +69,19 @@ def test_every_loader_gives_back_the_saved_model(built, saved):
     assert torch.equal(_logits(AutoModelForCausalLM.from_pretrained(saved), ids), ref)
 
 
+def test_a_partial_rope_hybrid_loads_back_the_same(tmp_path):
+    """fa_rope_max_wavelength survives save and load (from_pretrained builds under a meta-device context, where the
+    branch still reads its rotary frequencies) and the loaded model gives the same logits."""
+    teacher = tiny_model("qwen3")
+    model = from_mask(teacher, HeadMask.for_model(teacher, FA), fa_rope=True, fa_rope_max_wavelength=20.0).eval()
+    model.save_pretrained(tmp_path / "p", tokenizer=char_tokenizer())
+    loaded = hybrid.load(tmp_path / "p")
+    kept = {l.self_attn.fa.rope_kept for l in loaded.model.layers}
+    assert kept == {l.self_attn.fa.rope_kept for l in model.model.layers} and 0 < min(kept) < model.config.head_dim // 2
+    ids = torch.randint(3, 128, (1, 9))
+    assert torch.equal(_logits(loaded, ids), _logits(model, ids))
+
+
 def test_hybrid_save_is_save_pretrained_with_the_tokenizer(built, tmp_path):
     model, tok = built
     out = hybrid.save(model, tmp_path / "x", tokenizer=tok)
