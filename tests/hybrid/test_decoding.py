@@ -28,6 +28,7 @@ BUILDERS = {
     "head": lambda t: from_mask(t, HeadMask.for_model(t, FA)),
     "head_conv_gated": lambda t: from_mask(t, HeadMask.for_model(t, FA), gdn_conv=True, merge="gated_head"),
     "head_gated_branch": lambda t: from_mask(t, HeadMask.for_model(t, FA), merge="gated_branch", decay="simple"),
+    "head_partial_rope": lambda t: from_mask(t, HeadMask.for_model(t, FA), fa_rope=True, fa_rope_max_wavelength=20.0),
     "teacher": lambda t: from_teacher(t),
     "token": lambda t: from_token_level(t, window=4),
 }
