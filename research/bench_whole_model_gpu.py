@@ -173,9 +173,7 @@ def decode_row(run: Run, name: str, model, ctx: int, batch: int, steps: int, gra
     ``compiled``) times only each model's fastest path: the compiled step with the fused GDN op where the model
     has GDN heads and ``fused``, the compiled step otherwise (one compile per row instead of up to three)."""
     dev = run.device
-    fusable = fused and use_fused_decode(model, True)
-    if fusable:
-        use_fused_decode(model, False)
+    fusable = fused and use_fused_decode(model, False) > 0  # GDN branches to switch (split path until then)
     if best_only and compiled:
         graph_col, compiled_col, fused_col = False, not fusable, False
     else:
@@ -193,7 +191,8 @@ def decode_row(run: Run, name: str, model, ctx: int, batch: int, steps: int, gra
         if compiled_col:  # the torch.compile'd step (inside the graph on CUDA): its own column, never the step_ms
             timed_column(run, row, "compiled", "compiled step",
                          lambda: Decoder(model, cache, cuda_graph=graph, compile=True), ids, steps, cache=cache)
-        if fusable and use_fused_decode(model, True):  # the fused GDN decode op (hybrid.ops.gdn_decode): own column
+        if fusable:  # the fused GDN decode op (hybrid.ops.gdn_decode): own column
+            use_fused_decode(model, True)
             try:
                 if fused_col:
                     timed_column(run, row, "fused_gdn", "fused GDN step",

@@ -246,14 +246,14 @@ def rope_kept_frequencies(inv_freq: torch.Tensor, max_wavelength: float | None) 
     return int((2 * math.pi / inv_freq <= max_wavelength).sum())
 
 
-def apply_partial_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kept: int) -> torch.Tensor:
-    """apply_rope on the first ``kept`` frequencies of each rotate-half pair only; the others pass unrotated.
-    x [B, T, H, D], cos/sin [T, D] or [B, T, D] -> [B, T, H, D]."""
-    D = x.shape[-1]
+def partial_rope_tables(cos: torch.Tensor, sin: torch.Tensor, kept: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin [T, D] or [B, T, D] for apply_rope that rotate only the first ``kept`` frequencies of each rotate-half
+    pair (cos 1, sin 0 on the others, which then pass unrotated); all kept: the tables as they are."""
+    D = cos.shape[-1]
     if kept >= D // 2:
-        return apply_rope(x, cos, sin)
+        return cos, sin
     on = (torch.arange(D, device=cos.device) % (D // 2)) < kept  # [D] the rotated dims
-    return apply_rope(x, torch.where(on, cos, torch.ones_like(cos)), sin * on)
+    return torch.where(on, cos, torch.ones_like(cos)), sin * on
 
 
 def log_length_scale(positions: torch.Tensor, base: float) -> torch.Tensor:

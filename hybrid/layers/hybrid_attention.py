@@ -22,9 +22,9 @@ import torch.nn.functional as F
 
 from hybrid.cache import LayerCache
 from hybrid.config import HybridConfig
-from hybrid.layers.common import (NewLinear, RMSNorm, RotaryEmbedding, ShortConv, acc, apply_partial_rope, apply_rope,
-                                  fused_linear, grouped_attention, inference_constant, log_length_scale, mark_new,
-                                  rope_kept_frequencies, take_heads, window_attention)
+from hybrid.layers.common import (NewLinear, RMSNorm, RotaryEmbedding, ShortConv, acc, apply_rope, fused_linear,
+                                  grouped_attention, inference_constant, log_length_scale, mark_new,
+                                  partial_rope_tables, rope_kept_frequencies, take_heads, window_attention)
 from hybrid.layers.merge import FORMER_NAME, HeadMerge
 from hybrid.ops.gdn_decode import DECODE_BACKENDS
 
@@ -97,7 +97,8 @@ class FullAttentionBranch(nn.Module):
         if self.q_norm is not None:
             q, k = qk_norm(self.q_norm, q), qk_norm(self.k_norm, k)
         if self.rope:
-            q, k = apply_partial_rope(q, cos, sin, self.rope_kept), apply_partial_rope(k, cos, sin, self.rope_kept)
+            cos, sin = partial_rope_tables(cos, sin, self.rope_kept)  # once for q and k; all kept: as given
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if self.log_scale:  # positions [T] (shared) or [B, T] (per row: computed once per step for all layers)
             s = (cache.step.log_scale(self.log_base, q.dtype) if per_row
                  else log_length_scale(positions, self.log_base).to(q.dtype))  # [B, T] or [T]

@@ -50,9 +50,10 @@ def test_fa_branch_is_teacher_heads_without_rope(log_scale):
 
 
 def test_partial_rope_keeps_the_fast_frequencies_and_leaves_the_slow_ones_unrotated():
-    """rope_kept_frequencies counts the wavelengths 2*pi/theta within the limit (None: all); apply_partial_rope
-    rotates those dims as apply_rope does and passes the rest through; all kept is apply_rope itself."""
-    from hybrid.layers.common import apply_partial_rope, rope_kept_frequencies
+    """rope_kept_frequencies counts the wavelengths 2*pi/theta within the limit (None: all); apply_rope with
+    partial_rope_tables rotates those dims as apply_rope does and passes the rest through; all kept is apply_rope
+    itself."""
+    from hybrid.layers.common import partial_rope_tables, rope_kept_frequencies
 
     inv_freq = 1.0 / (10000 ** (torch.arange(0, D, 2, dtype=torch.float) / D))  # [D/2] fastest first
     waves = 2 * torch.pi / inv_freq
@@ -63,10 +64,10 @@ def test_partial_rope_keeps_the_fast_frequencies_and_leaves_the_slow_ones_unrota
     x = torch.randn(2, 5, 3, D, dtype=torch.float64)  # [B, T, H, D]
     freqs = torch.arange(5, dtype=torch.float64)[:, None] * inv_freq.double()[None, :]  # [T, D/2]
     cos, sin = torch.cat((freqs, freqs), -1).cos(), torch.cat((freqs, freqs), -1).sin()  # [T, D] each
-    full, part = apply_rope(x, cos, sin), apply_partial_rope(x, cos, sin, 3)
+    full, part = apply_rope(x, cos, sin), apply_rope(x, *partial_rope_tables(cos, sin, 3))
     on = (torch.arange(D) % (D // 2)) < 3  # [D]
     assert torch.equal(part[..., on], full[..., on]) and torch.equal(part[..., ~on], x[..., ~on])
-    assert torch.equal(apply_partial_rope(x, cos, sin, D // 2), full)
+    assert torch.equal(apply_rope(x, *partial_rope_tables(cos, sin, D // 2)), full)
 
 
 @pytest.mark.parametrize("log_scale", [False, True])
