@@ -302,14 +302,16 @@ def test_compiled_step_refuses_a_full_cache():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("mode", ["default", "max-autotune-no-cudagraphs"])
-def test_gpu_compiled_graph_step_matches_the_eager_step(mode):
-    """On the GPU in bf16: the compiled step captured as a CUDA graph gives the eager step's logits (bf16_model)."""
+@pytest.mark.parametrize("name,mode", [("head", "default"), ("head", "max-autotune-no-cudagraphs"),
+                                       ("head_partial_rope", "default")])
+def test_gpu_compiled_graph_step_matches_the_eager_step(name, mode):
+    """On the GPU in bf16: the compiled step captured as a CUDA graph gives the eager step's logits (bf16_model);
+    also with partial RoPE on the FA heads (its masked cos/sin tables inside the graph)."""
     import torch._dynamo
 
     torch._dynamo.reset()
     teacher = tiny_model("qwen3", head_dim=64).to("cuda", torch.bfloat16)
-    model = perturbed(BUILDERS["head"](teacher))
+    model = perturbed(BUILDERS[name](teacher))
     torch.manual_seed(4)
     prompts = [torch.randint(0, 128, (n,), device="cuda") for n in (40, 23, 70)]
     outs = []
@@ -323,8 +325,8 @@ def test_gpu_compiled_graph_step_matches_the_eager_step(mode):
             ids = torch.tensor([[3], [5], [7]], device="cuda")
         outs.append(torch.stack(got).float())  # [5, B, V]
         assert cache.host_lengths == [45, 28, 75] == cache.lengths.tolist()
-    err = assert_close(f"compiled ({mode}) vs eager", outs[1], outs[0], "bf16_model")
-    print(f"compiled {mode} + graph vs eager graph: rel err {err:.2e}")
+    err = assert_close(f"{name}: compiled ({mode}) vs eager", outs[1], outs[0], "bf16_model")
+    print(f"{name}: compiled {mode} + graph vs eager graph: rel err {err:.2e}")
     torch._dynamo.reset()
 
 

@@ -120,6 +120,15 @@ def test_best_only_times_each_models_fastest_path_alone(tmp_path):
     bad = subprocess.run([sys.executable, str(ROOT / "research" / "bench_whole_model_gpu.py"), "--dry-run",
                           "--best-only"], env=env, cwd=ROOT, capture_output=True, text=True)
     assert bad.returncode == 2 and "add --compile-decode" in bad.stderr
+    assert json.loads(out.read_text())["compile_mode"] == "default"
+
+
+def test_compile_mode_without_compile_decode_is_refused_with_the_flag_to_add():
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    bad = subprocess.run([sys.executable, str(ROOT / "research" / "bench_whole_model_gpu.py"), "--dry-run",
+                          "--compile-mode", "max-autotune-no-cudagraphs"], env=env, cwd=ROOT, capture_output=True,
+                         text=True)
+    assert bad.returncode == 2 and "max-autotune-no-cudagraphs" in bad.stderr and "add --compile-decode" in bad.stderr
 
 
 def test_sections_runs_only_the_units_named(tmp_path):
