@@ -259,7 +259,7 @@ def _compiled_vs_eager(model, backend, steps=5, **kw):
     return outs, decs[1]
 
 
-@pytest.mark.parametrize("name", ["head", "teacher"])
+@pytest.mark.parametrize("name", ["head", "head_partial_rope", "teacher"])
 def test_compiled_step_equals_the_eager_step_and_does_not_recompile(name):
     """aot_eager: dynamo's tracing, graph breaks and functionalization of the in-place cache writes, without
     inductor's code generation; steps after the first reuse the compiled graphs."""
