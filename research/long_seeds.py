@@ -12,6 +12,9 @@ project's own-template NIAH per length joins (``template_accuracy``, hybrid and 
     python -m research.long_seeds nope=runs/ref_cpu_long_s0,runs/ref_cpu_long_s1 \\
         rope=runs/ref_cpu_long_rope_s0,runs/ref_cpu_long_rope_s1 --base-length 2048 --out long_seeds.csv
 
+``--template-only`` reads the own-template NIAH alone (runs trained without the suites, e.g. a retrieval-only
+comparison at a new length): no perplexity lines.
+
 ``std`` is the sample standard deviation over seeds (ddof 1; NaN for one seed).
 """
 from __future__ import annotations
@@ -73,10 +76,15 @@ def template_lines(run: Path) -> pd.DataFrame:
     return pd.DataFrame({"line": "template niah", "length": t.context_length, "metric": t.metric, "value": t.value})
 
 
-def recipe_table(runs: list[Path], base_length: int) -> pd.DataFrame:
+def recipe_table(runs: list[Path], base_length: int, template_only: bool = False) -> pd.DataFrame:
     per_seed = []
     for i, run in enumerate(runs):
-        lines = pd.concat([seed_lines(suite_rows(run), base_length), template_lines(run)], ignore_index=True)
+        template = template_lines(run)
+        if template_only and template.empty:
+            raise FileNotFoundError(f"{run}: no eval_rows.csv and no niah_*/results.csv (run.py's evaluation or "
+                                    "headscope eval --suite niah --out RUN/niah_LENGTH)")
+        parts = [template] if template_only else [seed_lines(suite_rows(run), base_length), template]
+        lines = pd.concat(parts, ignore_index=True)
         per_seed.append(lines.assign(seed=i))
     d = pd.concat(per_seed, ignore_index=True)
     wide = d.pivot_table(index=["line", "length", "metric"], columns="seed", values="value", sort=False)
@@ -100,12 +108,14 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
     ap.add_argument("--base-length", type=int, default=2048,
                     help="the window length growth is counted from (the teacher's positions; default 2048)")
     ap.add_argument("--out", type=Path, default=None, help="write the long table as CSV here")
+    ap.add_argument("--template-only", action="store_true",
+                    help="the own-template NIAH alone (runs without the fidelity_long suite)")
     a = ap.parse_args(argv)
     tables = []
     for spec in a.recipes:
         name, runs = parse_recipe(ap, spec)
         try:
-            tables.append(recipe_table(runs, a.base_length).assign(recipe=name))
+            tables.append(recipe_table(runs, a.base_length, a.template_only).assign(recipe=name))
         except (FileNotFoundError, ValueError) as e:
             ap.error(f"{name}: {e}")
     table = pd.concat(tables, ignore_index=True)

@@ -61,3 +61,23 @@ def test_bad_input_names_the_fix(tmp_path, capsys):
     with pytest.raises(SystemExit):
         long_seeds.main([f"x={tmp_path}"])
     assert "0 suites with fidelity_long_text rows" in capsys.readouterr().err
+
+
+def test_template_only_reads_the_niah_of_runs_without_the_suite(tmp_path, capsys):
+    """--template-only: runs with no fidelity_long suite give their own-template NIAH per length over seeds; a run
+    with no NIAH rows at all is refused with where they come from."""
+    runs = []
+    for i, acc in enumerate((0.9, 0.5)):
+        folder = tmp_path / f"s{i}" / "niah_16376"
+        folder.mkdir(parents=True)
+        pd.DataFrame([dict(evaluation="niah", context_length=16376, metric="accuracy", value=acc, status="ok")]).to_csv(
+            folder / "results.csv", index=False)
+        runs.append(str(folder.parent))
+    t = long_seeds.main([f"part={','.join(runs)}", "--template-only"]).set_index(["line", "length", "metric"])
+    row = t.loc[("template niah", 16376, "template_accuracy")]
+    assert row["mean"] == pytest.approx(0.7) and row["seed_0"] == pytest.approx(0.9) and row["seeds"] == 2
+    assert not [m for m in t.index.get_level_values("metric") if m.startswith("perplexity")]
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(SystemExit):
+        long_seeds.main([f"x={tmp_path / 'empty'}", "--template-only"])
+    assert "headscope eval --suite niah" in capsys.readouterr().err
