@@ -15,6 +15,7 @@ other layers) are averaged over the layers. The tiny model is bf16 (--dtype), as
     PYTHONPATH=$PWD python research/count_decode_ops.py --device cuda               # CUDA kernels (torch.profiler)
     PYTHONPATH=$PWD python research/count_decode_ops.py --device cuda --compile     # eager vs compiled step
     PYTHONPATH=$PWD python research/count_decode_ops.py --device cuda --compile --fused-gdn   # + the fused GDN op
+    PYTHONPATH=$PWD python research/count_decode_ops.py --device cuda --compile --fused-gdn --shape bench  # its widths
 
 ``--device cuda`` counts the kernels a step launches on the GPU (research.perf.op_count.count_cuda_kernels):
 per layer for the eager step (by kernel name), and the totals per step of the eager step, the CUDA-graph replay,
@@ -37,14 +38,26 @@ from headscope.io import write_text
 from research.perf.op_count import count_cuda_kernels, count_step, graph_breaks, summarize
 
 
-def tiny_teacher(layers: int = 2, seed: int = 0, dtype: torch.dtype = torch.bfloat16):
-    """A Qwen3-shaped tiny teacher (GQA 4 q / 2 KV heads of 16), bf16 by default (the GPU benchmark's dtype, so
-    half-type casts are counted)."""
+SHAPES = {  # the layer's widths: hidden C, MLP I, query heads H, KV heads K, head dim D
+    "tiny": dict(C=64, I=128, H=4, K=2, D=16),
+    "bench": dict(C=2048, I=6144, H=16, K=8, D=128),  # research/bench_whole_model_gpu.py's GPU_SHAPE, its layers
+}
+
+
+def tiny_teacher(layers: int = 2, seed: int = 0, dtype: torch.dtype = torch.bfloat16, shape: str = "tiny"):
+    """A Qwen3-shaped teacher of a few layers, bf16 by default (the GPU benchmark's dtype, so half-type casts are
+    counted). ``shape``: "tiny" (GQA 4 q / 2 KV heads of 16) or "bench" (the whole-model benchmark's layer: 16 q / 8
+    KV heads of 128, hidden 2048, MLP 6144), so that the GEMMs take the library paths the 28-layer model's take; the
+    vocabulary stays 128 (the head's GEMM is outside the layers)."""
     from transformers import AutoModelForCausalLM, Qwen3Config
 
-    cfg = Qwen3Config(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=4096,
-                      rope_parameters={"rope_type": "default", "rope_theta": 1e6}, tie_word_embeddings=True)
+    if shape not in SHAPES:
+        raise ValueError(f"shape {shape!r}: expected one of {', '.join(SHAPES)}")
+    w = SHAPES[shape]
+    cfg = Qwen3Config(vocab_size=128, hidden_size=w["C"], intermediate_size=w["I"], num_hidden_layers=layers,
+                      num_attention_heads=w["H"], num_key_value_heads=w["K"], head_dim=w["D"],
+                      max_position_embeddings=4096, rope_parameters={"rope_type": "default", "rope_theta": 1e6},
+                      tie_word_embeddings=True)
     torch.manual_seed(seed)
     return AutoModelForCausalLM.from_config(cfg, attn_implementation="eager", dtype=dtype).eval()
 
@@ -92,11 +105,15 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--fused-gdn", action="store_true",
                     help="cuda: also count the hybrid with the fused GDN decode op (hybrid_fused)")
     ap.add_argument("--layers", type=int, default=2, help="the tiny model's layers (default 2)")
+    ap.add_argument("--shape", default="tiny", choices=sorted(SHAPES),
+                    help="the layers' widths: tiny (default) or bench, the whole-model benchmark's (its GEMMs take "
+                         "the cuBLAS paths the 28-layer model's take)")
     ap.add_argument("--json", default=None, help="write the results to this JSON path")
     args = ap.parse_args(argv)
-    teacher = tiny_teacher(layers=args.layers, dtype=getattr(torch, args.dtype))
+    teacher = tiny_teacher(layers=args.layers, dtype=getattr(torch, args.dtype), shape=args.shape)
     if args.device == "cuda":
-        deeper = tiny_teacher(layers=args.layers + 1, dtype=getattr(torch, args.dtype)) if args.compile else None
+        deeper = (tiny_teacher(layers=args.layers + 1, dtype=getattr(torch, args.dtype), shape=args.shape)
+                  if args.compile else None)
         res = cuda_rows(teacher, args, deeper)
     else:
         res = {}

@@ -51,3 +51,16 @@ def test_cuda_rows_count_the_compiled_rows_one_layer_deeper_too(monkeypatch, cap
     assert sorted(set(seen)) == [(2, False, False), (2, False, True), (2, True, False), (2, True, True),
                                  (3, True, False), (3, True, True)]
     assert "one more layer adds 20, 9 outside the layers" in capsys.readouterr().out
+
+
+def test_bench_shape_counts_the_same_ops_per_layer_as_the_tiny_shape(capsys):
+    """--shape bench: the benchmark's layer widths (GQA 16 / 8 heads of 128); on the CPU its aten ops per layer are
+    the tiny model's (same structure, wider GEMMs); an unknown shape is refused with the list."""
+    wide = tiny_teacher(layers=1, shape="bench")
+    assert (wide.config.hidden_size, wide.config.num_attention_heads, wide.config.head_dim) == (2048, 16, 128)
+    tiny = main(["--batch", "1", "--layers", "1"])
+    bench = main(["--batch", "1", "--layers", "1", "--shape", "bench"])
+    for name in ("teacher", "hybrid"):
+        assert bench[f"{name} batch 1"]["per_layer_ops"] == tiny[f"{name} batch 1"]["per_layer_ops"]
+    with pytest.raises(ValueError, match="tiny, bench"):
+        tiny_teacher(shape="huge")
