@@ -35,12 +35,13 @@ import json
 import torch
 
 from headscope.io import write_text
+from research.bench_whole_model_gpu import GPU_SHAPE
 from research.perf.op_count import count_cuda_kernels, count_step, graph_breaks, summarize
 
 
 SHAPES = {  # the layer's widths: hidden C, MLP I, query heads H, KV heads K, head dim D
     "tiny": dict(C=64, I=128, H=4, K=2, D=16),
-    "bench": dict(C=2048, I=6144, H=16, K=8, D=128),  # research/bench_whole_model_gpu.py's GPU_SHAPE, its layers
+    "bench": {k: GPU_SHAPE[k] for k in "CIHKD"},  # the whole-model benchmark's layer
 }
 
 
@@ -110,10 +111,10 @@ def main(argv: list[str] | None = None) -> dict:
                          "the cuBLAS paths the 28-layer model's take)")
     ap.add_argument("--json", default=None, help="write the results to this JSON path")
     args = ap.parse_args(argv)
-    teacher = tiny_teacher(layers=args.layers, dtype=getattr(torch, args.dtype), shape=args.shape)
+    dtype = getattr(torch, args.dtype)
+    teacher = tiny_teacher(layers=args.layers, dtype=dtype, shape=args.shape)
     if args.device == "cuda":
-        deeper = (tiny_teacher(layers=args.layers + 1, dtype=getattr(torch, args.dtype), shape=args.shape)
-                  if args.compile else None)
+        deeper = tiny_teacher(layers=args.layers + 1, dtype=dtype, shape=args.shape) if args.compile else None
         res = cuda_rows(teacher, args, deeper)
     else:
         res = {}
