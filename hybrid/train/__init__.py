@@ -5,8 +5,8 @@ pretraining, in one training loop.
     result = run(TrainConfig.from_file("research/train_hybrid/reference.toml"))
     # or: hybrid-train --config research/train_hybrid/reference.toml [--stage 1|2|3|all] [--resume]
 
-Stages (``STAGES``): "align" (1), "distill" (2), "long" (3), "pretrain". In-run checks (``CHECKS``, the
-config's ``eval``; a new one: ``register_check``): "default", "none". Names load lazily.
+Stages (``STAGES``): "align" (1), "distill" (2), "long" (3), "long_distill" (3), "pretrain". In-run checks
+(``CHECKS``, the config's ``eval``; a new one: ``register_check``): "default", "none". Names load lazily.
 """
 from __future__ import annotations
 

@@ -20,7 +20,7 @@ from headscope.configs import from_dict
 
 __all__ = ["TrainConfigError", "DataConfig", "StageConfig", "ModelConfig", "TrainConfig", "LONG_FACTOR"]
 
-LONG_FACTOR = 4  # stage "long" trains at >= 4x the longest "align"/"distill" length
+LONG_FACTOR = 4  # a stage-3 stage ("long", "long_distill") trains at >= 4x the longest "align"/"distill" length
 
 
 class TrainConfigError(ValueError):
@@ -154,9 +154,12 @@ class StageConfig:
     weight_decay: float = 0.0
     betas: tuple[float, float] = (0.9, 0.95)
     grad_clip: float = 1.0  # max global grad norm (0: no clipping)
-    kl_weight: float = 1.0  # "distill": weight of KL(teacher || student)
-    ce_weight: float = 0.2  # "distill": weight of next-token cross-entropy
-    temperature: float = 1.0  # "distill": KL temperature (scaled by T^2)
+    kl_weight: float = 1.0  # "distill", "long_distill": weight of KL(teacher || student)
+    ce_weight: float = 0.2  # "distill", "long_distill": weight of next-token cross-entropy
+    temperature: float = 1.0  # "distill", "long_distill": KL temperature (scaled by T^2)
+    # "long_distill": the KL to the teacher counts on each row's first kl_positions positions, where the teacher runs
+    # (0: the teacher's max_position_embeddings; more is refused when the stage starts); the CE on every position
+    kl_positions: int = 0
     # "distill": lm_head + KL + CE fused in chunks of tokens, no [B, T, V] logits (hybrid.train.fused_loss);
     # "auto" = on for CUDA batches unless FSDP shards the lm_head, "on" (refused under FSDP), "off" (the naive path)
     fused_loss: str = "auto"
@@ -237,6 +240,11 @@ class StageConfig:
         elif self.on_policy_tokens != 0:
             _bad(where, "on_policy_tokens", self.on_policy_tokens, "an option of the 'distill_on_policy' stage; "
                  "leave it out here")
+        if not isinstance(self.kl_positions, int) or isinstance(self.kl_positions, bool) or self.kl_positions < 0:
+            _bad(where, "kl_positions", self.kl_positions, "must be an int >= 0 (the positions where the KL to the "
+                 "teacher counts; 0: the teacher's max_position_embeddings)")
+        if self.kl_positions and self.name != "long_distill":
+            _bad(where, "kl_positions", self.kl_positions, "an option of the 'long_distill' stage; leave it out here")
         if not isinstance(self.sample_temperature, (int, float)) or self.sample_temperature < 0:
             _bad(where, "sample_temperature", self.sample_temperature, "must be >= 0 (0: greedy)")
         if not isinstance(self.micro_batch_size, int) or isinstance(self.micro_batch_size, bool) \
@@ -325,7 +333,7 @@ _LATER_DEFAULTS = {"working_dtype": "float32", "teacher_dtype": "float32"}
 _LATER_DATA_DEFAULTS = {"sources": [], "teacher_corpus": "", "teacher_corpus_share": 0.5, "text_windows": "random"}
 # StageConfig fields added later: left out of to_dict (so of the fingerprint) at these values
 _LATER_STAGE_DEFAULTS = {"schedule": "cosine", "on_policy_tokens": 0, "sample_temperature": 1.0, "train_fa_qk": False,
-                         "align_inputs": "student", "micro_batch_size": 0}
+                         "align_inputs": "student", "micro_batch_size": 0, "kl_positions": 0}
 # train_gdn_qkv: stages before it trained the GDN q/k/v in every stage but "align" (where they stayed frozen). So
 # to_dict leaves it out of the stages where it has no effect (every one but "align", where it is always true), and
 # the fingerprint also leaves it out of an "align" stage that keeps the former behaviour (false): runs made before
@@ -428,9 +436,9 @@ class TrainConfig:
             _bad("run", "teacher", self.teacher, "the hybrid stages need a teacher (a name or a model folder)")
         short = transfer_lengths(stages)
         for s in stages:
-            if s.name == "long" and short and s.seq_len < LONG_FACTOR * max(short):
+            if STAGES[s.name].number == 3 and short and s.seq_len < LONG_FACTOR * max(short):
                 _bad(f"stages[{s.name}]", "seq_len", s.seq_len,
-                     f"stage 3 ('long') must train at >= {LONG_FACTOR}x the align/distill length "
+                     f"stage 3 ({s.name!r}) must train at >= {LONG_FACTOR}x the align/distill length "
                      f"({max(short)}), i.e. seq_len >= {LONG_FACTOR * max(short)}")
         if not isinstance(self.compile, bool):
             _bad("run", "compile", self.compile, "must be true or false")

@@ -8,6 +8,9 @@
                row are the student's continuation of the rest (sampled without gradient): the KL counts on every
                position, the CE on the corpus part only
     "long"     (stage 3) hybrid; everything trains; next-token CE at >= 4x the stage 1-2 length
+    "long_distill" (stage 3) as "long", plus kl_weight * KL(teacher || student) on each row's first kl_positions
+               positions (0: the teacher's max_position_embeddings), the teacher run on those alone; the CE
+               (ce_weight) on every position
     "pretrain"           a fresh (or init_from) model; everything trains; weighted next-token CE
 
 A loss returns terms ``(name, weight, sum, count)``; the trainer divides each sum by its count over all
@@ -48,6 +51,10 @@ class Stage:
     # split a step's batch into passes (StageConfig.micro_batch_size) and still divide by the whole batch's counts.
     # None: the stage cannot (micro_batch_size refused)
     counts: Callable[..., list[torch.Tensor]] | None = None
+    # for_teacher(stage_cfg, teacher) -> the stage_cfg the loss and counts get, its defaults that depend on the
+    # teacher filled in (long_distill: kl_positions = 0 -> the teacher's positions); the trainer applies it at the
+    # stage's start. None: the stage_cfg as given
+    for_teacher: Callable[..., object] | None = None
 
 
 def transfer_lengths(stages) -> list[int]:
@@ -344,6 +351,73 @@ def lm_loss(cfg, student, teacher, ids, w, autocast) -> list[Term]:
     return [("ce", 1.0, *weighted_ce(logits, ids, w))]
 
 
+def teacher_positions(teacher: nn.Module) -> int:
+    """The positions the teacher was trained on: its config's ``max_position_embeddings``."""
+    m = getattr(teacher, "module", teacher)  # DDP
+    n = getattr(getattr(m, "config", None), "max_position_embeddings", None)
+    if not isinstance(n, int) or n < 1:
+        raise ValueError(f"{type(m).__name__} has no config.max_position_embeddings; give the stage's "
+                         "kl_positions (the positions where the teacher's KL counts)")
+    return n
+
+
+def kl_positions(cfg, teacher: nn.Module) -> int:
+    """long_distill's P: ``cfg.kl_positions``, or (0) the teacher's positions; refused past them (the teacher
+    never runs where its positions do not hold)."""
+    limit = teacher_positions(teacher)
+    if cfg.kl_positions > limit:
+        from hybrid.train.config import TrainConfigError
+
+        raise TrainConfigError(f"stages[{cfg.name}].kl_positions={cfg.kl_positions}: the teacher has {limit} "
+                               f"positions and must not run past them; give kl_positions <= {limit} (0: {limit})")
+    return cfg.kl_positions or limit
+
+
+def with_kl_positions(cfg, teacher: nn.Module):
+    """``cfg`` with ``kl_positions`` = P (``kl_positions``; a teacher is needed only when the KL counts)."""
+    import dataclasses
+
+    if not cfg.kl_weight or teacher is None:
+        return cfg
+    return dataclasses.replace(cfg, kl_positions=kl_positions(cfg, teacher))
+
+
+def long_distill_loss(cfg, student, teacher, ids, w, autocast) -> list[Term]:
+    """kl_weight * KL(teacher || student) over each row's first P positions (``kl_positions``; the teacher runs on
+    ``ids[:, :P]`` alone, inside its positions) + ce_weight * CE weighted by ``w`` over every position, from the
+    full logits. The student's logits at t < P read tokens <= t only, so they match the teacher's on the prefix.
+    P >= T: distill's naive loss."""
+    B, T = ids.shape
+    terms = []
+    if cfg.kl_weight:
+        P = min(T, kl_positions(cfg, teacher))
+        head = ids[:, :P]  # [B, P]
+        with torch.no_grad(), autocast:
+            t_logits = teacher(input_ids=head, attention_mask=_real(head), use_cache=False).logits  # [B, P, V]
+    with autocast:
+        s_logits = student(input_ids=ids, attention_mask=_real(ids), use_cache=False).logits  # [B, T, V]
+    if cfg.kl_weight:
+        terms.append(("kl", cfg.kl_weight, *kl_div(s_logits[:, :P], t_logits, cfg.temperature)))  # [B, P, V] each
+    if cfg.ce_weight:
+        terms.append(("ce", cfg.ce_weight, *weighted_ce(s_logits, ids, w)))
+    return terms
+
+
+def long_distill_counts(cfg, ids, w) -> list[torch.Tensor]:
+    """long_distill_loss's counts: the KL over the first P positions of each row (B * min(P, T); P as
+    ``with_kl_positions`` gives it), the CE weighted by ``w``."""
+    out = []
+    if cfg.kl_weight:
+        if cfg.kl_positions < 1:
+            raise ValueError(f"stage {cfg.name!r}: kl_positions=0 is the teacher's positions, which the counts "
+                             "cannot see; pass the stage config through hybrid.train.stages.with_kl_positions first")
+        B, T = ids.shape
+        out.append(torch.tensor(float(B * min(T, cfg.kl_positions)), device=ids.device))
+    if cfg.ce_weight:
+        out.append(w[:, :-1].float().sum())
+    return out
+
+
 def position_counts(cfg, ids, w) -> list[torch.Tensor]:
     """align_loss's count: every position of every row (hidden_mse's B * T)."""
     return [torch.tensor(float(ids.numel()), device=ids.device)]
@@ -388,5 +462,8 @@ register_stage(Stage("distill_on_policy", 2, True, True, "all", on_policy_loss,
                      "KL(teacher || student) on rows the student continues itself + CE on the corpus part",
                      on_policy_counts))
 register_stage(Stage("long", 3, True, False, "all", lm_loss, "next-token CE at a longer context", ce_counts))
+register_stage(Stage("long_distill", 3, True, True, "all", long_distill_loss,
+                     "KL(teacher || student) within the teacher's positions + CE on every position, at a longer "
+                     "context", long_distill_counts, with_kl_positions))
 register_stage(Stage("pretrain", None, False, False, "all", lm_loss, "weighted next-token CE (reference model)",
                      ce_counts))

@@ -123,6 +123,9 @@ class Trainer:
         if cfg.is_hybrid:
             self.teacher, self.tokenizer = load_teacher(cfg.teacher, env.device, cfg.tokenizer)
             self.student, self.mask = build_hybrid(self.teacher, cfg.mask, cfg.hybrid)
+            for st in cfg.stages:  # what needs the teacher refused now, not after the earlier stages trained
+                if STAGES[st.name].for_teacher is not None and STAGES[st.name].uses_teacher:
+                    STAGES[st.name].for_teacher(st, self.teacher)
             if cfg.teacher_dtype != "float32":  # after the student copied the teacher's float32 weights
                 from hybrid.train.precision import WORKING_DTYPES, cast_parameters
 
@@ -383,6 +386,8 @@ class Trainer:
         if train_state is not None:
             self._load_optimizer(opt, train_state["optimizer"])
         teacher = self.loss_teacher if stage.uses_teacher else None
+        if stage.for_teacher is not None and teacher is not None:  # e.g. long_distill's kl_positions = 0 resolved
+            s = stage.for_teacher(s, teacher)
         batches, setup_s, shared_progress = self.stage_data(index, s, start)
         autocast = env.autocast()
         from contextlib import nullcontext
@@ -395,6 +400,7 @@ class Trainer:
         n_trained = sum(p.numel() for _, p in params)
         self.log.write({"event": "stage_start", "stage": s.name, "stage_index": index, "step": start,
                         "trainable_params": n_trained, "seq_len": s.seq_len, "batch_size": s.batch_size,
+                        **({"kl_positions": s.kl_positions} if s.kl_positions else {}),
                         "setup_seconds": setup_s})
         self.student.train()
         if env.device.type == "cuda":  # gpu_mem_gib in the log: this stage's peak, not an earlier stage's

@@ -58,7 +58,9 @@ def main(argv: list[str] | None = None) -> int:
         flops = None  # align trains the new parameters only: its backward is not 2x the forward; not counted
         if kind.trains == "all":  # forward + backward of every weight (3x), plus the teacher's forward if it runs
             flops = 3 * forward_flops_per_token(student, T)
-            flops += forward_flops_per_token(teacher, T) if kind.uses_teacher and teacher is not None else 0.0
+            if kind.uses_teacher and teacher is not None:  # on the first P tokens of a row (long_distill), else all
+                P = min(T, (kind.for_teacher(st, teacher) if kind.for_teacher else st).kl_positions or T)
+                flops += forward_flops_per_token(teacher, P) * P / T
         row = {"stage": st.name, "stage_index": index, "batch_size": st.batch_size,
                "micro_batch_size": st.micro_batch_size or st.batch_size, "seq_len": T,
                "log_records": len(tps),

@@ -43,8 +43,14 @@ def _first_step_grads(folder, teacher, mask, st, monkeypatch, **kw) -> list[torc
     return seen[0]
 
 
-@pytest.mark.parametrize("st,micro", [(STAGES[0], 1), (STAGES[1], 2), (STAGES[1], 1), (STAGES[2], 1)],
-                         ids=["align-1", "distill-2", "distill-1", "long-1"])
+# long_distill: the KL on each row's first 64 of 128 positions (kl_positions), the CE on all of them
+LONG_DISTILL = stage("long_distill", steps=2, seq_len=128, batch_size=2, kl_positions=64)
+
+
+@pytest.mark.parametrize("st,micro", [(STAGES[0], 1), (STAGES[1], 2), (STAGES[1], 1), (STAGES[2], 1),
+                                      (LONG_DISTILL, 1), ({**LONG_DISTILL, "kl_positions": 0}, 1)],
+                         ids=["align-1", "distill-2", "distill-1", "long-1", "long_distill-1",
+                              "long_distill-teacher-positions-1"])
 def test_a_split_step_has_the_one_pass_gradient(tmp_path, tiny_teacher_dir, tiny_mask, monkeypatch, st, micro):
     one = _first_step_grads(tmp_path / "one", tiny_teacher_dir, tiny_mask, st, monkeypatch)
     split = _first_step_grads(tmp_path / "split", tiny_teacher_dir, tiny_mask, {**st, "micro_batch_size": micro},

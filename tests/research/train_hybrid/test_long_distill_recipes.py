@@ -1,0 +1,39 @@
+"""research/train_hybrid/reference_cpu_long_rope_part_kl.toml and smollm2_long_rope_part_kl.toml: their bases with
+every stage-3 stage "long_distill" (the KL to the teacher within its positions + 0.2 CE, the distill stage's
+weights) in place of "long", nothing else; and the GPU recipe's job, the base job's arguments on the new file."""
+from __future__ import annotations
+
+import pytest
+from recipe_diff import load, recipe_diff
+
+
+@pytest.mark.parametrize("base,stage3", [("reference_cpu_long_rope_part.toml", (2,)),
+                                         ("smollm2_long_rope_part.toml", (2, 3))])
+def test_the_kl_variant_differs_in_its_stage_3_loss_alone(base, stage3):
+    variant = base.replace(".toml", "_kl.toml")
+    diff = recipe_diff(base, variant)
+    assert set(diff) == set(stage3)  # the output folders aside, which load() sets
+    for i in stage3:
+        assert diff[i] == {"name": ("long", "long_distill")}  # kl_weight 1.0 and ce_weight 0.2 are the defaults
+        s, distill = load(variant).stages[i], load(variant).stages[1]
+        assert (s.kl_weight, s.ce_weight, s.kl_positions) == (distill.kl_weight, distill.ce_weight, 0) == (1.0, 0.2, 0)
+
+
+def test_the_kl_job_runs_the_base_jobs_arguments_on_the_kl_recipe():
+    from research.launch.jobs import get_job
+
+    base, kl = get_job("smollm2_long_rope_part_hybrid"), get_job("smollm2_long_rope_part_kl_hybrid")
+    assert kl.config == ("research/train_hybrid/smollm2_long_rope_part_kl.toml",)
+    assert (kl.kind, kl.args, kl.device) == (base.kind, base.args, base.device)
+
+
+@pytest.mark.parametrize("base", ["reference_cpu_long_rope_part.toml", "reference_cpu_long_rope_part_kl.toml"])
+def test_the_long90_twins_run_stage_3_three_times_as_long_and_nothing_else(base):
+    variant = base.replace(".toml", "_long90.toml")
+    s3 = load(base).stages[2]
+    assert recipe_diff(base, variant) == {2: {"steps": (30, 90), "max_minutes": (s3.max_minutes, 30.0)}}
+
+
+def test_the_long90_pair_differs_in_stage_3s_loss_alone():
+    diff = recipe_diff("reference_cpu_long_rope_part_long90.toml", "reference_cpu_long_rope_part_kl_long90.toml")
+    assert diff == {2: {"name": ("long", "long_distill")}}
