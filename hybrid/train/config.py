@@ -17,14 +17,11 @@ from pathlib import Path
 from typing import Any
 
 from headscope.configs import from_dict
+from hybrid.train.errors import TrainConfigError
 
 __all__ = ["TrainConfigError", "DataConfig", "StageConfig", "ModelConfig", "TrainConfig", "LONG_FACTOR"]
 
 LONG_FACTOR = 4  # a stage-3 stage ("long", "long_distill") trains at >= 4x the longest "align"/"distill" length
-
-
-class TrainConfigError(ValueError):
-    """A training configuration that cannot run (the message names the field and the fix)."""
 
 
 def _bad(owner: str, name: str, value: Any, why: str) -> None:

@@ -29,6 +29,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from headscope.registry import Registry
+from hybrid.train.errors import TrainConfigError
 from hybrid.train.losses import hidden_mse, kl_div, weighted_ce
 
 __all__ = ["Stage", "STAGES", "register_stage", "Term", "new_parameter_names", "gdn_qkv_parameter_names",
@@ -366,8 +367,6 @@ def kl_positions(cfg, teacher: nn.Module) -> int:
     never runs where its positions do not hold)."""
     limit = teacher_positions(teacher)
     if cfg.kl_positions > limit:
-        from hybrid.train.config import TrainConfigError
-
         raise TrainConfigError(f"stages[{cfg.name}].kl_positions={cfg.kl_positions}: the teacher has {limit} "
                                f"positions and must not run past them; give kl_positions <= {limit} (0: {limit})")
     return cfg.kl_positions or limit
