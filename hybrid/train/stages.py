@@ -353,10 +353,12 @@ def lm_loss(cfg, student, teacher, ids, w, autocast) -> list[Term]:
 
 
 def teacher_positions(teacher: nn.Module) -> int:
-    """The positions the teacher was trained on: its config's ``max_position_embeddings``."""
+    """The positions the teacher was trained on: its config's ``max_position_embeddings`` (``n_positions``)."""
+    from headscope.evaluate.lengths import configured_positions
+
     m = getattr(teacher, "module", teacher)  # DDP
-    n = getattr(getattr(m, "config", None), "max_position_embeddings", None)
-    if not isinstance(n, int) or n < 1:
+    n = configured_positions(m)
+    if n is None:
         raise ValueError(f"{type(m).__name__} has no config.max_position_embeddings; give the stage's "
                          "kl_positions (the positions where the teacher's KL counts)")
     return n
