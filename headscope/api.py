@@ -18,6 +18,7 @@ import torch
 import torch.nn as nn
 
 from headscope.arch import Arch, describe
+from headscope.evaluate.lengths import configured_positions
 from headscope.metrics import resolve_metric
 from headscope.pairs import check_n_samples, task_name, task_pairs
 from headscope.patching.backends import BACKENDS, make_backend, resolve_backend
@@ -40,15 +41,6 @@ def _hf_model(model: Any) -> nn.Module:
         raise TypeError(f"model must be a Hugging Face causal LM, a TransformerBridge, an nnsight model or a "
                         f"name/path string, got {type(model).__name__}")
     return hf
-
-
-def _max_positions(hf: nn.Module) -> int | None:
-    cfg = hf.config
-    for key in ("max_position_embeddings", "n_positions"):
-        value = getattr(cfg, key, None)
-        if isinstance(value, int) and value > 0:
-            return value
-    return None
 
 
 def prepare_scoring(model: Any, task: Any, tokenizer: Any, n_samples: int | None, seed: int, device: Any,
@@ -76,7 +68,7 @@ def prepare_scoring(model: Any, task: Any, tokenizer: Any, n_samples: int | None
     pairs = []
     for i, p in enumerate(raw):
         try:
-            pairs.append(as_patch_pair(p, vocab_size=vocab_size, max_positions=_max_positions(hf)))
+            pairs.append(as_patch_pair(p, vocab_size=vocab_size, max_positions=configured_positions(hf)))
         except PatchInputError as err:
             prompt = getattr(getattr(p, "pair", None), "short", None)
             what = f"pair {i} of {name!r}" + (f" ({prompt(40)})" if callable(prompt) else "")

@@ -41,6 +41,7 @@ import torch
 from headscope.evaluate.engine import pad_id_of
 from headscope.evaluate.fidelity_data import load_instructions, load_sources, source_path
 from headscope.evaluate.fidelity_decoding import answer_nll, greedy_continuations, window_agreement
+from headscope.evaluate.lengths import configured_positions
 from headscope.evaluate.rows import row
 from headscope.evaluate.runtime import ANSWER_ROOM, BudgetExceeded, EvalContext, fewer_rows_after_oom, position_limit
 from headscope.evaluate.teacher_cache import cached, rows_complete, tokenizer_digest
@@ -159,13 +160,7 @@ def model_positions(model) -> int | None:
     """The positions a model has: its learned position embeddings, else its config's max_position_embeddings
     (RoPE models run past it, whatever they score), else None."""
     limit = position_limit(model)
-    if limit is not None:
-        return limit
-    for key in ("max_position_embeddings", "n_positions"):
-        v = getattr(model.config, key, None)
-        if isinstance(v, int) and not isinstance(v, bool) and v > 0:
-            return v
-    return None
+    return limit if limit is not None else configured_positions(model)
 
 
 def _past_positions(student, teacher, tokens: int, what: str) -> str | None:

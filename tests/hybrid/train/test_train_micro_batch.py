@@ -179,15 +179,18 @@ def test_counts_that_disagree_with_the_loss_are_caught(tmp_path, tiny_teacher_di
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("st,micro", [(stage("distill", seq_len=64, batch_size=4), 2),
+                                      (stage("long_distill", seq_len=128, batch_size=2, kl_positions=64), 1)],
+                         ids=["distill", "long_distill"])
 def test_a_split_step_on_cuda_with_the_compiled_student_and_the_fused_loss(tmp_path, tiny_teacher_dir, tiny_mask,
-                                                                           monkeypatch):
-    """Where the recipes split stage 2: CUDA, the compiled student, the fused loss (on for CUDA batches) and the bf16
-    compiled teacher. The split step's gradient is the one-pass gradient, to the compiled kernels' rounding."""
+                                                                           monkeypatch, st, micro):
+    """Where the recipes split stages 2 and 3: CUDA, the compiled student, the fused loss (on for CUDA batches) and
+    the bf16 compiled teacher (for long_distill on each row's first kl_positions alone). The split step's gradient
+    is the one-pass gradient, to the compiled kernels' rounding."""
     assert torch.cuda.is_available(), "a gpu test: run it with -m gpu on a machine with CUDA"
-    st = stage("distill", seq_len=64, batch_size=4)
     kw = dict(device="cuda", compile=True, teacher_dtype="bfloat16", compile_teacher=True)
     grads = []
-    for name, micro in (("one", 0), ("split", 2)):
+    for name, micro in (("one", 0), ("split", micro)):
         folder = tmp_path / name
         grads.append(_first_step_grads(folder, tiny_teacher_dir, tiny_mask, {**st, "micro_batch_size": micro},
                                           monkeypatch, **kw))
