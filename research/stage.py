@@ -9,6 +9,8 @@ Here (the checkout):
                                                                            # -> .stage/corpus.tar.xz.partKofN
     python -m research.stage carry JOB                                     # the paths JOB needs carried, sizes
     python -m research.stage unpack RESULTS.tgz.part* --into runs/         # a results folder brought back by `pack`
+    python -m research.stage stow /work/.device/N/*                        # a command's files in place: results,
+                                                                           # the teacher's text, compile cache
 There (in each command; /tmp/stage and /tmp/site live as long as the machine stays warm):
     python3 -m research.stage setup       # carried wheels -> /tmp/site, carried GGUF parts -> /tmp/stage (joined
                                           # and checked once all are there), carried corpus parts likewise
@@ -19,6 +21,7 @@ There (in each command; /tmp/stage and /tmp/site live as long as the machine sta
                                           # $HEADSCOPE_TEACHER_CACHE (/tmp/runs/teacher_cache)
     python3 -m research.launch JOB --out /tmp/runs/JOB --resume --stop-after 480
     python3 -m research.stage pack /tmp/runs/JOB "$OUT"          # the results folder in <= 15 MiB parts
+    python3 -m research.stage harvest JOB "$OUT"                 # the teacher's text and compile cache made so far
 The single steps of `setup`:
     python3 -m research.stage put .stage/<model>.gguf.partKofN   # one part; once all N are in: join, check the
                                                                   # sha256 of headscope/zoo.py, write env.sh
@@ -48,6 +51,7 @@ from pathlib import Path
 from research.stage_caches import (COMPILE_RE, say, collect_part, compile_cache_save, parts_in, put_compile_cache,
                                    teacher_cache_dir, teacher_cache_restore, teacher_cache_save, triton_restore,
                                    triton_save)
+from research.stage_harvest import harvest, stow
 
 REPO = Path(__file__).resolve().parents[1]
 STAGE_OUT = REPO / ".stage"  # where `split` writes (git-ignored)
@@ -444,31 +448,29 @@ STAGE_COMMAND = "python3 -m research.stage setup 2>&1 | tail -1"
 def lease_plan(c: dict, seconds: int = 560) -> list[dict]:
     """The device commands of one lease for ``carry``'s job ``c``, in order: the staging commands (each a group of
     ``c["stage_commands"]``), then the job's command, to call again at once until it exits 0: ``detached.sh`` runs
-    the job on between commands, and the results folder is packed into ``$OUT`` after each (its weights stay);
-    last, where time is left, one command that brings back the teacher cache and the compile cache."""
+    the job on between commands, and the results folder is packed into ``$OUT`` after each (its weights stay),
+    beside what ``harvest`` sends for the next machines (the teacher's text, the compile cache: kept when the lease
+    ends before the job does; here ``stow`` puts every command's files in place); last, where time is left, one
+    command that brings back the teacher cache."""
     job = c["job"]
     run = (f"python3 -m research.stage setup >/dev/null 2>&1; . /tmp/stage/env.sh && "
            f"bash research/train_hybrid/detached.sh {job} {seconds}; rc=$?; "
-           f"python3 -m research.stage pack /tmp/runs/{job} \"$OUT\" 2>&1 | tail -1; exit $rc")
+           f"python3 -m research.stage pack /tmp/runs/{job} \"$OUT\" 2>&1 | tail -1; "
+           f"python3 -m research.stage harvest {job} \"$OUT\" 2>&1 | tail -3; exit $rc")
     plan = [{"command": STAGE_COMMAND, "carry": group, "timeout_s": 120} for group in c.get("stage_commands", [])]
+    # the teacher's side of the suites (complete once they ran), then whatever harvest has not sent yet
     caches = (f". /tmp/stage/env.sh; python3 -m research.stage teacher-cache save \"$OUT/teacher_cache_{job}.tgz\"; "
-              f"python3 -m research.stage compile-cache save \"$OUT\"")
-    if c.get("teacher_text"):  # made by the job in its snapshot of the checkout (detached.sh's RUNS/.repo_JOB)
-        text = f"/tmp/runs/.repo_{job}/data/corpus"
-        caches += (f"; [ -f {text}/teacher/teacher.txt ] && tar -cJf \"$OUT/teacher_text.tar.xz\" -C {text} "
-                   "teacher/teacher.txt teacher/teacher.json")
+              f"python3 -m research.stage harvest {job} \"$OUT\"")
     return plan + [{"command": run, "carry": c["every_call"], "timeout_s": min(600, seconds + 35),
                     "again": "until it exits 0 (3: the job still runs)",
-                    "last": f"where the lease has less than {seconds + 40} s of device time left (status's "
-                            "budget_left_s), the same command with detached.sh's seconds = that time - 40: a "
-                            "command cut by the lease's end never reaches `pack`, and its results stay there"},
+                    "last": f"where the lease has less than {seconds + 60} s of device time left (status's "
+                            "budget_left_s), the same command with detached.sh's seconds = that time - 60: a "
+                            "command cut by the lease's end never reaches `pack`, and its results stay there",
+                    "here": "python -m research.stage stow /work/.device/N/* (each command's files: results into "
+                            "runs/, the teacher's text into the corpus's parts, compile-cache parts into .stage/)"},
                    {"command": caches, "carry": [], "timeout_s": 120,
                     "when": "after the job's exit 0, where the lease has a minute left: the teacher's side of its "
-                            "suites and the compile cache, for the next machines (teacher cache -> "
-                            "research/gpu_cache/ to commit; compile-cache parts -> .stage/)"
-                            + ("; and the teacher's text the job made (here: tar -xJf teacher_text.tar.xz -C "
-                               "data/corpus, then python -m research.stage split-corpus: ~130 s less on the next "
-                               "machine)" if c.get("teacher_text") else "")}]
+                            "suites (-> research/gpu_cache/ to commit) and what harvest has not sent yet"}]
 
 
 def _print_carry(c: dict) -> None:
@@ -604,6 +606,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("folder", type=Path)
     p.add_argument("dest", type=Path)
     p.add_argument("--max-mb", type=float, default=60.0, help="compressed size of all parts together (default 60)")
+    p = sub.add_parser("harvest", help="on the GPU machine, after a job command: the teacher's text and the compile "
+                                       "cache the job made since the last harvest, into $OUT where they fit")
+    p.add_argument("job")
+    p.add_argument("dest", type=Path)
+    p.add_argument("--runs", type=Path, default=Path("/tmp/runs"))
+    p = sub.add_parser("stow", help="here: files a GPU machine sent back (harvest's, pack's) where the next lease "
+                                    "reads them")
+    p.add_argument("files", nargs="+", type=Path)
     p = sub.add_parser("unpack", help="join pack's parts and extract the results folder")
     p.add_argument("parts", nargs="+", type=Path)
     p.add_argument("--into", type=Path, default=REPO / "runs")
@@ -646,13 +656,23 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"{i}. command: {call['command']}\n   carry: {json.dumps(call['carry'])}"
                           + (f"\n   again {call['again']}" if "again" in call else "")
                           + (f"\n   last call: {call['last']}" if "last" in call else "")
-                          + (f"\n   when: {call['when']}" if "when" in call else ""))
+                          + (f"\n   when: {call['when']}" if "when" in call else "")
+                          + (f"\n   here: {call['here']}" if "here" in call else ""))
             else:
                 _print_carry(c)
         elif a.cmd == "pack":
             pack(a.folder, a.dest, a.max_mb)
         elif a.cmd == "unpack":
             unpack(a.parts, a.into)
+        elif a.cmd == "harvest":
+            harvest(a.job, a.dest, a.runs)
+        elif a.cmd == "stow":
+            try:
+                done = stow(a.files, REPO, split_corpus=split_corpus, unpack=unpack)
+            except ValueError as err:  # not one whole set of parts, an archive that is not harvest's
+                raise StageError(str(err)) from err
+            for what, paths in done.items():
+                say(f"stow: {what}: {', '.join(paths)}")
     except StageError as err:
         print(f"research.stage: error: {err}", file=sys.stderr)
         return 1

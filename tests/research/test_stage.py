@@ -157,14 +157,13 @@ def test_lease_plan_stages_then_runs_the_job_detached():
     assert all(call["command"] == stage.STAGE_COMMAND for call in plan[:2])
     job, caches = plan[-2:]
     assert 'teacher-cache save "$OUT/teacher_cache_j.tgz"' in caches["command"] and "when" in caches
-    assert 'compile-cache save "$OUT"' in caches["command"]
+    assert 'harvest j "$OUT"' in caches["command"]  # what the job commands' harvests did not send
     assert "research/train_hybrid/detached.sh j 500" in job["command"] and "pack /tmp/runs/j" in job["command"]
+    # after each job command, before its exit status: the teacher's text and compile cache made so far
+    assert job["command"].index("pack /tmp/runs/j") < job["command"].index('harvest j "$OUT"')
     assert job["command"].endswith("exit $rc") and job["timeout_s"] == 535 and "again" in job
-    assert "540 s" in job["last"] and "pack" in job["last"]  # the lease's last call leaves time to pack
-    assert "teacher_text" not in caches["command"]  # a job without the teacher's text
-    text = stage.lease_plan({**c, "teacher_text": True})[-1]
-    assert 'tar -cJf "$OUT/teacher_text.tar.xz" -C /tmp/runs/.repo_j/data/corpus teacher/teacher.txt' in text["command"]
-    assert "split-corpus" in text["when"]
+    assert "560 s" in job["last"] and "pack" in job["last"]  # the lease's last call leaves time to pack and harvest
+    assert "research.stage stow" in job["here"]
     r = subprocess.run([sys.executable, "-m", "research.stage", "carry", "smollm2_hybrid", "--plan", "--json"],
                        capture_output=True, text=True, cwd=stage.REPO)
     assert r.returncode == 0, r.stderr
