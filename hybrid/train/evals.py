@@ -46,7 +46,7 @@ def heldout_loss(ctx: EvalContext) -> float:
     key = ("heldout", ctx.seq_len, ctx.n_samples)
     if key not in ctx.cache:
         from headscope.tasks import load_haystack
-        from hybrid.train.data import tokenize_corpus
+        from hybrid.train.text import tokenize_corpus
 
         ids = tokenize_corpus(ctx.tokenizer, load_haystack("heldout")[:400_000])  # [N]
         T = min(ctx.seq_len, (len(ids) - 1) // max(1, ctx.n_samples))

@@ -94,7 +94,7 @@ class Trainer:
         self.evaluate = evaluate if evaluate is not None else CHECKS[config.eval]
         self.on_step = on_step
         self.history: list[dict[str, Any]] = []
-        self._corpus: dict[tuple, Any] = {}  # hybrid.train.data.load_text's memo (text_key -> ids or TextSources)
+        self._corpus: dict[tuple, Any] = {}  # hybrid.train.text.load_text's memo (text_key -> ids or TextSources)
         self._eval_cache: dict = {}
         self._last = -1  # the last stage index of this run
         # the next stage's data, made at this stage's start: index, loader, setup_s, progress, and its batches
@@ -221,7 +221,7 @@ class Trainer:
         the merge calibration reads the first stage's), naming its size and the size needed."""
         from hybrid.config import HybridOptions
         from hybrid.layers.merge import MERGES
-        from hybrid.train.data import load_text
+        from hybrid.train.text import load_text
 
         cfg = self.config
         calibrates = cfg.is_hybrid and cfg.calibrate_merge and MERGES[HybridOptions.from_dict(cfg.hybrid).merge].norm
@@ -307,7 +307,7 @@ class Trainer:
         ``rows`` consecutive windows at the start of the first stage's corpus; nothing for a merge without gamma."""
         from hybrid.config import HybridOptions
         from hybrid.layers.merge import MERGES, calibrate_merge
-        from hybrid.train.data import load_text
+        from hybrid.train.text import load_text
 
         if not MERGES[HybridOptions.from_dict(self.config.hybrid).merge].norm:
             return
@@ -329,7 +329,8 @@ class Trainer:
             self._next["batches"] = iter(self._next["loader"])
 
     def _loader(self, index: int, s: StageConfig, start: int) -> tuple[Any, dict[str, float], Any]:
-        from hybrid.train.data import MixtureStream, StepBatches, load_text, mixture_config, sample_teacher
+        from hybrid.train.data import MixtureStream, StepBatches, mixture_config
+        from hybrid.train.text import load_text, sample_teacher
 
         d = self.config.data_for(s)
         t0 = time.time()

@@ -12,7 +12,7 @@ Steps, each deterministic (same packages -> byte-identical outputs; nothing time
    held-out sources first) is dropped;
 4. decontaminate: a training document sharing >= 10% of its 13-word shingles with held-out text (the held-out
    sources and every file of the fidelity manifest) is dropped;
-5. write sources/<name>.txt (documents separated by a line "<|endoftext|>", hybrid.train.data.DOC_SEP),
+5. write sources/<name>.txt (documents separated by a line "<|endoftext|>", hybrid.train.text.DOC_SEP),
    manifest.json (source, domain, licence, split, origin packages with versions, files and sha256, characters,
    SmolLM2 tokens, default weight), and for each held-out source a sample of <= 300 KB in the fidelity folder
    with an entry added to its sources.json.
@@ -27,7 +27,7 @@ import re
 import sys
 from pathlib import Path
 
-from hybrid.train.data import DOC_SEP, MANIFEST_SCHEMA
+from hybrid.train.text import DOC_SEP, MANIFEST_SCHEMA
 from headscope.io import file_sha256 as sha256
 from research.corpus.sources import BY_NAME, SOURCES, Source
 
@@ -131,7 +131,7 @@ def add_fidelity_entry(fidelity: Path, name: str, entry: dict) -> str:
 
 def count_tokens(tokenizer, docs: list[str], batch_chars: int = 2_000_000) -> int:
     """SmolLM2 tokens of the documents as the trainer sees them: each document's ids plus one end-of-text."""
-    from hybrid.train.data import split_long
+    from hybrid.train.text import split_long
 
     total, batch, size = 0, [], 0
     for d in docs:

@@ -23,7 +23,7 @@ import zlib
 from html.parser import HTMLParser
 from pathlib import PurePosixPath
 
-from hybrid.train.data import DOC_SEP
+from hybrid.train.text import DOC_SEP
 
 Document = tuple[str, str]  # (doc_id, text)
 

@@ -19,7 +19,7 @@ its counts (part-<k>.json) as soon as it is done, so an interrupted run resumes 
 settings (model fingerprint, seed, temperature, top-p, max new tokens, batch size, prompt set) are fixed in
 <out>/parts/settings.json and a resume under other settings is refused. At the end <out>/teacher.txt holds every
 sample (the prompt as the teacher saw it, chat markup included, then its answer; documents separated by
-hybrid.train.data.DOC_SEP) and <out>/teacher.json the settings, counts, speed and the prompts; a finished folder
+hybrid.train.text.DOC_SEP) and <out>/teacher.json the settings, counts, speed and the prompts; a finished folder
 with the same settings is not generated again. Train on it with ``[data] teacher_corpus = "<out>"``.
 """
 from __future__ import annotations
@@ -32,7 +32,7 @@ import sys
 import time
 from pathlib import Path
 
-from hybrid.train.data import DOC_SEP, TEACHER_TEXT
+from hybrid.train.text import DOC_SEP, TEACHER_TEXT
 
 SCHEMA = "research.corpus.self_distill"
 

@@ -184,7 +184,7 @@ def _teacher_text_steps(job: "Job", root: Path | None = None, data: dict[str, An
     folder = (cfg.get("data", {}) if data is None else data).get("teacher_corpus", "")
     if not folder or folder.endswith(".txt"):
         return []
-    from hybrid.train.data import TEACHER_TEXT
+    from hybrid.train.text import TEACHER_TEXT
 
     root = Path(__file__).resolve().parents[2] if root is None else root  # where the steps run (the checkout)
     text = Path(folder) / TEACHER_TEXT

@@ -1,5 +1,5 @@
 """How long the broad corpus's first tokenization takes, with the tokenizers library's threads off (as in a study
-worker, where TOKENIZERS_PARALLELISM=false) and on (``hybrid.train.data.tokenizer_threads``, what ``source_ids`` now
+worker, where TOKENIZERS_PARALLELISM=false) and on (``hybrid.train.text.tokenizer_threads``, what ``source_ids`` now
 uses), side by side in one run on this machine's cores. No disk cache is read or written.
 
     python -m research.perf.tokenize_speed                       # every training source of data/corpus
@@ -15,7 +15,7 @@ import os
 import time
 from pathlib import Path
 
-from hybrid.train.data import manifest_file, read_documents, read_manifest, tokenize_documents, tokenizer_threads
+from hybrid.train.text import manifest_file, read_documents, read_manifest, tokenize_documents, tokenizer_threads
 
 
 def timed(tokenizer, docs: list[str], threads: bool) -> tuple[float, int]:

@@ -11,7 +11,8 @@ import argparse
 import time
 from pathlib import Path
 
-from hybrid.train.data import MixtureConfig, MixtureStream, tokenize_corpus
+from hybrid.train.data import MixtureConfig, MixtureStream
+from hybrid.train.text import tokenize_corpus
 
 REPO = Path(__file__).resolve().parents[2]
 STAGE3 = dict(seq_len=2048, tokens_per_batch=65536, haystack_weight=0.1, multikey_min_len=128, extra_queries=3,

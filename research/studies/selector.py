@@ -373,7 +373,8 @@ def mixture_batches(data, tokenizer, seq_len: int, batch_size: int, seed: int) -
     selector has no sampled text); the other weights keep their ratios."""
     from types import SimpleNamespace
 
-    from hybrid.train.data import MixtureStream, load_corpus, mixture_config
+    from hybrid.train.data import MixtureStream, mixture_config
+    from hybrid.train.text import load_corpus
 
     if data.teacher:
         data = replace(data, teacher=0.0)

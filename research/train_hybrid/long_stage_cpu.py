@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--mask", type=Path, required=True, help="head-mask JSON of the reference teacher (run.py's)")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--teacher", default="default")
-    ap.add_argument("--corpus", default="train", help="training text (hybrid.train.data.load_corpus)")
+    ap.add_argument("--corpus", default="train", help="training text (hybrid.train.text.load_corpus)")
     ap.add_argument("--haystack", default="train", help="NIAH haystack of the training data")
     ap.add_argument("--short", type=int, default=256, help="stage-1/2 length; stage 3 trains at 4x")
     ap.add_argument("--batch", type=int, default=8, help="stage-1/2 rows; stage 3 has batch/4 (the same tokens)")

@@ -2,12 +2,13 @@ from __future__ import annotations
 
 import random
 import re
-from pathlib import Path
 
 import pytest
 import torch
+from train_factories import docs_of, write_manifest
 
 from hybrid.train import data
+from hybrid.train import text as train_text
 
 
 
@@ -15,7 +16,7 @@ from hybrid.train import data
 def corpus_ids(tok):
     from headscope.tasks import load_haystack
 
-    return data.tokenize_corpus(tok, load_haystack("heldout")[:60_000])
+    return train_text.tokenize_corpus(tok, load_haystack("heldout")[:60_000])
 
 
 @pytest.mark.parametrize("chain", [0.0, 1.0])
@@ -181,44 +182,10 @@ def test_teacher_rows_come_from_the_teacher_samples(ref_tokenizer):
     assert ((batch["ids"] >= 1000) & (batch["ids"] < 1500)).all()
 
 
-def test_sample_teacher_is_seeded_and_leaves_the_global_rng_alone(ref_tokenizer):
-    from model_factories import tiny_model
-
-    model = tiny_model("qwen3")
-    tok = type("Tok", (), {"bos_token_id": 1, "eos_token_id": 2})()
-    torch.manual_seed(123)
-    before = torch.get_rng_state()
-    a = data.sample_teacher(model, tok, n_rows=3, length=10, temperature=1.0, seed=5)
-    assert torch.equal(torch.get_rng_state(), before)
-    b = data.sample_teacher(model, tok, n_rows=3, length=10, temperature=1.0, seed=5)
-    assert a.shape == (30,) and torch.equal(a, b)
-    assert not torch.equal(a, data.sample_teacher(model, tok, n_rows=3, length=10, temperature=1.0, seed=6))
-
-
 # ---- the broad corpus: weighted text sources (a corpus manifest, research.corpus.build) ----------------------------
-def write_manifest(folder, sources: dict) -> str:
-    """A corpus manifest in ``folder`` with {name: (split, weight, [documents])}; returns its path."""
-    import json
-
-    entries = {}
-    for name, (split, weight, docs) in sources.items():
-        f = folder / "sources" / f"{name}.txt"
-        f.parent.mkdir(parents=True, exist_ok=True)
-        f.write_text(data.DOC_SEP.join(docs), encoding="utf-8")
-        entries[name] = {"split": split, "file": f"sources/{name}.txt", "weight": weight, "tokens": 1,
-                         "domain": "test", **({"why": "evaluation only"} if split == "heldout" else {})}
-    path = folder / "manifest.json"
-    path.write_text(json.dumps({"schema": data.MANIFEST_SCHEMA, "sources": entries}))
-    return str(path)
-
-
-def docs_of(word: str, n: int = 30) -> list[str]:
-    return [f"{word} {i} " * 20 + "\n" for i in range(n)]
-
-
 def test_weighted_sources_draw_text_rows_by_weight(ref_tokenizer):
     parts = [(name, w, torch.full((2000,), tok)) for name, w, tok in (("a", 5.0, 11), ("b", 3.0, 12), ("c", 2.0, 13))]
-    sources = data.TextSources.join(parts + [("unused", 0.0, torch.full((10,), 14))])
+    sources = train_text.TextSources.join(parts + [("unused", 0.0, torch.full((10,), 14))])
     assert sources.names == ("a", "b", "c") and sources.weights == (0.5, 0.3, 0.2)
     cfg = data.MixtureConfig(seq_len=32, tokens_per_batch=32 * 64, min_len=32, text_only=True)
     stream = data.MixtureStream(cfg, ref_tokenizer, sources)
@@ -227,68 +194,7 @@ def test_weighted_sources_draw_text_rows_by_weight(ref_tokenizer):
     share = {t: (rows[:, 0] == t).float().mean().item() for t in (11, 12, 13)}
     assert abs(share[11] - 0.5) < 0.04 and abs(share[12] - 0.3) < 0.04 and abs(share[13] - 0.2) < 0.04
     with pytest.raises(ValueError, match="fewer tokens than seq_len"):
-        data.MixtureStream(cfg, ref_tokenizer, data.TextSources.join(parts + [("tiny", 1.0, torch.ones(20))]))
-
-
-def test_load_text_reads_a_manifest_and_caches_its_tokens(tmp_path, ref_tokenizer):
-    from hybrid.train.config import DataConfig
-
-    path = write_manifest(tmp_path, {"prose": ("train", 0.75, docs_of("river")), "code": ("train", 0.25,
-                                     docs_of("def")), "held": ("heldout", None, docs_of("kept"))})
-    text = data.load_text(DataConfig(corpus=path), ref_tokenizer)
-    assert isinstance(text, data.TextSources)
-    assert text.names == ("code", "prose") and text.weights == (0.25, 0.75)  # held-out sources never drawn
-    want = data.tokenize_documents(ref_tokenizer, docs_of("def"))  # [n] each document ends with EOS
-    lo, hi = text.span(0)
-    assert torch.equal(text.ids[lo:hi], want) and int(want[-1]) == ref_tokenizer.eos_token_id
-    assert text.ids.dtype == torch.int32
-    assert len(list((tmp_path / "tokens").glob("*.pt"))) == 2  # cached on disk for the next run
-    data._SOURCE_CACHE.clear()
-    assert torch.equal(data.load_text(DataConfig(corpus=path), ref_tokenizer).ids, text.ids)
-    one = data.load_text(DataConfig(corpus=path, sources={"prose": 2.0}), ref_tokenizer)
-    assert one.names == ("prose",) and one.weights == (1.0,)
-    memo: dict = {}
-    assert data.load_text(DataConfig(corpus=path), ref_tokenizer, memo) is data.load_text(
-        DataConfig(corpus=path), ref_tokenizer, memo)
-
-
-def test_training_refuses_a_heldout_source(tmp_path, ref_tokenizer):
-    from hybrid.train.config import DataConfig
-
-    path = write_manifest(tmp_path, {"prose": ("train", 1.0, docs_of("river")),
-                                     "held": ("heldout", None, docs_of("kept"))})
-    with pytest.raises(data.HeldOutSourceError, match=r"'held' is a held-out source .*Remove it from data.sources; "
-                                                      r"the training sources are \['prose'\]"):
-        data.load_text(DataConfig(corpus=path, sources={"prose": 1.0, "held": 0.5}), ref_tokenizer)
-    with pytest.raises(ValueError, match="'nope' is not a source"):
-        data.load_text(DataConfig(corpus=path, sources={"nope": 1.0}), ref_tokenizer)
-    import headscope
-
-    fidelity = Path(headscope.__file__).parent / "evaluate" / "data" / "fidelity" / "python_docs.txt"
-    with pytest.raises(data.HeldOutSourceError, match="is an evaluation file"):
-        data.load_text(DataConfig(corpus=str(fidelity)), ref_tokenizer)
-    with pytest.raises(FileNotFoundError, match="python -m research.corpus.build"):
-        data.load_text(DataConfig(corpus=str(tmp_path / "none" / "manifest.json")), ref_tokenizer)
-
-
-def test_teacher_corpus_is_one_more_weighted_source(tmp_path, ref_tokenizer):
-    from hybrid.train.config import DataConfig
-
-    path = write_manifest(tmp_path, {"prose": ("train", 1.0, docs_of("river"))})
-    teacher = tmp_path / "teacher"
-    teacher.mkdir()
-    (teacher / data.TEACHER_TEXT).write_text(data.DOC_SEP.join(docs_of("answer")))
-    text = data.load_text(DataConfig(corpus=path, teacher_corpus=str(teacher), teacher_corpus_share=0.25),
-                          ref_tokenizer)
-    assert text.names == ("prose", data.TEACHER_SOURCE) and text.weights == (0.75, 0.25)
-    plain = tmp_path / "plain.txt"
-    plain.write_text("".join(docs_of("plain", 40)))
-    mixed = data.load_text(DataConfig(corpus=str(plain), teacher_corpus=str(teacher / "teacher.txt")), ref_tokenizer)
-    assert mixed.names == ("corpus", data.TEACHER_SOURCE) and mixed.weights == (0.5, 0.5)
-    alone = data.load_text(DataConfig(corpus=str(plain)), ref_tokenizer)  # the single-file corpus, as before
-    assert isinstance(alone, torch.Tensor) and torch.equal(alone, data.load_corpus(str(plain), ref_tokenizer))
-    with pytest.raises(FileNotFoundError, match="research.corpus.self_distill"):
-        data.load_text(DataConfig(corpus=path, teacher_corpus=str(tmp_path / "none")), ref_tokenizer)
+        data.MixtureStream(cfg, ref_tokenizer, train_text.TextSources.join(parts + [("tiny", 1.0, torch.ones(20))]))
 
 
 def test_data_config_source_fields_are_checked_and_leave_old_fingerprints_alone(tmp_path):
@@ -321,7 +227,7 @@ def test_a_run_trains_on_a_corpus_manifest_and_refuses_its_heldout_sources(tmp_p
     trainer = run(tiny_config(tmp_path / "out", tiny_teacher_dir, tiny_mask, stages=[stage("align", steps=2)],
                               data=mix))
     assert len(trainer.history) >= 2
-    with pytest.raises(data.HeldOutSourceError, match="'held' is a held-out source"):
+    with pytest.raises(train_text.HeldOutSourceError, match="'held' is a held-out source"):
         run(tiny_config(tmp_path / "out2", tiny_teacher_dir, tiny_mask, stages=[stage("align", steps=2)],
                         data={**mix, "sources": {"held": 1.0}}))
 
@@ -332,7 +238,7 @@ def test_weighted_sources_survive_a_spawned_worker(ref_tokenizer):
 
     import torch.multiprocessing  # noqa: F401  (tensors through shared memory, as in DataLoader)
 
-    sources = data.TextSources.join([("a", 1.0, torch.arange(3000)), ("b", 1.0, torch.arange(5000, 8000))])
+    sources = train_text.TextSources.join([("a", 1.0, torch.arange(3000)), ("b", 1.0, torch.arange(5000, 8000))])
     cfg = data.MixtureConfig(seq_len=64, tokens_per_batch=256, min_len=64, haystack="heldout")
     stream = data.MixtureStream(cfg, ref_tokenizer, sources, stage="0:align")
     buf = io.BytesIO()
@@ -358,7 +264,7 @@ def synthetic_sources(eos: int):
             docs.append(torch.cat([1_000_000 * (k + 1) + torch.arange(n, n + size - 1), torch.tensor([eos])]))
             n += size
         parts.append((name, 1.0, torch.cat(docs)))
-    return data.TextSources.join(parts)
+    return train_text.TextSources.join(parts)
 
 
 @pytest.mark.parametrize("T,windows", [(16_384, "documents"), (32_768, "documents"), (32_768, "random")])
@@ -399,7 +305,7 @@ def test_document_windows_near_a_source_end_and_in_a_corpus_without_documents(re
 
     eos = ref_tokenizer.eos_token_id
     ids = torch.cat([torch.full((90,), 11), torch.tensor([eos]), torch.full((29,), 12), torch.tensor([eos])])  # [121]
-    sources = data.TextSources.join([("a", 1.0, ids), ("b", 1.0, torch.full((200,), 13))])
+    sources = train_text.TextSources.join([("a", 1.0, ids), ("b", 1.0, torch.full((200,), 13))])
     cfg = data.MixtureConfig(seq_len=64, tokens_per_batch=64, min_len=64, text_only=True, text_windows="documents")
     stream = data.MixtureStream(cfg, ref_tokenizer, sources)
     assert stream.document_starts() == [0, 91, 121]
@@ -431,30 +337,3 @@ def test_text_windows_field_is_checked_and_leaves_old_fingerprints_alone(tmp_pat
     stage = long.stages[0]
     assert data.mixture_config(long.data, stage, 0).text_windows == "documents"
     assert data.mixture_config(cfg.data, stage, 0).text_windows == "random"
-
-
-@pytest.mark.parametrize("before", [None, "false"])
-def test_a_source_is_tokenized_with_the_tokenizers_threads_on_and_the_setting_restored(tmp_path, ref_tokenizer,
-                                                                                       monkeypatch, before):
-    """A study worker runs with TOKENIZERS_PARALLELISM=false (against forked children); a corpus's first
-    tokenization turns the library's threads on for its own duration only, and gives the same ids."""
-    import os
-
-    if before is None:
-        monkeypatch.delenv("TOKENIZERS_PARALLELISM", raising=False)
-    else:
-        monkeypatch.setenv("TOKENIZERS_PARALLELISM", before)
-    seen = []
-    real = data.tokenize_documents
-
-    def spy(tok, docs, *a, **k):
-        seen.append(os.environ.get("TOKENIZERS_PARALLELISM"))
-        return real(tok, docs, *a, **k)
-
-    monkeypatch.setattr(data, "tokenize_documents", spy)
-    path = tmp_path / "s.txt"
-    path.write_text("\n\n".join(docs_of("river")), encoding="utf-8")
-    data._SOURCE_CACHE.clear()
-    ids = data.source_ids(path, ref_tokenizer)  # [n]
-    assert seen == ["true"] and os.environ.get("TOKENIZERS_PARALLELISM") == before
-    assert torch.equal(ids, real(ref_tokenizer, data.read_documents(path)))

@@ -191,7 +191,7 @@ def test_a_fresh_hybrid_starts_with_the_teachers_head_scales(tmp_path, tiny_teac
     from headscope.reference import load_model
     from hybrid.convert import from_mask
     from hybrid.layers.merge import calibrate_merge
-    from hybrid.train.data import load_corpus
+    from hybrid.train.text import load_corpus
 
     teacher, tok = load_model(str(tiny_teacher_dir))
     res = run(tiny_config(tmp_path / "o", tiny_teacher_dir, tiny_mask, calibrate_merge=calibrate,

@@ -53,7 +53,7 @@ def write_broad_corpus(folder: Path) -> str:
     import json
     import random
 
-    from hybrid.train.data import DOC_SEP, MANIFEST_SCHEMA
+    from hybrid.train.text import DOC_SEP, MANIFEST_SCHEMA
 
     rng = random.Random(0)
     words = ["river", "stone", "light", "table", "north", "quiet", "paper", "green", "seven", "glass"]
@@ -71,3 +71,25 @@ def write_broad_corpus(folder: Path) -> str:
     teacher.mkdir()
     (teacher / "teacher.txt").write_text(DOC_SEP.join(f"answer {i} " * 30 for i in range(40)), encoding="utf-8")
     return str(folder / "manifest.json")
+
+
+def write_manifest(folder, sources: dict) -> str:
+    """A corpus manifest in ``folder`` with {name: (split, weight, [documents])}; returns its path."""
+    import json
+
+    from hybrid.train import text
+
+    entries = {}
+    for name, (split, weight, docs) in sources.items():
+        f = folder / "sources" / f"{name}.txt"
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text(text.DOC_SEP.join(docs), encoding="utf-8")
+        entries[name] = {"split": split, "file": f"sources/{name}.txt", "weight": weight, "tokens": 1,
+                         "domain": "test", **({"why": "evaluation only"} if split == "heldout" else {})}
+    path = folder / "manifest.json"
+    path.write_text(json.dumps({"schema": text.MANIFEST_SCHEMA, "sources": entries}))
+    return str(path)
+
+
+def docs_of(word: str, n: int = 30) -> list[str]:
+    return [f"{word} {i} " * 20 + "\n" for i in range(n)]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from hybrid.train.data import DOC_SEP, MANIFEST_SCHEMA, read_documents
+from hybrid.train.text import DOC_SEP, MANIFEST_SCHEMA, read_documents
 from research.corpus import build as b
 from research.corpus import extract as ex
 from research.corpus.packages import Package, read_members

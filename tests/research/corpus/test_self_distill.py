@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from hybrid.train.data import read_documents
+from hybrid.train.text import read_documents
 from research.corpus import self_distill as sd
 from research.corpus.prompts import instructions
 
@@ -95,7 +95,7 @@ def test_static_engine_under_a_one_token_nucleus_is_greedy_generate(tiny_teacher
 
 
 def read_documents_of(docs: list[str]) -> list[str]:
-    from hybrid.train.data import DOC_SEP
+    from hybrid.train.text import DOC_SEP
 
     import tempfile
     from pathlib import Path

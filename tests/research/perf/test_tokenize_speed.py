@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from hybrid.train import data
+from hybrid.train import text
 from research.perf import tokenize_speed
 
 
@@ -15,10 +15,10 @@ def manifest(tmp_path) -> str:
     for name, split in (("prose", "train"), ("code", "train"), ("held", "heldout")):
         f = tmp_path / "sources" / f"{name}.txt"
         f.parent.mkdir(parents=True, exist_ok=True)
-        f.write_text(data.DOC_SEP.join(f"{name} {i} " * 30 for i in range(20)), encoding="utf-8")
+        f.write_text(text.DOC_SEP.join(f"{name} {i} " * 30 for i in range(20)), encoding="utf-8")
         entries[name] = {"split": split, "file": f"sources/{name}.txt", "weight": 1.0 if split == "train" else None,
                          "tokens": 1, "domain": "test", **({"why": "evaluation only"} if split == "heldout" else {})}
-    (tmp_path / "manifest.json").write_text(json.dumps({"schema": data.MANIFEST_SCHEMA, "sources": entries}))
+    (tmp_path / "manifest.json").write_text(json.dumps({"schema": text.MANIFEST_SCHEMA, "sources": entries}))
     return str(tmp_path / "manifest.json")
 
 
