@@ -51,7 +51,7 @@ from pathlib import Path
 from research.stage_caches import (COMPILE_RE, say, collect_part, compile_cache_save, parts_in, put_compile_cache,
                                    teacher_cache_dir, teacher_cache_restore, teacher_cache_save, triton_restore,
                                    triton_save)
-from research.stage_harvest import harvest, stow
+from research.stage_harvest import TEACHER_DIR, TEACHER_FILES, harvest, stow
 
 REPO = Path(__file__).resolve().parents[1]
 STAGE_OUT = REPO / ".stage"  # where `split` writes (git-ignored)
@@ -61,8 +61,6 @@ ENV_FILE = "env.sh"
 PART_RE = re.compile(r"^(?P<model>.+)\.gguf\.part(?P<k>\d+)of(?P<n>\d+)$")
 CORPUS_RE = re.compile(r"^corpus\.tar\.xz\.part(?P<k>\d+)of(?P<n>\d+)$")
 CORPUS_MANIFEST = Path("data/corpus/manifest.json")
-TEACHER_DIR = "teacher"  # beside the manifest: the broad recipe's [data] teacher_corpus (research.corpus.self_distill)
-TEACHER_FILES = ("teacher.txt", "teacher.json")  # what travels of it (not its parts/)
 CARRY_LIMIT = 64 * 2**20  # bytes per command: the working tree and the carried paths together
 PART_MB = 26  # MiB: the largest part (27.3 MB); `split` makes them smaller where the tree leaves less room
 PACK_PART = 15 * 2**20  # bytes: below the 16 MiB a returned file may have
@@ -419,7 +417,7 @@ def carry(job_name: str, jobs_file: str | None = None) -> dict:
     per_call = tree + sum(sizes[p] for p in every)
     return {"job": job.name, "every_call": every, "stage_once": once, "bytes": sizes, "tree_bytes": tree,
             "per_call_bytes": per_call, "limit_bytes": CARRY_LIMIT, "missing": missing,
-            "part_room_bytes": CARRY_LIMIT - per_call, "teacher_text": "broad_corpus" in needs,
+            "part_room_bytes": CARRY_LIMIT - per_call,
             "stage_commands": stage_commands(once, sizes, CARRY_LIMIT - tree - 2**20)}
 
 

@@ -143,6 +143,14 @@ def inductor_dir() -> Path:
         return Path(os.environ.get("TORCHINDUCTOR_CACHE_DIR") or Path(tempfile.gettempdir()) / f"torchinductor_{user}")
 
 
+def cache_files(root: Path) -> list[Path]:
+    """The files of a cache folder (``root``; none when it is absent) in name order: symbolic links and locks left
+    out."""
+    if not root.is_dir():
+        return []
+    return [f for f in sorted(root.rglob("*")) if f.is_file() and not f.is_symlink() and not f.name.endswith(".lock")]
+
+
 def compile_cache_save(dest: Path, inductor: Path | None = None, triton: Path | None = None,
                        part_bytes: int = COMPILE_PART, max_bytes: int = 45 * 2**20) -> list[Path]:
     """torch.compile's cache folder, then Triton's kernel cache (every file but locks), as one .tgz in parts
@@ -156,11 +164,7 @@ def compile_cache_save(dest: Path, inductor: Path | None = None, triton: Path | 
     # gzip's fastest level: compiled binaries shrink little at any level, and level 9 took ~20 s a save on 2 cores
     with tarfile.open(fileobj=buf, mode="w:gz", compresslevel=1) as tar:
         for name, root in roots.items():
-            if not root.is_dir():
-                continue
-            for f in sorted(root.rglob("*")):
-                if not f.is_file() or f.is_symlink() or f.name.endswith(".lock"):
-                    continue
+            for f in cache_files(root):
                 if buf.tell() + f.stat().st_size // 4 > max_bytes:  # a binary compresses ~2-4x
                     left_out += 1
                     continue

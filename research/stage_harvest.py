@@ -30,12 +30,14 @@ import re
 import tarfile
 from pathlib import Path
 
-from research.stage_caches import COMPILE_RE, compile_cache_save, inductor_dir, say, triton_dir
+from research.stage_caches import COMPILE_RE, cache_files, compile_cache_save, inductor_dir, say, triton_dir
 
 RUNS = Path("/tmp/runs")
 OUT_FILES, OUT_BYTES = 8, 64 * 2**20  # what one command may return
 TEXT_ARCHIVE = "teacher_text.tar.xz"
-TEXT_FILES = ("teacher/teacher.txt", "teacher/teacher.json")  # below the corpus folder (the manifest's)
+TEACHER_DIR = "teacher"  # beside the manifest: the broad recipe's [data] teacher_corpus (research.corpus.self_distill)
+TEACHER_FILES = ("teacher.txt", "teacher.json")  # what travels of it (not its parts/)
+TEXT_FILES = tuple(f"{TEACHER_DIR}/{name}" for name in TEACHER_FILES)  # below the corpus folder
 PACK_RE = re.compile(r"^(?P<name>.+)\.tgz\.part\d+$")
 
 
@@ -44,10 +46,8 @@ def _signature(roots: list[Path]) -> str:
     or grows."""
     h = hashlib.sha256()
     for root in roots:
-        if root.is_dir():
-            for f in sorted(root.rglob("*")):
-                if f.is_file() and not f.is_symlink() and not f.name.endswith(".lock"):
-                    h.update(f"{root.name}/{f.relative_to(root)}\0{f.stat().st_size}\n".encode())
+        for f in cache_files(root):
+            h.update(f"{root.name}/{f.relative_to(root)}\0{f.stat().st_size}\n".encode())
     return h.hexdigest()[:16]
 
 
@@ -68,7 +68,7 @@ def harvest(job: str, dest: Path, runs: Path = RUNS, inductor: Path | None = Non
     written: list[Path] = []
     corpus = runs / f".repo_{job}" / "data" / "corpus"
     if all((corpus / f).is_file() for f in TEXT_FILES):
-        sig = _signature([corpus / "teacher"])
+        sig = _signature([corpus / TEACHER_DIR])
         if record.get("teacher_text") != sig:
             buf = io.BytesIO()
             with tarfile.open(fileobj=buf, mode="w:xz") as tar:
