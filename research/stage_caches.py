@@ -50,7 +50,7 @@ def _save_archive(archive: Path, files: list[Path], root: Path, what: str, noun:
     return len(files)
 
 
-def _extract(tar: tarfile.TarFile, member: tarfile.TarInfo, root: Path, keep: bool) -> bool:
+def extract_file(tar: tarfile.TarFile, member: tarfile.TarInfo, root: Path, keep: bool) -> bool:
     """A regular file of ``tar`` into ``root`` (a name that would leave ``root`` is refused: tarfile's data
     filter), written whole or not at all, so a cut restore leaves no half file in a cache; with ``keep``, a file
     already there stays. Whether it was written."""
@@ -89,7 +89,7 @@ def triton_restore(archives: list[Path] | None = None, cache: Path | None = None
     for a in archives:
         with tarfile.open(a, "r:gz") as tar:
             for m in tar.getmembers():
-                _extract(tar, m, cache, keep=False)
+                extract_file(tar, m, cache, keep=False)
     say(f"triton-cache: restored {len(archives)} archive(s) into {cache}")
     return len(archives)
 
@@ -121,7 +121,7 @@ def teacher_cache_restore(archives: list[Path] | None = None, cache: Path | None
             for m in tar.getmembers():
                 name = Path(m.name)
                 if len(name.parts) == 1 and name.suffix == ".json":
-                    added += _extract(tar, m, cache, keep=True)
+                    added += extract_file(tar, m, cache, keep=True)
     if archives:
         say(f"teacher-cache: {added} entries from {len(archives)} archive(s) into {cache}")
     return added
@@ -229,7 +229,7 @@ def put_compile_cache(part: Path, stage_dir: Path, inductor: Path | None = None,
         for member in tar.getmembers():
             top, _, rest = member.name.partition("/")
             if top in roots and rest:
-                added += _extract(tar, member.replace(name=rest), roots[top], keep=True)
+                added += extract_file(tar, member.replace(name=rest), roots[top], keep=True)
     for p in have:
         p.unlink()
     say(f"compile-cache: {added} files into {roots['inductor']} and {roots['triton']}")

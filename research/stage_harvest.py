@@ -30,7 +30,8 @@ import re
 import tarfile
 from pathlib import Path
 
-from research.stage_caches import COMPILE_RE, cache_files, compile_cache_save, inductor_dir, say, triton_dir
+from research.stage_caches import (COMPILE_RE, cache_files, compile_cache_save, extract_file, inductor_dir, say,
+                                   triton_dir)
 
 RUNS = Path("/tmp/runs")
 OUT_FILES, OUT_BYTES = 8, 64 * 2**20  # what one command may return
@@ -115,10 +116,12 @@ def stow(files: list[Path], repo: Path, split_corpus=None, unpack=None) -> dict[
     if text:
         corpus = repo / "data" / "corpus"
         with tarfile.open(text[-1], "r:xz") as tar:
-            names = sorted(m.name for m in tar.getmembers() if m.isfile())
+            members = [m for m in tar.getmembers() if m.isfile()]
+            names = sorted(m.name for m in members)
             if names != sorted(TEXT_FILES):
                 raise ValueError(f"{text[-1]} holds {names}, not {list(TEXT_FILES)}: not harvest's archive")
-            tar.extractall(corpus, filter="data")
+            for m in members:  # each file whole or not at all (a temporary name, then renamed)
+                extract_file(tar, m, corpus, keep=False)
         done["teacher_text"] = [str(corpus / f) for f in TEXT_FILES]
         if split_corpus is not None:
             done["corpus_parts"] = [str(p) for p in split_corpus()]
