@@ -21,6 +21,8 @@ mkdir -p "$RUNS"
 LOG=$RUNS/$JOB.detached.log PID=$RUNS/$JOB.detached.pid RC=$RUNS/$JOB.detached.rc
 t0=$(date +%s)
 running() { [ -f "$PID" ] && kill -0 "$(cat "$PID")" 2>/dev/null; }
+# the log's length before this call: a job started below and done at once still has its lines shown
+seen=$( [ -f "$LOG" ] && wc -l < "$LOG" || echo 0)
 
 if running; then
     echo "[detached] $JOB: running since an earlier command (pid $(cat "$PID")); waiting up to $LIMIT s"
@@ -41,7 +43,6 @@ else
     echo $! > "$PID.tmp" && mv "$PID.tmp" "$PID"
     echo "[detached] $JOB: started (pid $(cat "$PID")); waiting up to $LIMIT s"
 fi
-seen=$( [ -f "$LOG" ] && wc -l < "$LOG" || echo 0)
 show() {  # the launcher's and run.py's new lines since the last look
     [ -f "$LOG" ] || return 0
     local n; n=$(wc -l < "$LOG")
