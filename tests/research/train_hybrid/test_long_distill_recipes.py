@@ -44,3 +44,12 @@ def test_the_long90_twins_run_stage_3_three_times_as_long_and_nothing_else(base)
 def test_the_long90_pair_differs_in_stage_3s_loss_alone():
     diff = recipe_diff("reference_cpu_long_rope_part_long90.toml", "reference_cpu_long_rope_part_kl_long90.toml")
     assert diff == {2: {"name": ("long", "long_distill")}}
+
+
+def test_the_seed_1_job_runs_the_base_jobs_arguments_with_seed_1():
+    from research.launch.jobs import get_job
+
+    base, s1 = get_job("smollm2_long_rope_part_hybrid"), get_job("smollm2_long_rope_part_hybrid_seed1")
+    g = base.args.index("--generate-speed")
+    assert (s1.kind, s1.config, s1.device) == (base.kind, base.config, base.device)
+    assert s1.args == base.args[:g] + base.args[g + 2:] + ["--seed", "1"]
