@@ -52,4 +52,4 @@ def test_the_seed_1_job_runs_the_base_jobs_arguments_with_seed_1():
     base, s1 = get_job("smollm2_long_rope_part_hybrid"), get_job("smollm2_long_rope_part_hybrid_seed1")
     g = base.args.index("--generate-speed")
     assert (s1.kind, s1.config, s1.device) == (base.kind, base.config, base.device)
-    assert s1.args == base.args[:g] + base.args[g + 2:] + ["--seed", "1"]
+    assert tuple(s1.args) == tuple(base.args[:g]) + tuple(base.args[g + 2:]) + ("--seed", "1")
