@@ -51,11 +51,12 @@ from pathlib import Path
 from research.stage_caches import (COMPILE_RE, say, collect_part, compile_cache_save, parts_in, put_compile_cache,
                                    teacher_cache_dir, teacher_cache_restore, teacher_cache_save, triton_restore,
                                    triton_save)
-from research.stage_harvest import TEACHER_DIR, TEACHER_FILES, harvest, stow
+from research.stage_harvest import TEACHER_DIR, TEACHER_FILES, TEXT_FILES, harvest, stow, text_signature
 
 REPO = Path(__file__).resolve().parents[1]
 STAGE_OUT = REPO / ".stage"  # where `split` writes (git-ignored)
 STAGE_DIR = Path(os.environ.get("HEADSCOPE_STAGE_DIR", "/tmp/stage"))  # where `put` joins, on the remote machine
+CARRIED_TEXT = "teacher_text.carried"  # in STAGE_DIR: the signature of a carried teacher's text (harvest skips it)
 SITE = Path("/tmp/site")  # where `wheels` installs
 ENV_FILE = "env.sh"
 PART_RE = re.compile(r"^(?P<model>.+)\.gguf\.part(?P<k>\d+)of(?P<n>\d+)$")
@@ -275,7 +276,12 @@ def put_corpus(part: Path, stage_dir: Path = STAGE_DIR, repo: Path = REPO) -> bo
         tar.extractall(repo, filter="data")
     for p in have:
         p.unlink()
-    say(f"corpus: extracted {n} part(s) into {repo / CORPUS_MANIFEST.parent}")
+    corpus = repo / CORPUS_MANIFEST.parent
+    if all((corpus / f).is_file() for f in TEXT_FILES):  # harvest does not send back what came carried
+        from headscope.io import write_text
+
+        write_text(stage_dir / CARRIED_TEXT, text_signature(corpus) + "\n")
+    say(f"corpus: extracted {n} part(s) into {corpus}")
     return True
 
 
@@ -443,7 +449,7 @@ def stage_commands(parts: list[str], sizes: dict[str, int], room: int) -> list[l
 STAGE_COMMAND = "python3 -m research.stage setup 2>&1 | tail -1"
 
 
-def lease_plan(c: dict, seconds: int = 560) -> list[dict]:
+def lease_plan(c: dict, seconds: int = 530) -> list[dict]:
     """The device commands of one lease for ``carry``'s job ``c``, in order: the staging commands (each a group of
     ``c["stage_commands"]``), then the job's command, to call again at once until it exits 0: ``detached.sh`` runs
     the job on between commands, and the results folder is packed into ``$OUT`` after each (its weights stay),
@@ -459,7 +465,8 @@ def lease_plan(c: dict, seconds: int = 560) -> list[dict]:
     # the teacher's side of the suites (complete once they ran), then whatever harvest has not sent yet
     caches = (f". /tmp/stage/env.sh; python3 -m research.stage teacher-cache save \"$OUT/teacher_cache_{job}.tgz\"; "
               f"python3 -m research.stage harvest {job} \"$OUT\"")
-    return plan + [{"command": run, "carry": c["every_call"], "timeout_s": min(600, seconds + 35),
+    # pack and harvest after detached.sh: ~40 s where harvest sends a compile cache of ~6,000 files
+    return plan + [{"command": run, "carry": c["every_call"], "timeout_s": min(600, seconds + 65),
                     "again": "until it exits 0 (3: the job still runs)",
                     "last": f"where the lease has less than {seconds + 60} s of device time left (status's "
                             "budget_left_s), the same command with detached.sh's seconds = that time - 60: a "
@@ -599,7 +606,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--jobs", default=None, help="another job table")
     p.add_argument("--json", action="store_true")
     p.add_argument("--plan", action="store_true", help="print the lease's device commands in order instead")
-    p.add_argument("--seconds", type=int, default=560, help="--plan: how long each job command waits (default 560)")
+    p.add_argument("--seconds", type=int, default=530,
+                   help="--plan: how long each job command waits (default 530; pack and harvest take the rest of "
+                        "the call's 600 s)")
     p = sub.add_parser("pack", help="a results folder into parts of <= 15 MiB (for $OUT)")
     p.add_argument("folder", type=Path)
     p.add_argument("dest", type=Path)
@@ -663,7 +672,7 @@ def main(argv: list[str] | None = None) -> int:
         elif a.cmd == "unpack":
             unpack(a.parts, a.into)
         elif a.cmd == "harvest":
-            harvest(a.job, a.dest, a.runs)
+            harvest(a.job, a.dest, a.runs, carried=STAGE_DIR / CARRIED_TEXT)
         elif a.cmd == "stow":
             try:
                 done = stow(a.files, REPO, split_corpus=split_corpus, unpack=unpack)

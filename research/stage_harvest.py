@@ -11,7 +11,9 @@ is already there and within what a command returns (8 files, 64 MiB):
 - the compile cache (``compile_cache.tgz.partKofN``, ``research.stage_caches.compile_cache_save``), each time it
   grew since the last harvest: the first compiled step of each stage took 35-133 s on a cold H100.
 
-What it wrote is recorded in ``RUNS/JOB.harvest.json``, so a later command sends only what changed.
+What it wrote is recorded in ``RUNS/JOB.harvest.json``, so a later command sends only what changed. A teacher's
+text that came carried (``setup`` extracted it from the corpus's parts and left its signature in
+``/tmp/stage/teacher_text.carried``) is not sent back: the checkout here has it.
 
 ``stow`` puts such files, as they come back, where the next lease reads them: the teacher's text into
 ``data/corpus/teacher/`` and the corpus's parts made again with it (``split-corpus``: the launcher then skips
@@ -52,15 +54,25 @@ def _signature(roots: list[Path]) -> str:
     return h.hexdigest()[:16]
 
 
+def text_signature(corpus: Path) -> str:
+    """16 hex digits of the name and size of the teacher's text files below ``corpus`` (``TEXT_FILES``; what a job
+    adds beside them, e.g. token caches, left out)."""
+    h = hashlib.sha256()
+    for f in TEXT_FILES:
+        h.update(f"{f}\0{(corpus / f).stat().st_size}\n".encode())
+    return h.hexdigest()[:16]
+
+
 def _room(dest: Path, max_files: int, max_bytes: int) -> tuple[int, int]:
     files = [p for p in dest.rglob("*") if p.is_file()] if dest.is_dir() else []
     return max_files - len(files), max_bytes - sum(p.stat().st_size for p in files)
 
 
 def harvest(job: str, dest: Path, runs: Path = RUNS, inductor: Path | None = None, triton: Path | None = None,
-            max_files: int = OUT_FILES, max_bytes: int = OUT_BYTES) -> list[Path]:
+            max_files: int = OUT_FILES, max_bytes: int = OUT_BYTES, carried: Path | None = None) -> list[Path]:
     """Into ``dest``: the teacher's text of ``job`` (once made) and the compile cache (when it grew), each only
-    if it changed since the last harvest and fits beside what ``dest`` holds; the files written."""
+    if it changed since the last harvest and fits beside what ``dest`` holds; the files written. ``carried``: the
+    file where ``setup`` left the signature of a teacher's text it extracted (that text is not sent)."""
     from headscope.io import write_bytes, write_text
 
     dest, runs = Path(dest), Path(runs)
@@ -69,7 +81,11 @@ def harvest(job: str, dest: Path, runs: Path = RUNS, inductor: Path | None = Non
     written: list[Path] = []
     corpus = runs / f".repo_{job}" / "data" / "corpus"
     if all((corpus / f).is_file() for f in TEXT_FILES):
-        sig = _signature([corpus / TEACHER_DIR])
+        sig = text_signature(corpus)
+        if carried is not None and carried.is_file() and carried.read_text().strip() == sig \
+                and record.get("teacher_text") != sig:
+            record["teacher_text"] = sig
+            say("harvest: the teacher's text came carried: not sent")
         if record.get("teacher_text") != sig:
             buf = io.BytesIO()
             with tarfile.open(fileobj=buf, mode="w:xz") as tar:

@@ -17,6 +17,7 @@ import pytest
 
 from headscope import zoo
 from research import stage, stage_caches
+from research.stage_harvest import text_signature
 
 
 @pytest.fixture
@@ -161,13 +162,16 @@ def test_lease_plan_stages_then_runs_the_job_detached():
     assert "research/train_hybrid/detached.sh j 500" in job["command"] and "pack /tmp/runs/j" in job["command"]
     # after each job command, before its exit status: the teacher's text and compile cache made so far
     assert job["command"].index("pack /tmp/runs/j") < job["command"].index('harvest j "$OUT"')
-    assert job["command"].endswith("exit $rc") and job["timeout_s"] == 535 and "again" in job
+    assert job["command"].endswith("exit $rc") and job["timeout_s"] == 565 and "again" in job
     assert "560 s" in job["last"] and "pack" in job["last"]  # the lease's last call leaves time to pack and harvest
     assert "research.stage stow" in job["here"]
     r = subprocess.run([sys.executable, "-m", "research.stage", "carry", "smollm2_hybrid", "--plan", "--json"],
                        capture_output=True, text=True, cwd=stage.REPO)
     assert r.returncode == 0, r.stderr
-    assert json.loads(r.stdout)[-2]["carry"] == stage.carry("smollm2_hybrid")["every_call"]
+    job = json.loads(r.stdout)[-2]
+    assert job["carry"] == stage.carry("smollm2_hybrid")["every_call"]
+    # by default the job waits 530 s and pack + harvest (~40 s with a large compile cache) fit the call's 600 s
+    assert "detached.sh smollm2_hybrid 530" in job["command"] and job["timeout_s"] == 595
 
 
 def test_sizes_count_whole_disk_blocks(tmp_path):
@@ -256,6 +260,8 @@ def test_the_broad_corpus_carries_the_teachers_text_when_made(tmp_path, capsys):
     assert (got / "teacher.txt").read_text() == (src / "teacher" / "teacher.txt").read_text()
     assert (got / "teacher.json").read_text() == '{"tokens": 300}'
     assert not (got / "parts").exists()  # the chunks stay here
+    # its signature, for harvest, which then does not send the same text back
+    assert (tmp_path / "st" / stage.CARRIED_TEXT).read_text().strip() == text_signature(there / "data" / "corpus")
     # --no-teacher: the sources only
     parts = stage.split_corpus(out=tmp_path / "o", repo=repo, teacher=False)
     assert "--no-teacher" in capsys.readouterr().out
@@ -263,6 +269,7 @@ def test_the_broad_corpus_carries_the_teachers_text_when_made(tmp_path, capsys):
     assert [stage.put_corpus(p, tmp_path / "st2", repo=bare) for p in parts][-1] is True
     assert (bare / "data" / "corpus" / "sources" / "a.txt").is_file()
     assert not (bare / "data" / "corpus" / "teacher").exists()
+    assert not (tmp_path / "st2" / stage.CARRIED_TEXT).exists()
 
 
 def test_split_corpus_no_teacher_flag(monkeypatch):

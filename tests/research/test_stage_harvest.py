@@ -8,7 +8,7 @@ import tarfile
 import pytest
 
 from research import stage, stage_harvest
-from research.stage_harvest import TEXT_ARCHIVE, harvest, stow
+from research.stage_harvest import TEXT_ARCHIVE, harvest, stow, text_signature
 
 
 @pytest.fixture
@@ -57,6 +57,25 @@ def test_harvest_sends_each_thing_once_it_exists_and_again_only_when_it_changed(
     assert [p.name for p in got] == ["compile_cache.tgz.part1of1"]  # the cache grew: all of it again
     with tarfile.open(got[0], "r:gz") as tar:
         assert {"triton/k1/kernel.cubin", "triton/k2/kernel.cubin", "inductor/fxgraph/g1"} <= set(tar.getnames())
+
+
+def test_harvest_does_not_send_back_a_teachers_text_that_came_carried(tmp_path, machine, capsys):
+    runs, inductor, triton = machine
+    kw = dict(runs=runs, inductor=inductor, triton=triton)
+    _text(runs)
+    carried = tmp_path / "stage" / "teacher_text.carried"  # setup's, when it extracted the text from the parts
+    carried.parent.mkdir()
+    carried.write_text(text_signature(runs / ".repo_j" / "data" / "corpus") + "\n")
+    token_cache = runs / ".repo_j" / "data" / "corpus" / "teacher" / "parts"
+    token_cache.mkdir()  # what the job adds beside the text does not make it new
+    (token_cache / "chunk_0000.npy").write_bytes(b"tokens")
+    got = harvest("j", _out(tmp_path, "out1"), carried=carried, **kw)
+    assert [p.name for p in got] == ["compile_cache.tgz.part1of1"]
+    assert "came carried: not sent" in capsys.readouterr().out
+    # a text the job made again (another size) is its own: sent
+    (runs / ".repo_j" / "data" / "corpus" / "teacher" / "teacher.txt").write_text("other answers\n")
+    got = harvest("j", _out(tmp_path, "out2"), carried=carried, **kw)
+    assert [p.name for p in got] == [TEXT_ARCHIVE]
 
 
 def test_harvest_leaves_for_the_next_command_what_does_not_fit(tmp_path, machine, capsys):
