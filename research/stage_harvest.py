@@ -44,23 +44,24 @@ TEXT_FILES = tuple(f"{TEACHER_DIR}/{name}" for name in TEACHER_FILES)  # below t
 PACK_RE = re.compile(r"^(?P<name>.+)\.tgz\.part\d+$")
 
 
-def _signature(roots: list[Path]) -> str:
-    """16 hex digits of the (name, size) of every file below ``roots`` (locks left out): changes when a file is added
-    or grows."""
+def _digest(entries) -> str:
+    """16 hex digits of (name, size) pairs: changes when a file is added or grows."""
     h = hashlib.sha256()
-    for root in roots:
-        for f in cache_files(root):
-            h.update(f"{root.name}/{f.relative_to(root)}\0{f.stat().st_size}\n".encode())
+    for name, size in entries:
+        h.update(f"{name}\0{size}\n".encode())
     return h.hexdigest()[:16]
+
+
+def _signature(roots: list[Path]) -> str:
+    """The digest of every file below ``roots`` (locks left out)."""
+    return _digest((f"{root.name}/{f.relative_to(root)}", f.stat().st_size)
+                   for root in roots for f in cache_files(root))
 
 
 def text_signature(corpus: Path) -> str:
-    """16 hex digits of the name and size of the teacher's text files below ``corpus`` (``TEXT_FILES``; what a job
-    adds beside them, e.g. token caches, left out)."""
-    h = hashlib.sha256()
-    for f in TEXT_FILES:
-        h.update(f"{f}\0{(corpus / f).stat().st_size}\n".encode())
-    return h.hexdigest()[:16]
+    """The digest of the teacher's text files below ``corpus`` (``TEXT_FILES``; what a job adds beside them, e.g.
+    token caches, left out)."""
+    return _digest((f, (corpus / f).stat().st_size) for f in TEXT_FILES)
 
 
 def _room(dest: Path, max_files: int, max_bytes: int) -> tuple[int, int]:
