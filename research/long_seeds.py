@@ -7,7 +7,9 @@ the text at each length, so it mixes the text's difficulty in); the ratio to the
 positions (``perplexity_ratio_chunked``), and where the teacher has the positions its ratio and top-1 agreement. A
 line "mean over sources" averages each seed's sources first. With run.py's ``eval_rows.csv`` beside the suite, the
 project's own-template NIAH per length joins (``template_accuracy``, hybrid and teacher), and the hybrid's from
-``headscope eval --suite niah`` folders named ``niah_*`` in the run folder (a length past run.py's).
+``headscope eval --suite niah`` folders named ``niah_*`` in the run folder (a length past run.py's). Where the suite
+also ran ``fidelity_long_niah`` (NIAH in phrasings and haystacks no training row has), its accuracy per length joins
+as ``niah_accuracy``: the line "unseen niah" over every prompt, and one line per phrasing ("unseen niah: code").
 
     python -m research.long_seeds nope=runs/ref_cpu_long_s0,runs/ref_cpu_long_s1 \\
         rope=runs/ref_cpu_long_rope_s0,runs/ref_cpu_long_rope_s1 --base-length 2048 --out long_seeds.csv
@@ -29,10 +31,11 @@ from research.fidelity_seeds import template_accuracy, write_csv
 TEXT_METRICS = ("perplexity_student", "perplexity_student_chunked", "long_context_ratio", "perplexity_ratio_chunked",
                 "perplexity_ratio", "top1_agreement")
 MEAN_LINE = "mean over sources"
+NIAH_LINE = "unseen niah"
 
 
-def suite_rows(run: Path) -> pd.DataFrame:
-    """The ``fidelity_long_text`` rows (status ok) of a run folder (its one ``*/results.csv`` that holds them) or of
+def suite_file(run: Path) -> Path:
+    """The results.csv with ``fidelity_long_text`` rows: a run folder's one ``*/results.csv`` that holds them, or
     that results.csv itself."""
     if run.is_dir():
         found = [p for p in sorted(run.glob("*/results.csv"))
@@ -43,8 +46,28 @@ def suite_rows(run: Path) -> pd.DataFrame:
         run = found[0]
     if not run.is_file():
         raise FileNotFoundError(f"{run}: no such file; give a run folder or a suite's results.csv")
-    d = pd.read_csv(run)
+    return run
+
+
+def suite_rows(run: Path) -> pd.DataFrame:
+    """The ``fidelity_long_text`` rows (status ok) of a run folder or of its suite's results.csv."""
+    d = pd.read_csv(suite_file(run))
     return d[(d.evaluation == "fidelity_long_text") & (d.status == "ok") & d.metric.isin(TEXT_METRICS)]
+
+
+def niah_lines(run: Path) -> pd.DataFrame:
+    """The suite's unseen NIAH (``fidelity_long_niah``, the student's accuracy) per length: over every prompt (each
+    cell weighted by its prompts) and per phrasing. Empty where the suite has no such rows."""
+    d = pd.read_csv(suite_file(run))
+    d = d[(d.evaluation == "fidelity_long_niah") & (d.status == "ok") & (d.metric == "accuracy_student")]
+    if d.empty:
+        return pd.DataFrame(columns=["line", "length", "metric", "value"])
+    d = d.assign(hits=d.value * d.n)
+    groups = [(NIAH_LINE, d)] + [(f"{NIAH_LINE}: {ph}", g) for ph, g in d.groupby("phrasing")]
+    out = [pd.DataFrame({"line": name, "metric": "niah_accuracy",
+                         "value": g.groupby("context_length").hits.sum() / g.groupby("context_length").n.sum()})
+           .rename_axis("length").reset_index() for name, g in groups]
+    return pd.concat(out, ignore_index=True)[["line", "length", "metric", "value"]]
 
 
 def seed_lines(rows: pd.DataFrame, base_length: int) -> pd.DataFrame:
@@ -83,7 +106,7 @@ def recipe_table(runs: list[Path], base_length: int, template_only: bool = False
         if template_only and template.empty:
             raise FileNotFoundError(f"{run}: no eval_rows.csv and no niah_*/results.csv (run.py's evaluation or "
                                     "headscope eval --suite niah --out RUN/niah_LENGTH)")
-        parts = [template] if template_only else [seed_lines(suite_rows(run), base_length), template]
+        parts = [template] if template_only else [seed_lines(suite_rows(run), base_length), niah_lines(run), template]
         lines = pd.concat(parts, ignore_index=True)
         per_seed.append(lines.assign(seed=i))
     d = pd.concat(per_seed, ignore_index=True)
@@ -122,7 +145,7 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
     table = table[["recipe"] + [c for c in table.columns if c != "recipe"]]
     with pd.option_context("display.width", 200, "display.max_rows", 1000, "display.float_format", "{:.3f}".format):
         shown = table[table.metric.isin(["long_context_ratio", "perplexity_ratio_chunked", "growth",
-                                         "perplexity_student", "template_accuracy"])]
+                                         "perplexity_student", "template_accuracy", "niah_accuracy"])]
         print(shown.pivot_table(index=["metric", "line", "length"], columns="recipe", values="mean",
                                 sort=False).to_string())
     if a.out is not None:

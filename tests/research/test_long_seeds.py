@@ -81,3 +81,29 @@ def test_template_only_reads_the_niah_of_runs_without_the_suite(tmp_path, capsys
     with pytest.raises(SystemExit):
         long_seeds.main([f"x={tmp_path / 'empty'}", "--template-only"])
     assert "headscope eval --suite niah" in capsys.readouterr().err
+
+
+def test_unseen_niah_joins_per_length_over_every_prompt_and_per_phrasing(tmp_path):
+    runs = []
+    for seed, hits in enumerate(((2, 1, 0), (2, 2, 1))):  # per cell: hits of 2 prompts (code, pin, plain)
+        folder = _run(tmp_path / f"s{seed}", {("a", 2048): 10.0, ("a", 4096): 9.0})
+        f = folder / "fidelity_long_reference" / "results.csv"
+        d = pd.read_csv(f)
+        niah = [dict(evaluation="fidelity_long_niah", family=f"{ph}+a", phrasing=ph, context_length=8184,
+                     metric=m, value=h / 2 if m == "accuracy_student" else None, n=2,
+                     status="ok" if m == "accuracy_student" else "not_applicable")
+                for ph, h in zip(("code", "pin", "plain"), hits) for m in ("accuracy_student", "accuracy_teacher")]
+        pd.concat([d, pd.DataFrame(niah)], ignore_index=True).to_csv(f, index=False)
+        runs.append(folder)
+    t = long_seeds.main([f"r={runs[0]},{runs[1]}"]).set_index(["line", "length", "metric"])
+    assert t.loc[(long_seeds.NIAH_LINE, 8184, "niah_accuracy"), "seed_0"] == pytest.approx(3 / 6)
+    assert t.loc[(long_seeds.NIAH_LINE, 8184, "niah_accuracy"), "seed_1"] == pytest.approx(5 / 6)
+    assert t.loc[(long_seeds.NIAH_LINE, 8184, "niah_accuracy"), "std"] == pytest.approx(math.sqrt(2) / 6)
+    assert t.loc[(f"{long_seeds.NIAH_LINE}: plain", 8184, "niah_accuracy"), "mean"] == pytest.approx(0.25)
+    assert t.loc[(f"{long_seeds.NIAH_LINE}: code", 8184, "niah_accuracy"), "mean"] == 1.0
+
+
+def test_a_suite_without_unseen_niah_has_no_niah_lines(tmp_path):
+    s0 = _run(tmp_path / "s0", {("a", 2048): 10.0, ("a", 4096): 9.0})
+    t = long_seeds.main([f"r={s0}"])
+    assert "niah_accuracy" not in set(t.metric)
