@@ -53,3 +53,14 @@ def test_the_seed_1_job_runs_the_base_jobs_arguments_with_seed_1():
     g = base.args.index("--generate-speed")
     assert (s1.kind, s1.config, s1.device) == (base.kind, base.config, base.device)
     assert tuple(s1.args) == tuple(base.args[:g]) + tuple(base.args[g + 2:]) + ("--seed", "1")
+
+
+def test_the_kl2k_variant_keeps_the_kl_on_the_first_2048_positions_alone():
+    diff = recipe_diff("smollm2_long_rope_part_kl.toml", "smollm2_long_rope_part_kl2k.toml")
+    assert diff == {2: {"kl_positions": (None, 2048)}, 3: {"kl_positions": (None, 2048)}}  # None: the default, 8192
+    assert [s.kl_positions for s in load("smollm2_long_rope_part_kl2k.toml").stages[2:]] == [2048, 2048]
+    from research.launch.jobs import get_job
+
+    kl, kl2k = get_job("smollm2_long_rope_part_kl_hybrid"), get_job("smollm2_long_rope_part_kl2k_hybrid")
+    assert kl2k.config == ("research/train_hybrid/smollm2_long_rope_part_kl2k.toml",)
+    assert (kl2k.kind, tuple(kl2k.args), kl2k.device) == (kl.kind, tuple(kl.args), kl.device)
