@@ -25,6 +25,10 @@ fused GDN decode op (``hybrid_fused``). A compiled step has no per-layer scopes,
 layers) carries the kernels outside the layers divided among the tiny model's two: so ``--compile`` also counts the
 same model one layer deeper, and the difference is one layer's kernels (``per_layer_marginal``; the rest
 ``outside``), what a 28-layer model's step pays per layer.
+``--times STEPS`` adds where each step's time goes: the kernels' time per step by name (profiled) against the
+step timed over STEPS steps without the profiler, the difference being time no kernel ran (launch gaps, the host);
+with ``--shape bench --context 32768`` that is one layer of the benchmark's model at its context, e.g.
+``--device cuda --compile --fused-gdn --shape bench --batch 1 --context 32768 --times 50``.
 ``--layers`` sets the tiny model's depth; ``--json`` writes the numbers.
 """
 from __future__ import annotations
@@ -45,11 +49,13 @@ SHAPES = {  # the layer's widths: hidden C, MLP I, query heads H, KV heads K, he
 }
 
 
-def tiny_teacher(layers: int = 2, seed: int = 0, dtype: torch.dtype = torch.bfloat16, shape: str = "tiny"):
+def tiny_teacher(layers: int = 2, seed: int = 0, dtype: torch.dtype = torch.bfloat16, shape: str = "tiny",
+                 positions: int = 4096):
     """A Qwen3-shaped teacher of a few layers, bf16 by default (the GPU benchmark's dtype, so half-type casts are
     counted). ``shape``: "tiny" (GQA 4 q / 2 KV heads of 16) or "bench" (the whole-model benchmark's layer: 16 q / 8
     KV heads of 128, hidden 2048, MLP 6144), so that the GEMMs take the library paths the 28-layer model's take; the
-    vocabulary stays 128 (the head's GEMM is outside the layers)."""
+    vocabulary stays 128 (the head's GEMM is outside the layers). ``positions``: its max_position_embeddings (at least
+    the context a count runs at)."""
     from transformers import AutoModelForCausalLM, Qwen3Config
 
     if shape not in SHAPES:
@@ -57,7 +63,7 @@ def tiny_teacher(layers: int = 2, seed: int = 0, dtype: torch.dtype = torch.bflo
     w = SHAPES[shape]
     cfg = Qwen3Config(vocab_size=128, hidden_size=w["C"], intermediate_size=w["I"], num_hidden_layers=layers,
                       num_attention_heads=w["H"], num_key_value_heads=w["K"], head_dim=w["D"],
-                      max_position_embeddings=4096, rope_parameters={"rope_type": "default", "rope_theta": 1e6},
+                      max_position_embeddings=positions, rope_parameters={"rope_type": "default", "rope_theta": 1e6},
                       tie_word_embeddings=True)
     torch.manual_seed(seed)
     return AutoModelForCausalLM.from_config(cfg, attn_implementation="eager", dtype=dtype).eval()
@@ -109,12 +115,17 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--shape", default="tiny", choices=sorted(SHAPES),
                     help="the layers' widths: tiny (default) or bench, the whole-model benchmark's (its GEMMs take "
                          "the cuBLAS paths the 28-layer model's take)")
+    ap.add_argument("--times", type=int, default=0, metavar="STEPS",
+                    help="cuda: also where each step's time goes: kernel time per step by kernel name (profiled) "
+                         "against the step timed over STEPS steps without the profiler (e.g. 50)")
     ap.add_argument("--json", default=None, help="write the results to this JSON path")
     args = ap.parse_args(argv)
     dtype = getattr(torch, args.dtype)
-    teacher = tiny_teacher(layers=args.layers, dtype=dtype, shape=args.shape)
+    positions = max(4096, args.context + 64)
+    teacher = tiny_teacher(layers=args.layers, dtype=dtype, shape=args.shape, positions=positions)
     if args.device == "cuda":
-        deeper = tiny_teacher(layers=args.layers + 1, dtype=dtype, shape=args.shape) if args.compile else None
+        deeper = (tiny_teacher(layers=args.layers + 1, dtype=dtype, shape=args.shape, positions=positions)
+                  if args.compile else None)
         res = cuda_rows(teacher, args, deeper)
     else:
         res = {}
@@ -149,6 +160,16 @@ def marginal(total: float, total_deeper: float, layers: int) -> dict:
     return {"per_layer_marginal": per, "outside": total - layers * per}
 
 
+def time_line(r: dict, top: int = 8) -> str:
+    """Where a step's time goes (``count_cuda_kernels(..., timed_steps=N)``): its time, the kernels' share and the
+    idle rest, and the kernels taking the most time per step."""
+    step, busy = r["step_us"], r["busy_us"]
+    idle = max(step - busy, 0.0)
+    names = ", ".join(f"{k[:48]} {t:.1f}" for k, t in list(r["time_by_name_us"].items())[:top])
+    return (f"time: {step:.1f} us a step at context {r['context']}, kernels {busy:.1f} us ({busy / step:.0%}), "
+            f"no kernel running {idle:.1f} us; most time (us a step): {names}")
+
+
 def cuda_rows(teacher, args, deeper=None, counter=None) -> dict:
     """Kernels per layer per step on the GPU: eager (scoped per layer), replayed, compiled, compiled + replayed.
     ``deeper``: the same teacher one layer deeper; with it the compiled rows (which have no per-layer scopes) also
@@ -163,7 +184,9 @@ def cuda_rows(teacher, args, deeper=None, counter=None) -> dict:
         model = build(teacher, name).cuda()
         deep = build(deeper, name).cuda() if deeper is not None and args.compile else None
         for label, comp, graph in variants:
-            r = counter(model, batch, args.context, compile=comp, cuda_graph=graph, compile_mode=args.compile_mode)
+            timed = {"timed_steps": args.times} if getattr(args, "times", 0) else {}
+            r = counter(model, batch, args.context, compile=comp, cuda_graph=graph, compile_mode=args.compile_mode,
+                        **timed)
             if comp and deep is not None:
                 r.update(marginal(r["total"], counter(deep, batch, args.context, compile=comp, cuda_graph=graph,
                                                       compile_mode=args.compile_mode)["total"], r["layers"]))
@@ -176,6 +199,8 @@ def cuda_rows(teacher, args, deeper=None, counter=None) -> dict:
             if "per_layer_marginal" in r:
                 line += (f"; one more layer adds {r['per_layer_marginal']:g}, {r['outside']:g} outside the layers")
             print(line, flush=True)
+            if "step_us" in r:
+                print("   " + time_line(r), flush=True)
             if "scoped" in r and "layer 0" in r["scoped"]:
                 print("   layer 0: " + ", ".join(f"{k[:60]} {c:g}" for k, c in
                                                sorted(r["scoped"]["layer 0"].items(), key=lambda kv: -kv[1])))

@@ -161,13 +161,14 @@ def layer_ops(model, batch: int = 1, context: int = 16) -> float:
 
 # ---- CUDA kernels of one decode step (torch.profiler), eager vs compiled, and graph breaks -----------------
 def _decoder(model, batch: int, context: int, device, compile: bool, cuda_graph: bool, compile_mode: str,
-             compile_backend: str = "inductor"):
-    """A prefilled Decoder on ragged random prompts and its next ids [B, 1] (after two warm steps)."""
+             compile_backend: str = "inductor", extra_steps: int = 0):
+    """A prefilled Decoder on ragged random prompts and its next ids [B, 1] (after two warm steps); its cache holds
+    8 + ``extra_steps`` new tokens a row."""
     from hybrid.decoding import Decoder, prefill
 
     torch.manual_seed(1)
     prompts = [torch.randint(0, 128, (context - b,), device=device) for b in range(batch)]  # B x [context - b]
-    cache, logits = prefill(model, prompts, max_new_tokens=8)
+    cache, logits = prefill(model, prompts, max_new_tokens=8 + extra_steps)
     dec = Decoder(model, cache, cuda_graph=cuda_graph, compile=compile, compile_mode=compile_mode,
                   compile_backend=compile_backend)
     ids = logits.argmax(-1, keepdim=True)  # [B, 1]
@@ -204,6 +205,33 @@ def group_kernels(events) -> dict[str, Counter]:
     return counts
 
 
+def kernel_times(events) -> tuple[float, Counter]:
+    """(busy microseconds, microseconds by kernel name) of the profiler's device-side kernels (memcpy / memset
+    left out): how long the GPU ran kernels, as against how long the step took (the rest is launch gaps)."""
+    busy, times = 0.0, Counter()
+    for e in events:
+        if getattr(e, "device_type", None) is None or str(e.device_type).split(".")[-1] != "CUDA":
+            continue
+        if e.name.lower().startswith(("memcpy", "memset")):
+            continue
+        us = e.time_range.elapsed_us()
+        busy += us
+        times[e.name] += us
+    return busy, times
+
+
+def step_time_us(dec, ids, steps: int) -> float:
+    """Mean microseconds of ``steps`` decode steps timed with CUDA events, outside any profiler."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    start.record()
+    for _ in range(steps):
+        dec.step(ids)  # [B, V]
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) * 1000.0 / steps
+
+
 def _device_kernel_total(events) -> tuple[int, int, Counter]:
     """(kernels, memcpy/memset nodes, kernels by name) among the profiler's device-side events."""
     kern = mem = 0
@@ -221,12 +249,16 @@ def _device_kernel_total(events) -> tuple[int, int, Counter]:
 
 @torch.no_grad()
 def count_cuda_kernels(model, batch: int = 1, context: int = 16, compile: bool = False, cuda_graph: bool = False,
-                       compile_mode: str = "default", steps: int = 3) -> dict:
+                       compile_mode: str = "default", steps: int = 3, timed_steps: int = 0) -> dict:
     """CUDA kernels of one decode step (mean over ``steps`` profiled steps), by torch.profiler (CUDA activity).
 
     Returns dict(total = kernels per step, memops = memcpy/memset per step, per_layer = total / layers,
     by_name = {kernel name: count per step} (every variant, the compiled one's inductor kernels included),
     scoped = {scope: {kernel name: count per step}} and scoped_per_layer = the "layer l" scopes' mean).
+    With ``timed_steps``, also where the step's time goes: ``busy_us`` (kernel time per step, from the profiled
+    steps), ``time_by_name_us`` (per step, by kernel name, largest first) and ``step_us`` (the step timed with CUDA
+    events over ``timed_steps`` steps after the profiled ones, no profiler attached); ``step_us - busy_us`` is time
+    the GPU ran no kernel (launch gaps and the host), the part that fewer kernels would save.
     ``scoped``: each decoder layer runs inside a record_function range "decode_layer l" (forward hooks), so the
     kernels that a layer's CPU calls launch are grouped under it; that needs the launches to happen inside the
     range, i.e. an uncaptured step (``cuda_graph=False``). A replayed graph (``cuda_graph=True``) has only the
@@ -237,7 +269,8 @@ def count_cuda_kernels(model, batch: int = 1, context: int = 16, compile: bool =
     from torch.profiler import ProfilerActivity, profile, record_function
 
     device = next(model.parameters()).device
-    dec, ids = _decoder(model, batch, context, device, compile, cuda_graph, compile_mode)
+    dec, ids = _decoder(model, batch, context, device, compile, cuda_graph, compile_mode,
+                        extra_steps=steps + timed_steps)
     layers = model.model.layers
     scoped_ok = not cuda_graph and not compile
     handles, ranges = [], {}
@@ -266,6 +299,10 @@ def count_cuda_kernels(model, batch: int = 1, context: int = 16, compile: bool =
     out = dict(total=total, memops=mem / steps, per_layer=total / len(layers), layers=len(layers),
                compile=compile, cuda_graph=cuda_graph, batch=batch,
                by_name={k: c / steps for k, c in names.most_common()})
+    if timed_steps:
+        busy, times = kernel_times(events)
+        out.update(busy_us=busy / steps, time_by_name_us={k: t / steps for k, t in times.most_common()},
+                   step_us=step_time_us(dec, ids, timed_steps), context=context)
     if scoped_ok:
         grouped = group_kernels(events)
         out["scoped"] = {s: {k: c / steps for k, c in cnt.items()} for s, cnt in grouped.items()}

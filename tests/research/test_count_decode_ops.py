@@ -64,3 +64,25 @@ def test_bench_shape_counts_the_same_ops_per_layer_as_the_tiny_shape(capsys):
         assert bench[f"{name} batch 1"]["per_layer_ops"] == tiny[f"{name} batch 1"]["per_layer_ops"]
     with pytest.raises(ValueError, match="tiny, bench"):
         tiny_teacher(shape="huge")
+
+
+def test_times_pass_the_timed_steps_and_print_where_the_step_goes(monkeypatch, capsys):
+    monkeypatch.setattr(torch.nn.Module, "cuda", lambda self, *a, **k: self)
+    seen = []
+
+    def counter(model, batch, context, compile, cuda_graph, compile_mode, timed_steps=0):
+        seen.append(timed_steps)
+        return {"total": 10, "per_layer": 5, "layers": 2, "memops": 0, "by_name": {"k": 10}, "context": context,
+                "busy_us": 30.0, "step_us": 40.0, "time_by_name_us": {"gemv_kernel": 20.0, "gdn": 10.0}}
+
+    args = argparse.Namespace(compile=False, batch=[1], fused_gdn=False, context=32768, compile_mode="default",
+                              times=50)
+    cuda_rows(tiny_teacher(layers=2), args, counter=counter)
+    assert set(seen) == {50}
+    out = capsys.readouterr().out
+    assert "time: 40.0 us a step at context 32768, kernels 30.0 us (75%), no kernel running 10.0 us" in out
+    assert "gemv_kernel 20.0, gdn 10.0" in out
+
+
+def test_the_teacher_has_the_positions_of_the_context_it_is_counted_at():
+    assert tiny_teacher(layers=1, shape="tiny", positions=40000).config.max_position_embeddings == 40000

@@ -110,6 +110,12 @@ def test_gpu_kernel_counts_are_positive_and_compiling_does_not_add_kernels(name)
     assert both["total"] <= eager["total"]
     if graph["total"] > 0:  # the profiler reports kernels inside a graph replay (CUPTI): the same step's kernels
         assert abs(graph["total"] - eager["total"]) <= 0.1 * eager["total"] + 2
+    timed = count_cuda_kernels(model, batch=1, context=512, compile=True, cuda_graph=True, timed_steps=5)
+    print(name, "step", timed["step_us"], "us, kernels", timed["busy_us"], "us")
+    assert timed["step_us"] > 0 and timed["context"] == 512
+    if timed["total"] > 0:  # kernels seen inside the replay: their times add up to the busy time
+        assert timed["busy_us"] > 0
+        assert sum(timed["time_by_name_us"].values()) == pytest.approx(timed["busy_us"])
     torch._dynamo.reset()
 
 
@@ -180,3 +186,16 @@ def test_gpu_compiled_step_kernels_per_layer_stay_pinned(name):
         print(name, "batch", batch, "compiled + graph:", r["total"], "kernels,", r["per_layer"], "per layer")
         assert 0 < r["per_layer"] <= KERNELS_PER_LAYER_AT_MOST[name], (name, batch, r["per_layer"])
     torch._dynamo.reset()
+
+
+def _kernel(name, us, device="DeviceType.CUDA"):
+    return SimpleNamespace(name=name, device_type=device, time_range=SimpleNamespace(elapsed_us=lambda: us))
+
+
+def test_kernel_times_sum_the_device_kernels_by_name_and_leave_out_copies_and_host_events():
+    from research.perf.op_count import kernel_times
+
+    events = [_kernel("gemv", 3.0), _kernel("gemv", 2.0), _kernel("gdn_step", 4.5), _kernel("Memcpy DtoD", 9.0),
+              _kernel("aten::mm", 50.0, device="DeviceType.CPU"), SimpleNamespace(name="cudaLaunchKernel")]
+    busy, times = kernel_times(events)
+    assert busy == 9.5 and times == {"gemv": 5.0, "gdn_step": 4.5}
