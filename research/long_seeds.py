@@ -49,17 +49,17 @@ def suite_file(run: Path) -> Path:
     return run
 
 
-def suite_rows(run: Path) -> pd.DataFrame:
-    """The ``fidelity_long_text`` rows (status ok) of a run folder or of its suite's results.csv."""
-    d = pd.read_csv(suite_file(run))
-    return d[(d.evaluation == "fidelity_long_text") & (d.status == "ok") & d.metric.isin(TEXT_METRICS)]
+def text_rows(suite: pd.DataFrame) -> pd.DataFrame:
+    """The suite's ``fidelity_long_text`` rows (status ok)."""
+    return suite[(suite.evaluation == "fidelity_long_text") & (suite.status == "ok")
+                 & suite.metric.isin(TEXT_METRICS)]
 
 
-def niah_lines(run: Path) -> pd.DataFrame:
+def niah_lines(suite: pd.DataFrame) -> pd.DataFrame:
     """The suite's unseen NIAH (``fidelity_long_niah``, the student's accuracy) per length: over every prompt (each
     cell weighted by its prompts) and per phrasing. Empty where the suite has no such rows."""
-    d = pd.read_csv(suite_file(run))
-    d = d[(d.evaluation == "fidelity_long_niah") & (d.status == "ok") & (d.metric == "accuracy_student")]
+    d = suite[(suite.evaluation == "fidelity_long_niah") & (suite.status == "ok")
+              & (suite.metric == "accuracy_student")]
     if d.empty:
         return pd.DataFrame(columns=["line", "length", "metric", "value"])
     d = d.assign(hits=d.value * d.n)
@@ -106,7 +106,11 @@ def recipe_table(runs: list[Path], base_length: int, template_only: bool = False
         if template_only and template.empty:
             raise FileNotFoundError(f"{run}: no eval_rows.csv and no niah_*/results.csv (run.py's evaluation or "
                                     "headscope eval --suite niah --out RUN/niah_LENGTH)")
-        parts = [template] if template_only else [seed_lines(suite_rows(run), base_length), niah_lines(run), template]
+        if template_only:
+            parts = [template]
+        else:
+            suite = pd.read_csv(suite_file(run))  # read once: its text and unseen-NIAH rows
+            parts = [seed_lines(text_rows(suite), base_length), niah_lines(suite), template]
         lines = pd.concat(parts, ignore_index=True)
         per_seed.append(lines.assign(seed=i))
     d = pd.concat(per_seed, ignore_index=True)

@@ -55,6 +55,7 @@ from research.stage_caches import (COMPILE_RE, say, collect_part, compile_cache_
                                    teacher_cache_dir, teacher_cache_restore, teacher_cache_save, triton_restore,
                                    triton_save)
 from research.stage_harvest import TEACHER_DIR, TEACHER_FILES, TEXT_FILES, harvest, stow, text_signature
+from research.stage_prepare import download_command
 
 REPO = Path(__file__).resolve().parents[1]
 STAGE_OUT = REPO / ".stage"  # where `split` writes (git-ignored)
@@ -418,8 +419,7 @@ def carry(job_name: str, jobs_file: str | None = None) -> dict:
     for path in every:
         if "*" in path:
             dist = Path(path).name.split("-")[0]
-            missing[path] = (f"python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 -d .whl "
-                             f"{dist.replace('_', '-')}")
+            missing[path] = " ".join(download_command([dist.replace("_", "-")], ".whl"))
     every = sorted(set(every))
     tree = tree_bytes()
     sizes = {p: _size(REPO / p) for p in every + once}

@@ -22,6 +22,13 @@ WHEEL_PINS = ("fla-core==0.6.0", "gguf==0.19.0", "plotly==7.1.0")  # what the GP
 IMAGE_PYTHON = "3.12"  # the GPU image's Python
 
 
+def download_command(specs: list[str], dest: str, python: str = "python3") -> list[str]:
+    """The ``pip download`` of wheels ``specs`` into ``dest`` for the GPU image's Python (binaries, no
+    dependencies: the image has them)."""
+    return [python, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--python-version", IMAGE_PYTHON,
+            "-d", dest, *specs]
+
+
 def _wheel_name(pin: str) -> str:
     """"fla-core==0.6.0" -> "fla_core-0.6.0" (a wheel file's name starts with it)."""
     dist, _, version = pin.partition("==")
@@ -40,9 +47,7 @@ def steps(repo: Path, models: tuple[str, ...] = ("smollm2-135m",)) -> list[tuple
     stage = repo / ".stage"
     wheels = missing_wheels(whl)
     out: list[tuple[str, bool, list[str] | str]] = [
-        ("wheels " + ", ".join(wheels or WHEEL_PINS), not wheels,
-         [py, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--python-version", IMAGE_PYTHON,
-          "-d", str(whl), *wheels]),
+        ("wheels " + ", ".join(wheels or WHEEL_PINS), not wheels, download_command(wheels, str(whl), py)),
         ("the reference corpus (data/corpus, data/gz)", (repo / "data/gz").is_dir(),
          [py, "-m", "research.prepare_corpus"]),
         ("the broad corpus (data/corpus/manifest.json)", (repo / "data/corpus/manifest.json").is_file(),

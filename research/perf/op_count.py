@@ -205,14 +205,20 @@ def group_kernels(events) -> dict[str, Counter]:
     return counts
 
 
+def _device_events(events):
+    """(event, whether it is a memcpy / memset) for each of the profiler's device-side (CUDA) events."""
+    for e in events:
+        if getattr(e, "device_type", None) is None or str(e.device_type).split(".")[-1] != "CUDA":
+            continue
+        yield e, e.name.lower().startswith(("memcpy", "memset"))
+
+
 def kernel_times(events) -> tuple[float, Counter]:
     """(busy microseconds, microseconds by kernel name) of the profiler's device-side kernels (memcpy / memset
     left out): how long the GPU ran kernels, as against how long the step took (the rest is launch gaps)."""
     busy, times = 0.0, Counter()
-    for e in events:
-        if getattr(e, "device_type", None) is None or str(e.device_type).split(".")[-1] != "CUDA":
-            continue
-        if e.name.lower().startswith(("memcpy", "memset")):
+    for e, memop in _device_events(events):
+        if memop:
             continue
         us = e.time_range.elapsed_us()
         busy += us
@@ -236,10 +242,8 @@ def _device_kernel_total(events) -> tuple[int, int, Counter]:
     """(kernels, memcpy/memset nodes, kernels by name) among the profiler's device-side events."""
     kern = mem = 0
     names: Counter = Counter()
-    for e in events:
-        if getattr(e, "device_type", None) is None or str(e.device_type).split(".")[-1] != "CUDA":
-            continue
-        if e.name.lower().startswith(("memcpy", "memset")):
+    for e, memop in _device_events(events):
+        if memop:
             mem += 1
         else:
             kern += 1
