@@ -26,7 +26,13 @@ GPU_CACHE = REPO / "research" / "gpu_cache"
 # HEADSCOPE_TEACHER_CACHE (RUNS/teacher_cache, RUNS=/tmp/runs by default)
 TEACHER_CACHE = Path("/tmp/runs/teacher_cache")
 COMPILE_RE = re.compile(r"^compile_cache\.tgz\.part(?P<k>\d+)of(?P<n>\d+)$")
+PART_RE = re.compile(r"^(?P<model>.+)\.gguf\.part(?P<k>\d+)of(?P<n>\d+)$")  # `split`'s GGUF parts
+CORPUS_RE = re.compile(r"^corpus\.tar\.xz\.part(?P<k>\d+)of(?P<n>\d+)$")  # `split-corpus`'s parts
 COMPILE_PART = 15 * 2**20  # bytes: below the 16 MiB a returned file may have
+
+
+class StageError(RuntimeError):
+    """A staging step that cannot go on; the message names the fix."""
 
 
 def say(msg: str) -> None:

@@ -26,7 +26,7 @@ import torch.nn as nn
 
 from headscope.evaluate.runtime import position_limit, training_length
 
-__all__ = ["LengthWarning", "FAR_BEYOND", "configured_positions", "prompt_seconds", "check_positions"]
+__all__ = ["LengthWarning", "FAR_BEYOND", "configured_positions", "prompt_seconds", "check_positions", "format_seconds"]
 
 FAR_BEYOND = 8.0  # x the training length: the longest the suites' own multiples go
 
@@ -94,7 +94,8 @@ def prompt_seconds(model: nn.Module, length: int) -> float:
     return a * length + b * length * length
 
 
-def _fmt(sec: float) -> str:
+def format_seconds(sec: float) -> str:
+    """Seconds as "42 s", "3.5 min" or "1.2 h"."""
     if sec < 90:
         return f"{sec:.0f} s"
     if sec < 5400:
@@ -122,7 +123,7 @@ def check_positions(model: nn.Module, evaluation: str, lengths: Iterable[int], p
     one = len(past) == 1
     what = (f"{evaluation}: length{'' if one else 's'} {', '.join(map(str, past))} exceed{'s' if one else ''} the "
             f"model's {positions} positions (max_position_embeddings)")
-    cost = (f"estimated about {_fmt(seconds)} for {n_prompts} prompt{'' if n_prompts == 1 else 's'} on "
+    cost = (f"estimated about {format_seconds(seconds)} for {n_prompts} prompt{'' if n_prompts == 1 else 's'} on "
             f"{device.type} (extrapolated from timed {n // 2}- and {n}-token forwards; a prompt's cost grows with "
             "the square of its length)")
     if loud:

@@ -59,11 +59,11 @@ def test_split_put_join_and_damage(tmp_path):
 
 
 def test_split_by_default_cuts_parts_that_travel_beside_the_tree(tmp_path):
-    from research import stage
+    from research import stage_carry
 
     r = _run("split", "--out", tmp_path)
     assert r.returncode == 0, r.stderr
-    room = stage.CARRY_LIMIT - stage.tree_bytes()
+    room = stage_carry.CARRY_LIMIT - stage_carry.tree_bytes()
     parts = sorted(tmp_path.iterdir())
     assert parts and all(p.stat().st_size <= room for p in parts)
-    assert max(p.stat().st_size for p in parts) == stage.default_part_mb() * 2**20
+    assert max(p.stat().st_size for p in parts) == stage_carry.default_part_mb() * 2**20

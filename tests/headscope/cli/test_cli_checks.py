@@ -11,18 +11,6 @@ from headscope.mask import HeadMask
 from headscope.results import HeadScores
 
 
-@pytest.fixture
-def no_scoring(monkeypatch):
-    import headscope.api
-    import headscope.knockout
-    import headscope.senders
-
-    def boom(*args, **kwargs):
-        raise AssertionError("scoring ran although the command line could not succeed")
-
-    monkeypatch.setattr(headscope.api, "score", boom)
-    monkeypatch.setattr(headscope.senders, "iterated_path_patching", boom)
-    monkeypatch.setattr(headscope.knockout, "knockout_curve", boom)
 
 
 def _err(capsys) -> str:
@@ -50,10 +38,10 @@ def _commands(tmp_path, model_dir):
 @pytest.mark.parametrize("command", ["run", "knockout", "plot"])
 def test_png_without_kaleido_is_refused_before_any_work(tmp_path, model_dir, monkeypatch, capsys, no_scoring,
                                                          command):
-    import headscope.cli as cli
+    import headscope.cli.common as common
 
     monkeypatch.setitem(sys.modules, "kaleido", None)  # `import kaleido` raises ImportError
-    monkeypatch.setattr(cli, "_load_model", lambda *a: pytest.fail("the model was loaded before the check"))
+    monkeypatch.setattr(common, "load_model", lambda *a: pytest.fail("the model was loaded before the check"))
     assert main(_commands(tmp_path, model_dir)[command]) == 2
     err = _err(capsys)
     assert "PNG export needs kaleido" in err and "pip install kaleido" in err and ".html" in err
@@ -112,11 +100,11 @@ def test_quiet_silences_the_loading_bar(tmp_path, model_dir, capfd, no_scoring):
 
 
 def test_the_estimate_is_revised_from_the_first_step(monkeypatch, capsys):
-    import headscope.cli as cli
+    from headscope.cli import build_parser, estimate
 
-    monkeypatch.setattr(cli, "_estimate", lambda *a: {"niah": (10.0, 20.0), "reasoning": (5.0, 5.0)})
-    args = cli.build_parser().parse_args(["run"])
-    est = cli._Estimate(None, None, ["niah", "reasoning"], args, 3)
+    monkeypatch.setattr(estimate, "task_seconds", lambda *a: {"niah": (10.0, 20.0), "reasoning": (5.0, 5.0)})
+    args = build_parser().parse_args(["run"])
+    est = estimate.Estimate(None, None, ["niah", "reasoning"], args, 3)
     assert "estimated time: about 40 s" in capsys.readouterr().err
     est.first_step("niah", 20.0)  # twice the estimate: the rest (30 s) doubles
     err = capsys.readouterr().err

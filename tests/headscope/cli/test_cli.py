@@ -134,17 +134,6 @@ def test_run_default_is_the_whole_method_and_quick_is_receiver_only(tmp_path, mo
     assert q.settings["fusion"]["tasks"] == ["niah"] and q.settings["method"] == "receiver scores"
 
 
-@pytest.fixture
-def no_scoring(monkeypatch):
-    """Fail the test if any scoring starts."""
-    import headscope.api
-    import headscope.senders
-
-    def boom(*args, **kwargs):
-        raise AssertionError("scoring ran although the command line could not succeed")
-
-    monkeypatch.setattr(headscope.api, "score", boom)
-    monkeypatch.setattr(headscope.senders, "iterated_path_patching", boom)
 
 
 def _err(capsys) -> str:
@@ -211,9 +200,9 @@ def test_overwrite_flag_and_same_kind_artifacts(tmp_path, model_dir, capsys, no_
 ])
 def test_other_commands_refuse_bad_outputs(tmp_path, monkeypatch, capsys, model_dir, no_scoring, args, message):
     monkeypatch.chdir(tmp_path)
-    import headscope.cli as cli
+    import headscope.cli.common as common
 
-    monkeypatch.setattr(cli, "_load_model", lambda *a: pytest.fail("the model was loaded before the checks"))
+    monkeypatch.setattr(common, "load_model", lambda *a: pytest.fail("the model was loaded before the checks"))
     (tmp_path / "folder").mkdir()
     (tmp_path / "other.json").write_text('{"mine": 1}')
     (tmp_path / "other.csv").write_text("a,b\n1,2\n")
