@@ -32,8 +32,8 @@ import torch
 from hybrid.cache import HybridCache, LayerCache
 from hybrid.layers.common import trusted_inference_caches
 
-__all__ = ["StaticLayerCache", "StaticHybridCache", "Decoder", "prefill", "greedy_decode", "sample_next",
-           "sample_decode"]
+__all__ = ["StaticLayerCache", "StaticHybridCache", "Decoder", "compile_kwargs", "prefill", "greedy_decode",
+           "sample_next", "sample_decode"]
 
 
 @dataclass
@@ -301,6 +301,31 @@ def _raise_recompile_limit(n: int) -> None:
         setattr(cfg, acc, 2 * n)
 
 
+def compile_kwargs(backend: str = "inductor", mode: str = "default", options: dict | None = None) -> dict:
+    """``torch.compile``'s ``mode`` / ``options`` for a compiled decode step. torch.compile takes one or the other:
+    with ``options`` (inductor's settings by name, e.g. ``{"combo_kernels": True}``: independent small kernels of
+    the step launched as one), the mode's own settings (``torch._inductor.list_mode_options``) are merged under
+    them. An unknown setting, or settings for another backend, are refused here, before any compile."""
+    if not options:
+        return {"mode": mode} if backend == "inductor" else {}
+    if backend != "inductor":
+        raise ValueError(f"compile_options are inductor's settings; compile_backend={backend!r} takes none: drop "
+                         "them or use the inductor backend")
+    from torch._inductor import config, list_mode_options
+
+    known = config.get_config_copy()
+    unknown = sorted(set(options) - set(known))
+    if unknown:
+        near = sorted(k for k in known if any(u.split(".")[-1] in k for u in unknown))[:5]
+        raise ValueError(f"compile_options: {unknown} are not torch._inductor.config settings"
+                         + (f" (near: {near})" if near else "") + "; e.g. combo_kernels, coordinate_descent_tuning")
+    try:
+        base = list_mode_options(mode)
+    except Exception as err:  # an unknown mode
+        raise ValueError(f"compile_mode={mode!r}: {err}") from None
+    return {"options": {**base, **options}}
+
+
 class Decoder:
     """Decode steps of one token per row on a StaticHybridCache, optionally replayed as a CUDA graph.
 
@@ -309,7 +334,8 @@ class Decoder:
     attends over the whole buffer (fixed shapes).
 
     ``compile``: ``torch.compile`` the step (``compile_mode``, e.g. "max-autotune-no-cudagraphs", and
-    ``compile_backend``, "inductor"; ``dynamic=False``; with the graph, the warm-up
+    ``compile_backend``, "inductor"; ``compile_options``, inductor's settings by name on top of the mode's, e.g.
+    ``{"combo_kernels": True}``, see ``compile_kwargs``; ``dynamic=False``; with the graph, the warm-up
     steps compile it and the graph captures the compiled kernels). A compiled step always attends over the
     whole buffer (fixed shapes: one compilation for every step) and its compiled code sees constant host
     lengths (the Decoder keeps the real ones), so steps do not recompile. The decode weight caches
@@ -327,8 +353,9 @@ class Decoder:
 
     def __init__(self, model, cache: StaticHybridCache, cuda_graph: bool | None = None, warmup: int = 2,
                  compile: bool = False, compile_mode: str = "default", compile_backend: str = "inductor",
-                 fused_gdn: bool | None = None) -> None:
+                 fused_gdn: bool | None = None, compile_options: dict | None = None) -> None:
         on_cuda = cache.lengths.is_cuda
+        compile_args = compile_kwargs(compile_backend, compile_mode, compile_options)  # checked before any work
         if cuda_graph and not on_cuda:
             raise ValueError("cuda_graph=True needs the model and cache on a CUDA device; use cuda_graph=False "
                              "(or None) on the CPU")
@@ -347,8 +374,7 @@ class Decoder:
         if compile:
             cache.full_width = True  # fixed shapes: S = capacity at every step
             _raise_recompile_limit(4 * len(getattr(getattr(model, "model", model), "layers", ())) + 8)
-            self.compiled = torch.compile(self._model_step, backend=compile_backend, dynamic=False,
-                                          mode=compile_mode if compile_backend == "inductor" else None)
+            self.compiled = torch.compile(self._model_step, backend=compile_backend, dynamic=False, **compile_args)
 
     def _model_step(self, ids: torch.Tensor) -> torch.Tensor:
         return self.model(ids, hybrid_cache=self.cache, use_cache=True).logits[:, -1]  # [B, V]

@@ -45,10 +45,10 @@ import torch
 
 from headscope.heads import Head
 from headscope.mask import HeadMask
-from research.perf.benchmark import Run, bench_ms, build_layers, layer_forward_ms, sync
+from research.perf.benchmark import Run, bench_ms, build_layers, inductor_options, layer_forward_ms, sync
 from hybrid.cache import cache_nbytes, teacher_cache_nbytes
 from hybrid.convert import from_mask
-from hybrid.decoding import Decoder, StaticHybridCache
+from hybrid.decoding import Decoder, StaticHybridCache, compile_kwargs
 from hybrid.layers.hybrid_attention import use_fused_decode
 from hybrid.builders import from_teacher, layerwise_mask
 
@@ -169,11 +169,12 @@ def timed_column(run: Run, row: dict, key: str, what: str, make, ids, steps: int
 
 def decode_row(run: Run, name: str, model, ctx: int, batch: int, steps: int, graph: bool, vocab: int,
                compiled: bool = False, fused: bool = False, hf=None, best_only: bool = False,
-               compile_mode: str = "default") -> dict:
+               compile_mode: str = "default", compile_options: dict | None = None) -> dict:
     """One (model, context, batch) row: the eager step, then each path asked for. ``best_only`` (with
     ``compiled``) times only each model's fastest path: the compiled step with the fused GDN op where the model
     has GDN heads and ``fused``, the compiled step otherwise (one compile per row instead of up to three).
-    ``compile_mode``: torch.compile's mode for every compiled column (teacher and hybrids alike)."""
+    ``compile_mode`` and ``compile_options`` (inductor's settings by name): torch.compile's for every compiled column
+    (teacher and hybrids alike)."""
     dev = run.device
     fusable = fused and use_fused_decode(model, False) > 0  # GDN branches to switch (split path until then)
     if best_only and compiled:
@@ -192,8 +193,8 @@ def decode_row(run: Run, name: str, model, ctx: int, batch: int, steps: int, gra
                          ids, steps, cache=cache)
         if compiled_col:  # the torch.compile'd step (inside the graph on CUDA): its own column, never the step_ms
             timed_column(run, row, "compiled", "compiled step",
-                         lambda: Decoder(model, cache, cuda_graph=graph, compile=True, compile_mode=compile_mode), ids,
-                         steps, cache=cache)
+                         lambda: Decoder(model, cache, cuda_graph=graph, compile=True, compile_mode=compile_mode,
+                                         compile_options=compile_options), ids, steps, cache=cache)
         if fusable:  # the fused GDN decode op (hybrid.ops.gdn_decode): own column
             use_fused_decode(model, True)
             try:
@@ -203,7 +204,8 @@ def decode_row(run: Run, name: str, model, ctx: int, batch: int, steps: int, gra
                 if compiled:  # both: the fused op inside the compiled step
                     timed_column(run, row, "compiled_fused", "compiled step with the fused GDN op",
                                  lambda: Decoder(model, cache, cuda_graph=graph, compile=True,
-                                                 compile_mode=compile_mode), ids, steps, cache=cache)
+                                                 compile_mode=compile_mode, compile_options=compile_options), ids,
+                                 steps, cache=cache)
             finally:
                 use_fused_decode(model, False)
         row["step_ms"] = row.get("graph_ms", row["eager_ms"])
@@ -247,6 +249,7 @@ def decode_section(run: Run, models: dict, contexts: list[int], batches: list[in
                                  compiled=run.data.get("compile_decode", False),
                                  fused=run.data.get("fused_gdn", False), best_only=run.data.get("best_only", False),
                                  compile_mode=run.data.get("compile_mode", "default"),
+                                 compile_options=run.data.get("compile_options") or None,
                                  hf=models.get(HF_TEACHER) if name == "teacher" else None)
                 run.data["decode"].append(row)
                 run.say(f"{label}: {row}")
@@ -450,6 +453,9 @@ def main(argv: list[str] | None = None) -> dict:
                     help="with --compile-decode: torch.compile's mode for every compiled step, teacher and hybrids "
                          "(e.g. max-autotune-no-cudagraphs: inductor picks each GEMM among cuBLAS and its Triton "
                          "templates; the step's own CUDA graph stays the Decoder's)")
+    ap.add_argument("--inductor", action="append", default=None, metavar="KEY=VALUE",
+                    help="with --compile-decode: an inductor setting for every compiled step, teacher and hybrids "
+                         "(repeatable), e.g. combo_kernels=true: independent small kernels launched as one")
     ap.add_argument("--sections", default=",".join(SECTIONS),
                     help=f"comma list of the units to run, of {', '.join(SECTIONS)} (default all; the cache bytes "
                          "always run: they are instant)")
@@ -462,6 +468,13 @@ def main(argv: list[str] | None = None) -> dict:
         ap.error("--best-only times the compiled step only: add --compile-decode")
     if args.compile_mode != "default" and not args.compile_decode:
         ap.error(f"--compile-mode {args.compile_mode} sets the compiled step's mode: add --compile-decode")
+    if args.inductor and not args.compile_decode:
+        ap.error("--inductor sets the compiled step's settings: add --compile-decode")
+    try:
+        compile_options = inductor_options(args.inductor)
+        compile_kwargs(mode=args.compile_mode, options=compile_options)  # an unknown setting: refused now
+    except ValueError as err:
+        ap.error(str(err))
     out = args.out or Path(os.environ.get("OUT", ".")) / "bench_whole_model.json"
     if args.dry_run:
         device, dtype, shape = "cpu", torch.float32, DRY_SHAPE
@@ -478,7 +491,7 @@ def main(argv: list[str] | None = None) -> dict:
     run = Run(args.budget_s, out, device, shape=shape, targets=TARGETS, decode=[], prefill=[], cache_bytes=[],
               max_batch=[], layer=[], dry_run=args.dry_run, cuda_graph=not args.no_cuda_graph and device == "cuda",
               compile_decode=args.compile_decode, fused_gdn=args.fused_gdn, hf_teacher=args.hf_teacher,
-              best_only=args.best_only, compile_mode=args.compile_mode)
+              best_only=args.best_only, compile_mode=args.compile_mode, compile_options=compile_options)
     from hybrid.ops import parity
     from hybrid.ops.gdn import fla_available
 

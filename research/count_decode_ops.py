@@ -29,6 +29,9 @@ same model one layer deeper, and the difference is one layer's kernels (``per_la
 step timed over STEPS steps without the profiler, the difference being time no kernel ran (launch gaps, the host);
 with ``--shape bench --context 32768`` that is one layer of the benchmark's model at its context, e.g.
 ``--device cuda --compile --fused-gdn --shape bench --batch 1 --context 32768 --times 50``.
+``--inductor KEY=VALUE`` (repeatable, with ``--compile``) sets inductor's settings for the compiled step
+(``Decoder(compile_options=...)``), e.g. ``--inductor combo_kernels=true``: independent small kernels of the step
+launched as one, which the per-layer count shows.
 ``--layers`` sets the tiny model's depth; ``--json`` writes the numbers.
 """
 from __future__ import annotations
@@ -39,7 +42,9 @@ import json
 import torch
 
 from headscope.io import write_text
+from hybrid.decoding import compile_kwargs
 from research.bench_whole_model_gpu import GPU_SHAPE
+from research.perf.benchmark import inductor_options
 from research.perf.op_count import count_cuda_kernels, count_step, graph_breaks, summarize
 
 
@@ -108,6 +113,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--compile", action="store_true", help="cuda: also count the torch.compile'd step")
     ap.add_argument("--compile-mode", default="default",
                     help="torch.compile mode (default, max-autotune-no-cudagraphs)")
+    ap.add_argument("--inductor", action="append", default=None, metavar="KEY=VALUE",
+                    help="with --compile: an inductor setting for the compiled step (repeatable), e.g. "
+                         "combo_kernels=true: independent small kernels launched as one")
     ap.add_argument("--breaks", action="store_true", help="print where torch.compile of the step breaks its graph")
     ap.add_argument("--fused-gdn", action="store_true",
                     help="cuda: also count the hybrid with the fused GDN decode op (hybrid_fused)")
@@ -120,6 +128,13 @@ def main(argv: list[str] | None = None) -> dict:
                          "against the step timed over STEPS steps without the profiler (e.g. 50)")
     ap.add_argument("--json", default=None, help="write the results to this JSON path")
     args = ap.parse_args(argv)
+    if args.inductor and not args.compile:
+        ap.error("--inductor sets the compiled step's settings: add --compile")
+    try:
+        args.compile_options = inductor_options(args.inductor)
+        compile_kwargs(options=args.compile_options)  # an unknown setting: refused before any model is built
+    except ValueError as err:
+        ap.error(str(err))
     dtype = getattr(torch, args.dtype)
     positions = max(4096, args.context + 64)
     teacher = tiny_teacher(layers=args.layers, dtype=dtype, shape=args.shape, positions=positions)
@@ -185,11 +200,15 @@ def cuda_rows(teacher, args, deeper=None, counter=None) -> dict:
         deep = build(deeper, name).cuda() if deeper is not None and args.compile else None
         for label, comp, graph in variants:
             timed = {"timed_steps": args.times} if getattr(args, "times", 0) else {}
+            options = getattr(args, "compile_options", None)
+            opts = {"compile_options": options} if comp and options else {}
             r = counter(model, batch, args.context, compile=comp, cuda_graph=graph, compile_mode=args.compile_mode,
-                        **timed)
+                        **timed, **opts)
             if comp and deep is not None:
                 r.update(marginal(r["total"], counter(deep, batch, args.context, compile=comp, cuda_graph=graph,
-                                                      compile_mode=args.compile_mode)["total"], r["layers"]))
+                                                      compile_mode=args.compile_mode, **opts)["total"], r["layers"]))
+            if opts:
+                r["compile_options"] = options
             res[f"{name} batch {batch} {label}"] = r
             line = (f"== {name}, batch {batch}, {label}: {r['total']:g} kernels per step "
                     f"({r['per_layer']:g} per layer over {r['layers']} layers, outside included; "

@@ -51,6 +51,24 @@ class Run:
         write_text(self.path, json.dumps(self.data, indent=1, default=str))
 
 
+def inductor_options(items: list[str] | None) -> dict:
+    """``--inductor KEY=VALUE`` flags as ``Decoder(compile_options=...)``: each value read as JSON where it parses
+    (``true``, ``1``, ``"x"``), else as the string; checked against inductor's settings by
+    ``hybrid.decoding.compile_kwargs``."""
+    import json
+
+    out = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"--inductor {item!r}: give KEY=VALUE, e.g. --inductor combo_kernels=true")
+        try:
+            out[key.strip()] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key.strip()] = value
+    return out
+
+
 def sync(device: str) -> None:
     if device == "cuda":
         torch.cuda.synchronize()

@@ -287,6 +287,42 @@ def test_compiled_step_with_inductor_equals_the_eager_step_on_the_cpu():
     torch._dynamo.reset()
 
 
+def test_compile_kwargs_merge_the_modes_settings_under_the_options_and_refuse_unknown_ones():
+    from hybrid.decoding import compile_kwargs
+
+    assert compile_kwargs() == {"mode": "default"}
+    assert compile_kwargs(mode="max-autotune-no-cudagraphs") == {"mode": "max-autotune-no-cudagraphs"}
+    assert compile_kwargs("aot_eager") == {}
+    assert compile_kwargs(options={"combo_kernels": True}) == {"options": {"combo_kernels": True}}
+    merged = compile_kwargs(mode="max-autotune-no-cudagraphs", options={"combo_kernels": True,
+                                                                       "coordinate_descent_tuning": False})
+    assert merged == {"options": {"max_autotune": True, "coordinate_descent_tuning": False, "combo_kernels": True}}
+    with pytest.raises(ValueError, match=r"\['combo_kernel'\] are not torch._inductor.config settings"):
+        compile_kwargs(options={"combo_kernel": True})
+    with pytest.raises(ValueError, match="aot_eager"):
+        compile_kwargs("aot_eager", options={"combo_kernels": True})
+    with pytest.raises(ValueError, match="compile_mode='fastest'"):
+        compile_kwargs(mode="fastest", options={"combo_kernels": True})
+
+
+def test_the_decoder_hands_its_compile_options_to_torch_compile(monkeypatch):
+    model = BUILDERS["head"](tiny_model("qwen3", dtype=torch.float32)).eval()
+    cache, _ = prefill(model, [torch.zeros(4, dtype=torch.long)], 2)
+    seen = {}
+
+    def fake_compile(fn, **kw):
+        seen.update(kw)
+        return fn
+    monkeypatch.setattr(torch, "compile", fake_compile)
+    Decoder(model, cache, compile=True, compile_options={"combo_kernels": True})
+    assert seen["options"] == {"combo_kernels": True} and "mode" not in seen and seen["dynamic"] is False
+    seen.clear()
+    Decoder(model, cache, compile=True)
+    assert seen["mode"] == "default" and "options" not in seen
+    with pytest.raises(ValueError, match="not torch._inductor.config settings"):
+        Decoder(model, cache, compile=True, compile_options={"no_such_setting": 1})
+
+
 def test_compiled_step_refuses_a_full_cache():
     import torch._dynamo
 

@@ -106,10 +106,11 @@ def test_dry_run_with_both_flags_times_the_fused_op_inside_the_compiled_step(tmp
 def test_best_only_times_each_models_fastest_path_alone(tmp_path):
     """--best-only with --compile-decode --fused-gdn: the teacher's row has the compiled step and the hybrids' the
     compiled step with the fused op, beside the eager step, and no other path; without --compile-decode it is
-    refused with the flag to add."""
+    refused with the flag to add. An inductor setting (--inductor) reaches every compiled step and the record."""
     out = tmp_path / "bench.json"
     run_script("bench_whole_model_gpu", "--dry-run", "--compile-decode", "--fused-gdn", "--best-only", "--sections",
-               "decode", "--out", str(out), "--contexts", "32", "--batches", "1", "--steps", "2", "--budget-s", "600")
+               "decode", "--out", str(out), "--contexts", "32", "--batches", "1", "--steps", "2", "--budget-s", "600",
+               "--inductor", "combo_kernels=true")
     rows = {r["model"]: r for r in json.loads(out.read_text())["decode"]}
     paths = ("graph_ms", "compiled_ms", "fused_gdn_ms", "compiled_fused_ms")
     assert [k for k in paths if k in rows["teacher"]] == ["compiled_ms"] and rows["teacher"]["eager_ms"] > 0
@@ -121,6 +122,7 @@ def test_best_only_times_each_models_fastest_path_alone(tmp_path):
                           "--best-only"], env=env, cwd=ROOT, capture_output=True, text=True)
     assert bad.returncode == 2 and "add --compile-decode" in bad.stderr
     assert json.loads(out.read_text())["compile_mode"] == "default"
+    assert json.loads(out.read_text())["compile_options"] == {"combo_kernels": True}
 
 
 def test_compile_mode_without_compile_decode_is_refused_with_the_flag_to_add():
@@ -129,6 +131,19 @@ def test_compile_mode_without_compile_decode_is_refused_with_the_flag_to_add():
                           "--compile-mode", "max-autotune-no-cudagraphs"], env=env, cwd=ROOT, capture_output=True,
                          text=True)
     assert bad.returncode == 2 and "max-autotune-no-cudagraphs" in bad.stderr and "add --compile-decode" in bad.stderr
+
+
+def test_inductor_settings_are_parsed_and_refused_without_compile_decode():
+    from research.perf.benchmark import inductor_options
+
+    assert inductor_options(["combo_kernels=true", "combo_kernels_autotune=3", "x=abc"]) == {
+        "combo_kernels": True, "combo_kernels_autotune": 3, "x": "abc"}
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    for flags, message in ((["--inductor", "combo_kernels=true"], "add --compile-decode"),
+                           (["--compile-decode", "--inductor", "combo=1"], "not torch._inductor.config settings")):
+        bad = subprocess.run([sys.executable, str(ROOT / "research" / "bench_whole_model_gpu.py"), "--dry-run",
+                              *flags], env=env, cwd=ROOT, capture_output=True, text=True)
+        assert bad.returncode == 2 and message in bad.stderr
 
 
 def test_sections_runs_only_the_units_named(tmp_path):

@@ -84,5 +84,33 @@ def test_times_pass_the_timed_steps_and_print_where_the_step_goes(monkeypatch, c
     assert "gemv_kernel 20.0, gdn 10.0" in out
 
 
+def test_inductor_settings_reach_the_compiled_rows_only(monkeypatch):
+    monkeypatch.setattr(torch.nn.Module, "cuda", lambda self, *a, **k: self)
+    seen = []
+
+    def counter(model, batch, context, compile, cuda_graph, compile_mode, compile_options=None):
+        seen.append((compile, compile_options))
+        return {"total": 10, "per_layer": 5, "layers": 2, "memops": 0, "by_name": {"k": 10}}
+
+    args = argparse.Namespace(compile=True, batch=[1], fused_gdn=False, context=16, compile_mode="default",
+                              compile_options={"combo_kernels": True})
+    res = cuda_rows(tiny_teacher(layers=2), args, counter=counter)
+    assert {opts for comp, opts in [(c, str(o)) for c, o in seen] if comp} == {"{'combo_kernels': True}"}
+    assert all(o is None for c, o in seen if not c)
+    assert res["hybrid batch 1 compiled"]["compile_options"] == {"combo_kernels": True}
+    assert "compile_options" not in res["hybrid batch 1 eager"]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--inductor", "combo_kernels=true"], "add --compile"),
+    (["--compile", "--inductor", "combo_kernel=true"], "not torch._inductor.config settings"),
+    (["--compile", "--inductor", "combo_kernels"], "give KEY=VALUE"),
+])
+def test_bad_inductor_settings_are_refused_before_any_model_is_built(argv, message, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2 and message in capsys.readouterr().err
+
+
 def test_the_teacher_has_the_positions_of_the_context_it_is_counted_at():
     assert tiny_teacher(layers=1, shape="tiny", positions=40000).config.max_position_embeddings == 40000
