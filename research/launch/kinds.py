@@ -343,6 +343,10 @@ KINDS.register("bench_fused_loss", _script(
 KINDS.register("bench_kernels", _script(
     "research/bench_kernels_gpu.py: fla GDN chunk and SDPA kernel timings", "research.bench_kernels_gpu",
     done="bench_kernels.json", needs=_FLA))
+KINDS.register("count_decode_ops", _script(
+    "research/count_decode_ops.py: kernels per decode step and layer, teacher against hybrid (and, with --times, "
+    "where the step's time goes)", "research.count_decode_ops", done="count_decode_ops.json",
+    out_args=("--json", "{out}/count_decode_ops.json"), needs=_FLA))
 KINDS.register("decode_attention_sweep", _script(
     "research/perf/decode_attention_sweep.py: the split-KV decode attention kernel's tunings timed at the decode "
     "benchmark's shapes", "research.perf.decode_attention_sweep", done="decode_attention_sweep.json"))

@@ -114,3 +114,28 @@ def test_bad_inductor_settings_are_refused_before_any_model_is_built(argv, messa
 
 def test_the_teacher_has_the_positions_of_the_context_it_is_counted_at():
     assert tiny_teacher(layers=1, shape="tiny", positions=40000).config.max_position_embeddings == 40000
+
+
+@pytest.mark.parametrize("job", ["decode_time_split", "decode_combo_count"])
+def test_the_count_jobs_args_are_accepted(job, monkeypatch):
+    """The jobs' args pass the script's parser and checks (a stand-in stops it where the model would be built)."""
+    import research.count_decode_ops as script
+    from research.launch import get_job
+
+    class Built(Exception):
+        pass
+
+    def stop(**kw):
+        raise Built
+    monkeypatch.setattr(script, "tiny_teacher", stop)
+    with pytest.raises(Built):
+        script.main([str(a) for a in get_job(job).args])
+
+
+def test_the_combo_jobs_differ_from_their_baselines_in_the_inductor_flag_alone():
+    from research.launch import get_job
+
+    best, combo = get_job("bench_decode_best").args, get_job("bench_decode_combo").args
+    assert list(combo) == [*best, "--inductor", "combo_kernels=true"]
+    split, count = get_job("decode_time_split").args, get_job("decode_combo_count").args
+    assert "--inductor" not in split and list(count[-2:]) == ["--inductor", "combo_kernels=true"]
