@@ -16,6 +16,9 @@ REPO = Path(__file__).resolve().parents[1]
 CARRY_LIMIT = 64 * 2**20  # bytes per command: the working tree and the carried paths together
 PART_MB = 26  # MiB: the largest part (27.3 MB); `split` makes them smaller where the tree leaves less room
 WHEELS = {"fla": "fla_core", "gguf": "gguf", "plotly": "plotly"}  # need -> the wheel's distribution name
+# the kinds that read a carried compile cache: it holds the training runs' compiled graphs (and the kernels they
+# built); a benchmark compiles other graphs, so carrying it there would cost staging commands for nothing
+TRAINING_KINDS = ("train_hybrid", "studies", "hybrid_throughput", "trainer_throughput", "reference_train")
 
 BLOCK = 4096  # bytes: a file counts as whole blocks toward a command's 64 MiB, as on disk
 
@@ -75,8 +78,8 @@ def _arg_values(args: list[str], flag: str) -> list[str]:
 
 def carry(job_name: str, jobs_file: str | None = None) -> dict:
     """The ignored paths ``job_name`` needs on the remote machine: ``every_call`` (paste into the command's carry),
-    ``stage_once`` (GGUF parts, corpus parts and the compile cache's parts when .stage/ has them, one or more per
-    call until `setup` has joined them), the sizes and what is missing
+    ``stage_once`` (GGUF parts, corpus parts and, for the training kinds, the compile cache's parts when .stage/ has
+    them, one or more per call until `setup` has joined them), the sizes and what is missing
     here, with the command that makes it. A ``--scores PATH`` in the job's args that exists here and is git-ignored
     (the teacher's head scores, small) is carried in every command, so the job reads it instead of computing it."""
     from research.launch import KINDS, get_job
@@ -103,8 +106,8 @@ def carry(job_name: str, jobs_file: str | None = None) -> dict:
             once += [str(p.relative_to(REPO)) for p in parts]
             if not parts:
                 missing[f".stage/{model}.gguf.part*"] = f"python -m research.stage split --model {model}"
-    # a compile cache brought back by `compile-cache save` (any job that compiles reads it back)
-    once += [str(p.relative_to(REPO)) for p in parts_in(REPO / ".stage", "compile_cache.tgz", COMPILE_RE)]
+    if job.kind in TRAINING_KINDS:  # a compile cache brought back by `compile-cache save`: training graphs
+        once += [str(p.relative_to(REPO)) for p in parts_in(REPO / ".stage", "compile_cache.tgz", COMPILE_RE)]
     for path in _arg_values([str(a) for a in job.args], "--scores"):
         rel = Path(path)
         if rel.is_absolute():

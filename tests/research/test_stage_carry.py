@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from research import stage_carry
+from research.launch import KINDS
 
 
 def test_carry_lists_the_paths_a_job_needs():
@@ -112,6 +113,8 @@ def test_carry_lists_an_ignored_scores_file(tmp_path, monkeypatch):
         (repo / ".stage" / f"compile_cache.tgz.part{k}of2").write_bytes(b"x")
     assert stage_carry.carry("scored", str(jobs))["stage_once"] == [".stage/compile_cache.tgz.part1of2",
                                                               ".stage/compile_cache.tgz.part2of2"]
+    assert stage_carry.carry("bench_decode_best")["stage_once"] == []  # a benchmark compiles other graphs
+    assert set(stage_carry.TRAINING_KINDS) <= set(KINDS)
 
 
 def test_parts_are_cut_to_travel_beside_the_tree(monkeypatch):
