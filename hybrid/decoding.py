@@ -31,6 +31,7 @@ import torch
 
 from hybrid.cache import HybridCache, LayerCache
 from hybrid.layers.common import trusted_inference_caches
+from hybrid.ops.utils import dependent_launch, pdl_launch
 
 __all__ = ["StaticLayerCache", "StaticHybridCache", "Decoder", "compile_kwargs", "prefill", "greedy_decode",
            "sample_next", "sample_decode"]
@@ -326,6 +327,20 @@ def compile_kwargs(backend: str = "inductor", mode: str = "default", options: di
     return {"options": {**base, **options}}
 
 
+def pdl_launch_on(t: torch.Tensor) -> bool:
+    """Whether a Decoder with ``pdl=True`` on ``t``'s device uses programmatic dependent launch (a CUDA device of
+    compute capability 9.0 or later)."""
+    with dependent_launch(True):
+        return pdl_launch(t)
+
+
+def _inductor_pdl() -> dict:
+    """Inductor's PDL setting for a compiled step, where this torch has it (``triton.enable_pdl``), else none."""
+    from torch._inductor import config
+
+    return {"triton.enable_pdl": True} if "triton.enable_pdl" in config.get_config_copy() else {}
+
+
 class Decoder:
     """Decode steps of one token per row on a StaticHybridCache, optionally replayed as a CUDA graph.
 
@@ -349,12 +364,21 @@ class Decoder:
     ``fused_gdn``: True switches every GDN branch of ``model`` to the fused decode op (``hybrid.ops.gdn_decode``:
     q/k prologue, gates and state update in one Triton kernel on CUDA), False back to the split ops; the switch
     stays on the model. None (default) leaves the model as it is (split unless switched). Off by default until
-    its GPU parity test and kernel count have run (docs/kernels.md)."""
+    its GPU parity test and kernel count have run (docs/kernels.md).
+
+    ``pdl``: programmatic dependent launch on a GPU of compute capability 9.0 or later: every step (and the CUDA
+    graph's capture) runs inside ``hybrid.ops.utils.dependent_launch()``, so the project's decode kernels (split-KV
+    attention, its combine, the fused GDN step) launch while the kernel before them ends, and a compiled step's
+    Triton kernels do the same (inductor's ``triton.enable_pdl``, added to ``compile_options`` where this torch has
+    it). Elsewhere it changes nothing. Off by default until its GPU parity test and timing have run."""
 
     def __init__(self, model, cache: StaticHybridCache, cuda_graph: bool | None = None, warmup: int = 2,
                  compile: bool = False, compile_mode: str = "default", compile_backend: str = "inductor",
-                 fused_gdn: bool | None = None, compile_options: dict | None = None) -> None:
+                 fused_gdn: bool | None = None, compile_options: dict | None = None, pdl: bool = False) -> None:
         on_cuda = cache.lengths.is_cuda
+        self.pdl = bool(pdl) and pdl_launch_on(cache.lengths)
+        if self.pdl and compile and compile_backend == "inductor":
+            compile_options = {**_inductor_pdl(), **(compile_options or {})}  # the caller's setting wins
         compile_args = compile_kwargs(compile_backend, compile_mode, compile_options)  # checked before any work
         if cuda_graph and not on_cuda:
             raise ValueError("cuda_graph=True needs the model and cache on a CUDA device; use cuda_graph=False "
@@ -430,6 +454,10 @@ class Decoder:
     @torch.no_grad()
     def step(self, ids: torch.Tensor) -> torch.Tensor:
         """ids [B, 1] (one new token per row) -> logits [B, V]; advances every row by one position."""
+        with dependent_launch(self.pdl):
+            return self._step(ids)
+
+    def _step(self, ids: torch.Tensor) -> torch.Tensor:
         if ids.shape != (self.cache.batch, 1):
             raise ValueError(f"ids must be [B, 1] = [{self.cache.batch}, 1], got {tuple(ids.shape)}")
         if not self.use_graph:

@@ -169,12 +169,13 @@ def timed_column(run: Run, row: dict, key: str, what: str, make, ids, steps: int
 
 def decode_row(run: Run, name: str, model, ctx: int, batch: int, steps: int, graph: bool, vocab: int,
                compiled: bool = False, fused: bool = False, hf=None, best_only: bool = False,
-               compile_mode: str = "default", compile_options: dict | None = None) -> dict:
+               compile_mode: str = "default", compile_options: dict | None = None, pdl: bool = False) -> dict:
     """One (model, context, batch) row: the eager step, then each path asked for. ``best_only`` (with
     ``compiled``) times only each model's fastest path: the compiled step with the fused GDN op where the model
     has GDN heads and ``fused``, the compiled step otherwise (one compile per row instead of up to three).
     ``compile_mode`` and ``compile_options`` (inductor's settings by name): torch.compile's for every compiled column
-    (teacher and hybrids alike)."""
+    (teacher and hybrids alike); ``pdl``: every column but the eager one with programmatic dependent launch
+    (``Decoder(pdl=True)``)."""
     dev = run.device
     fusable = fused and use_fused_decode(model, False) > 0  # GDN branches to switch (split path until then)
     if best_only and compiled:
@@ -189,23 +190,24 @@ def decode_row(run: Run, name: str, model, ctx: int, batch: int, steps: int, gra
         eager = Decoder(model, cache, cuda_graph=False)
         row["eager_ms"] = round(bench_ms(lambda: eager.step(ids), dev, target_ms=100.0, max_reps=5), 3)
         if graph_col:
-            timed_column(run, row, "graph", "CUDA graph capture", lambda: Decoder(model, cache, cuda_graph=True),
-                         ids, steps, cache=cache)
+            timed_column(run, row, "graph", "CUDA graph capture",
+                         lambda: Decoder(model, cache, cuda_graph=True, pdl=pdl), ids, steps, cache=cache)
         if compiled_col:  # the torch.compile'd step (inside the graph on CUDA): its own column, never the step_ms
             timed_column(run, row, "compiled", "compiled step",
                          lambda: Decoder(model, cache, cuda_graph=graph, compile=True, compile_mode=compile_mode,
-                                         compile_options=compile_options), ids, steps, cache=cache)
+                                         compile_options=compile_options, pdl=pdl), ids, steps, cache=cache)
         if fusable:  # the fused GDN decode op (hybrid.ops.gdn_decode): own column
             use_fused_decode(model, True)
             try:
                 if fused_col:
                     timed_column(run, row, "fused_gdn", "fused GDN step",
-                                 lambda: Decoder(model, cache, cuda_graph=graph), ids, steps, cache=cache)
+                                 lambda: Decoder(model, cache, cuda_graph=graph, pdl=pdl), ids, steps,
+                                 cache=cache)
                 if compiled:  # both: the fused op inside the compiled step
                     timed_column(run, row, "compiled_fused", "compiled step with the fused GDN op",
                                  lambda: Decoder(model, cache, cuda_graph=graph, compile=True,
-                                                 compile_mode=compile_mode, compile_options=compile_options), ids,
-                                 steps, cache=cache)
+                                                 compile_mode=compile_mode, compile_options=compile_options,
+                                                 pdl=pdl), ids, steps, cache=cache)
             finally:
                 use_fused_decode(model, False)
         row["step_ms"] = row.get("graph_ms", row["eager_ms"])
@@ -250,6 +252,7 @@ def decode_section(run: Run, models: dict, contexts: list[int], batches: list[in
                                  fused=run.data.get("fused_gdn", False), best_only=run.data.get("best_only", False),
                                  compile_mode=run.data.get("compile_mode", "default"),
                                  compile_options=run.data.get("compile_options") or None,
+                                 pdl=run.data.get("pdl", False),
                                  hf=models.get(HF_TEACHER) if name == "teacher" else None)
                 run.data["decode"].append(row)
                 run.say(f"{label}: {row}")
@@ -456,6 +459,10 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--inductor", action="append", default=None, metavar="KEY=VALUE",
                     help="with --compile-decode: an inductor setting for every compiled step, teacher and hybrids "
                          "(repeatable), e.g. combo_kernels=true: independent small kernels launched as one")
+    ap.add_argument("--pdl", action="store_true",
+                    help="every decode column but the eager one with programmatic dependent launch (Decoder(pdl=True): "
+                         "the project's decode kernels and, compiled, inductor's on a GPU of compute capability 9.0+; "
+                         "recorded as pdl, with pdl_used where the device has it)")
     ap.add_argument("--sections", default=",".join(SECTIONS),
                     help=f"comma list of the units to run, of {', '.join(SECTIONS)} (default all; the cache bytes "
                          "always run: they are instant)")
@@ -491,12 +498,17 @@ def main(argv: list[str] | None = None) -> dict:
     run = Run(args.budget_s, out, device, shape=shape, targets=TARGETS, decode=[], prefill=[], cache_bytes=[],
               max_batch=[], layer=[], dry_run=args.dry_run, cuda_graph=not args.no_cuda_graph and device == "cuda",
               compile_decode=args.compile_decode, fused_gdn=args.fused_gdn, hf_teacher=args.hf_teacher,
-              best_only=args.best_only, compile_mode=args.compile_mode, compile_options=compile_options)
+              best_only=args.best_only, compile_mode=args.compile_mode, compile_options=compile_options,
+              pdl=args.pdl)
     from hybrid.ops import parity
     from hybrid.ops.gdn import fla_available
 
     run.data["environment"] = parity.environment()
     run.data["fla"] = device == "cuda" and fla_available()
+    if args.pdl:  # whether the device takes it (compute capability 9.0+); elsewhere --pdl changes nothing
+        from hybrid.decoding import pdl_launch_on
+
+        run.data["pdl_used"] = device == "cuda" and pdl_launch_on(torch.empty(0, device=device))
     run.say(f"environment {run.data['environment']}; fla {run.data['fla']}; writing {out}")
     if device == "cuda" and not run.data["fla"]:
         run.say("WARNING: fla not importable: GDN runs the PyTorch twins (slow); carry the fla-core wheel")

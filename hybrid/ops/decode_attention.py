@@ -10,7 +10,8 @@ Backends:
     "torch"   the twin: SDPA with a [B, 1, rep, S] boolean mask, the query heads of one KV head as query rows
     "triton"  split-KV ("flash-decoding"): grid (B * K, splits); each program reads one stretch of its row's
               keys once for all H / K query heads of the KV head (online softmax in float32) and stops at the
-              row's length; a PyTorch combine of the splits' (max, sum, output). Needed because SDPA's kernels
+              row's length; a Triton combine of the splits' (max, sum, output); both with programmatic dependent
+              launch inside ``hybrid.ops.utils.dependent_launch()`` on Hopper. Needed because SDPA's kernels
               give one CTA per (row, KV head) for a single query, so one KV head at 128K keys streams 64 MB
               through one SM
     "auto"    "triton" on CUDA when Triton imports and D is a power of two, else "torch"
@@ -29,7 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from hybrid.ops.prologue import triton_usable
-from hybrid.ops.utils import contiguous_fresh, fast_device, through_custom_op
+from hybrid.ops.utils import contiguous_fresh, fast_device, pdl_launch, through_custom_op
 
 BACKENDS = ("auto", "torch", "triton")
 BLOCK_N = 64  # keys per inner step
@@ -73,7 +74,9 @@ def _kernel():
     @triton.jit
     def split_kv(q_ptr, k_ptr, v_ptr, len_ptr, o_ptr, m_ptr, l_ptr, scale, window, S, chunk,
                  sqb, sqh, skb, sks, skh, NSPLIT, K: tl.constexpr, REP: tl.constexpr, RP: tl.constexpr,
-                 D: tl.constexpr, BN: tl.constexpr, WINDOWED: tl.constexpr):
+                 D: tl.constexpr, BN: tl.constexpr, WINDOWED: tl.constexpr, USE_GDC: tl.constexpr):
+        if USE_GDC:  # launched with PDL: wait for the previous kernel (its q, k/v writes) before any load
+            tl.extra.cuda.gdc_wait()
         pid = tl.program_id(0)  # b * K + kv head
         sp = tl.program_id(1)  # split
         b = (pid // K).to(tl.int64)  # int64: b * skb passes 2**31 (e.g. 17 rows x 128K keys x 8 KV heads x 128)
@@ -105,6 +108,8 @@ def _kernel():
             acc = acc * alpha[:, None] + tl.dot(p.to(vv.dtype), vv)
             l = l * alpha + tl.sum(p, 1)
             m = m_new
+        if USE_GDC:  # the combine may be scheduled now; it waits for this grid's stores itself
+            tl.extra.cuda.gdc_launch_dependents()
         heads = kh * REP + r  # [RP]
         out = (b * (K * REP) + heads) * NSPLIT + sp  # index into [B, H, NSPLIT]
         tl.store(m_ptr + out, m, mask=rmask)
@@ -112,7 +117,9 @@ def _kernel():
         tl.store(o_ptr + out[:, None] * D + d[None, :], acc, mask=rmask[:, None])
 
     @triton.jit
-    def combine(o_ptr, m_ptr, l_ptr, out_ptr, NSPLIT, NS: tl.constexpr, D: tl.constexpr):
+    def combine(o_ptr, m_ptr, l_ptr, out_ptr, NSPLIT, NS: tl.constexpr, D: tl.constexpr, USE_GDC: tl.constexpr):
+        if USE_GDC:
+            tl.extra.cuda.gdc_wait()
         pid = tl.program_id(0)  # b * H + h
         i = tl.arange(0, NS)
         d = tl.arange(0, D)
@@ -122,6 +129,8 @@ def _kernel():
         w = tl.exp(m - tl.max(m, 0))  # empty splits (m = -inf) weigh 0
         w = tl.where(ok, w, 0.0)
         o = tl.load(o_ptr + (pid * NSPLIT + i)[:, None] * D + d[None, :], mask=ok[:, None], other=0.0)
+        if USE_GDC:
+            tl.extra.cuda.gdc_launch_dependents()
         res = tl.sum(o * w[:, None], 0) / tl.sum(l * w, 0)
         tl.store(out_ptr + pid * D + d, res.to(out_ptr.dtype.element_ty))
 
@@ -157,15 +166,17 @@ def decode_attention_triton(q, k, v, kv_len, scale=None, window=None, *, block_n
     chunk = -(-S // ns)
     chunk = -(-chunk // block_n) * block_n
     launch = {k_: v_ for k_, v_ in (("num_warps", num_warps), ("num_stages", num_stages)) if v_ is not None}
+    pdl = pdl_launch(q)  # inside dependent_launch() on a Hopper-class GPU
+    gdc = {"launch_pdl": True} if pdl else {}
     o_part = torch.empty(B, H, ns, D, device=q.device, dtype=torch.float32)  # [B, H, splits, D]
     m_part = torch.empty(B, H, ns, device=q.device, dtype=torch.float32)  # [B, H, splits]
     l_part = torch.empty_like(m_part)
     split_kv[(B * K, ns)](q, k, v, kv_len, o_part, m_part, l_part, float(scale), int(window or 0), S, chunk,
                           q.stride(0), q.stride(2), k.stride(0), k.stride(1), k.stride(2), ns,
                           K=K, REP=rep, RP=max(16, triton.next_power_of_2(rep)), D=D, BN=block_n,
-                          WINDOWED=window is not None, **launch)
+                          WINDOWED=window is not None, USE_GDC=pdl, **launch, **gdc)
     o = torch.empty(B, 1, H, D, device=q.device, dtype=q.dtype)  # [B, 1, H, D]
-    combine[(B * H,)](o_part, m_part, l_part, o, ns, NS=max(2, triton.next_power_of_2(ns)), D=D)
+    combine[(B * H,)](o_part, m_part, l_part, o, ns, NS=max(2, triton.next_power_of_2(ns)), D=D, USE_GDC=pdl, **gdc)
     return o
 
 

@@ -47,7 +47,7 @@ from torch import Tensor
 
 from hybrid.ops.gdn_recurrent import recurrent_gated_delta_rule
 from hybrid.ops.prologue import prologue_reference, triton_usable
-from hybrid.ops.utils import L2NORM_EPS, acc, contiguous_fresh, fast_device, through_custom_op
+from hybrid.ops.utils import L2NORM_EPS, acc, contiguous_fresh, fast_device, pdl_launch, through_custom_op
 
 BACKENDS = ("auto", "torch", "triton")
 DECAYS = ("gdn", "simple")
@@ -94,7 +94,9 @@ def _kernel():
     @triton.jit
     def step(q_ptr, k_ptr, v_ptr, b_ptr, a_ptr, s_ptr, o_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, p1_ptr, p2_ptr,
              H, sqb, sqh, skb, skh, svb, svh, sbb, sbh, sab, sah, cos_sb, eps, l2eps, scale,
-             D: tl.constexpr, BV: tl.constexpr, NORM: tl.constexpr, GDN: tl.constexpr):
+             D: tl.constexpr, BV: tl.constexpr, NORM: tl.constexpr, GDN: tl.constexpr, USE_GDC: tl.constexpr):
+        if USE_GDC:  # launched with PDL: wait for the previous kernel (the projections) before any load
+            tl.extra.cuda.gdc_wait()
         pid = tl.program_id(0)  # b * H + h
         vb = tl.program_id(1)  # value block
         row = (pid // H).to(tl.int64)  # int64: row * H * D * D offsets
@@ -141,6 +143,8 @@ def _kernel():
         v = tl.load(v_ptr + row * svb + h * svh + j).to(tl.float32)  # [BV]
         u = beta * (v - tl.sum(kn[:, None] * S, 0))  # [BV] delta-rule correction
         S = S + kn[:, None] * u[None, :]  # [D, BV]
+        if USE_GDC:  # the next kernel may be scheduled now; it waits for this grid's stores itself
+            tl.extra.cuda.gdc_launch_dependents()
         tl.store(st, S)
         qs = (qn * scale).to(tl.float32)  # [D] (under torch.compile a float arg arrives as fp64)
         o = tl.sum(qs[:, None] * S, 0)  # [BV] read after the write
@@ -161,11 +165,13 @@ def gdn_decode_step_triton(q, k, v, b, a, state, q_weight, k_weight, cos, sin, *
     p1, p2 = (A_log, dt_bias) if decay == "gdn" else (a_bias, a_bias)  # [H] each
     o = torch.empty(B, 1, H, D, device=v.device, dtype=v.dtype)  # [B, 1, H, D]
     bv = min(D, BLOCK_V)
+    pdl = pdl_launch(v)  # inside dependent_launch() on a Hopper-class GPU
     if B * H:
         step[(B * H, D // bv)](q, k, v, b, a, state, o, q_weight if norm else q, k_weight if norm else k, cos, sin,
                                p1, p2, H, q.stride(0), q.stride(2), k.stride(0), k.stride(2), v.stride(0),
                                v.stride(2), b.stride(0), b.stride(2), a.stride(0), a.stride(2), cos_sb, float(eps),
-                               float(L2NORM_EPS), float(scale), D=D, BV=bv, NORM=norm, GDN=decay == "gdn")
+                               float(L2NORM_EPS), float(scale), D=D, BV=bv, NORM=norm, GDN=decay == "gdn",
+                               USE_GDC=pdl, **({"launch_pdl": True} if pdl else {}))
     return o
 
 

@@ -104,6 +104,37 @@ def through_custom_op(x: torch.Tensor) -> bool:
     return _CPU_CUSTOM_OPS or (x.is_cuda and torch.compiler.is_compiling())
 
 
+# Programmatic dependent launch (PDL, compute capability 9.0 and up): inside dependent_launch(), the decode
+# kernels (split-KV attention and its combine, the fused GDN step) launch with Triton's ``launch_pdl``, so that a
+# kernel's programs may be scheduled while the previous kernel of the stream finishes; each waits for that kernel
+# (``gdc_wait``) before it reads anything. A module global read when a kernel launches (at run time, never traced).
+_PDL = False
+
+
+@contextlib.contextmanager
+def dependent_launch(on: bool = True) -> Iterator[None]:
+    """Inside the block, the decode kernels launch with programmatic dependent launch where the device has it
+    (``pdl_launch``); ``hybrid.decoding.Decoder(pdl=True)`` runs its steps (and a CUDA graph's capture) inside."""
+    global _PDL
+    saved, _PDL = _PDL, bool(on)
+    try:
+        yield
+    finally:
+        _PDL = saved
+
+
+@functools.cache
+def _capability(index: int) -> int:
+    return torch.cuda.get_device_capability(index)[0]
+
+
+def pdl_launch(x: torch.Tensor) -> bool:
+    """Whether a decode kernel on ``x`` launches with PDL: inside ``dependent_launch()`` on a CUDA device of compute
+    capability 9.0 or later (never on the CPU, where the kernels run the interpreter or not at all)."""
+    return _PDL and x.is_cuda and _capability(x.device.index if x.device.index is not None else
+                                              torch.cuda.current_device()) >= 9
+
+
 def kernels_assumed() -> bool:
     """True inside ``custom_ops_on_cpu()``: Triton / fla count as available (their ops run the CPU twins)."""
     return _CPU_CUSTOM_OPS

@@ -323,6 +323,40 @@ def test_the_decoder_hands_its_compile_options_to_torch_compile(monkeypatch):
         Decoder(model, cache, compile=True, compile_options={"no_such_setting": 1})
 
 
+def test_pdl_is_off_on_the_cpu_and_on_a_hopper_gpu_adds_inductors_setting_and_wraps_every_step(monkeypatch):
+    import hybrid.decoding as decoding
+    from hybrid.ops import utils
+
+    model = BUILDERS["head"](tiny_model("qwen3", dtype=torch.float32)).eval()
+    prompts = [torch.randint(0, 128, (5,)), torch.randint(0, 128, (3,))]
+    cache, logits = prefill(model, prompts, 3)
+    plain_cache, _ = prefill(model, prompts, 3)
+    ids = logits.argmax(-1, keepdim=True)  # [B, 1]
+    dec = Decoder(model, cache, pdl=True)
+    assert dec.pdl is False  # the CPU: nothing changes
+    assert torch.equal(dec.step(ids), Decoder(model, plain_cache).step(ids))
+    seen, flags = {}, []
+
+    def fake_compile(fn, **kw):
+        seen.update(kw)
+        return fn
+    monkeypatch.setattr(decoding, "pdl_launch_on", lambda t: True)  # as on a GPU of compute capability 9.0+
+    monkeypatch.setattr(decoding, "_inductor_pdl", lambda: {"triton.enable_pdl": True})
+    monkeypatch.setattr(decoding, "compile_kwargs", lambda backend, mode, options: {"options": options})
+    monkeypatch.setattr(torch, "compile", fake_compile)
+    dec = Decoder(model, cache, compile=True, pdl=True, compile_options={"combo_kernels": True})
+    assert seen["options"] == {"triton.enable_pdl": True, "combo_kernels": True}
+    Decoder(model, cache, compile=True, pdl=True, compile_options={"triton.enable_pdl": False})
+    assert seen["options"] == {"triton.enable_pdl": False}  # the caller's setting wins
+    handle = model.model.layers[0].register_forward_hook(lambda *a: flags.append(utils._PDL))
+    try:
+        Decoder(model, cache, pdl=True).step(ids)
+        Decoder(model, cache).step(ids)
+    finally:
+        handle.remove()
+    assert flags == [True, False] and not utils._PDL
+
+
 def test_compiled_step_refuses_a_full_cache():
     import torch._dynamo
 
@@ -338,11 +372,12 @@ def test_compiled_step_refuses_a_full_cache():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("name,mode", [("head", "default"), ("head", "max-autotune-no-cudagraphs"),
-                                       ("head_partial_rope", "default")])
-def test_gpu_compiled_graph_step_matches_the_eager_step(name, mode):
+@pytest.mark.parametrize("name,mode,pdl", [("head", "default", False), ("head", "max-autotune-no-cudagraphs", False),
+                                           ("head_partial_rope", "default", False), ("head", "default", True)])
+def test_gpu_compiled_graph_step_matches_the_eager_step(name, mode, pdl):
     """On the GPU in bf16: the compiled step captured as a CUDA graph gives the eager step's logits (bf16_model);
-    also with partial RoPE on the FA heads (its masked cos/sin tables inside the graph)."""
+    also with partial RoPE on the FA heads (its masked cos/sin tables inside the graph), and with programmatic
+    dependent launch (``pdl``: the decode kernels' and inductor's, on Hopper)."""
     import torch._dynamo
 
     torch._dynamo.reset()
@@ -353,7 +388,7 @@ def test_gpu_compiled_graph_step_matches_the_eager_step(name, mode):
     outs = []
     for compile in (False, True):
         cache, logits = prefill(model, prompts, 6)
-        dec = Decoder(model, cache, cuda_graph=True, compile=compile, compile_mode=mode)
+        dec = Decoder(model, cache, cuda_graph=True, compile=compile, compile_mode=mode, pdl=pdl and compile)
         ids = logits.argmax(-1, keepdim=True)  # [B, 1]
         got = []
         for _ in range(5):
@@ -361,8 +396,8 @@ def test_gpu_compiled_graph_step_matches_the_eager_step(name, mode):
             ids = torch.tensor([[3], [5], [7]], device="cuda")
         outs.append(torch.stack(got).float())  # [5, B, V]
         assert cache.host_lengths == [45, 28, 75] == cache.lengths.tolist()
-    err = assert_close(f"{name}: compiled ({mode}) vs eager", outs[1], outs[0], "bf16_model")
-    print(f"{name}: compiled {mode} + graph vs eager graph: rel err {err:.2e}")
+    err = assert_close(f"{name}: compiled ({mode}, pdl {pdl}) vs eager", outs[1], outs[0], "bf16_model")
+    print(f"{name}: compiled {mode} (pdl {pdl}) + graph vs eager graph: rel err {err:.2e}")
     torch._dynamo.reset()
 
 

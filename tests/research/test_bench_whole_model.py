@@ -146,6 +146,14 @@ def test_inductor_settings_are_parsed_and_refused_without_compile_decode():
         assert bad.returncode == 2 and message in bad.stderr
 
 
+def test_pdl_is_recorded_and_unused_on_the_cpu(tmp_path):
+    out = tmp_path / "bench.json"
+    run_script("bench_whole_model_gpu", "--dry-run", "--sections", "decode", "--pdl", "--out", str(out),
+               "--contexts", "32", "--batches", "1", "--steps", "2")
+    data = json.loads(out.read_text())
+    assert data["pdl"] is True and data["pdl_used"] is False and all("step_ms" in r for r in data["decode"])
+
+
 def test_sections_runs_only_the_units_named(tmp_path):
     """--sections decode times the decode rows and nothing slower (no prefill, max batch or layer rows); an unknown
     name is refused with the list to choose from."""

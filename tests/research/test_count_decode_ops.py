@@ -137,6 +137,6 @@ def test_the_combo_jobs_differ_from_their_baselines_in_the_inductor_flag_alone()
 
     best = get_job("bench_decode_best").args
     assert list(get_job("bench_decode_combo").args) == [*best, "--inductor", "combo_kernels=true"]
-    assert list(get_job("bench_decode_pdl").args) == [*best, "--inductor", "triton.enable_pdl=true"]
+    assert list(get_job("bench_decode_pdl").args) == [*best, "--pdl"]
     split, count = get_job("decode_time_split").args, get_job("decode_combo_count").args
     assert "--inductor" not in split and list(count[-2:]) == ["--inductor", "combo_kernels=true"]

@@ -285,3 +285,19 @@ def test_availability_checks_keep_functools_cache_semantics():
         assert fn() is value and fn.cache_info().hits == hits + 1 and fn.cache_info().currsize == 1
         fn.cache_clear()
         assert fn.cache_info().currsize == 0 and fn() is value
+
+
+def test_dependent_launch_is_a_switch_that_restores_itself_and_never_applies_on_the_cpu():
+    from hybrid.ops import utils
+
+    x = torch.zeros(2)
+    assert not utils.pdl_launch(x)
+    with utils.dependent_launch():
+        assert utils._PDL and not utils.pdl_launch(x)  # the CPU has no PDL
+        with utils.dependent_launch(False):
+            assert not utils._PDL
+        assert utils._PDL
+    assert not utils._PDL
+    with pytest.raises(RuntimeError), utils.dependent_launch():
+        raise RuntimeError("restored on the way out")
+    assert not utils._PDL

@@ -101,3 +101,30 @@ def test_split_kv_kernel_offsets_past_2_31_elements():
     for b in (0, B - 1):  # the first row and the last (past 2**31)
         ref = decode_attention_reference(q[b:b + 1].float(), k[b:b + 1].float(), v[b:b + 1].float(), kl[b:b + 1])
         assert_close(f"row {b}", got[b:b + 1], ref, "bf16_kernel")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not (torch.cuda.is_available() and triton_available()), reason="needs CUDA and Triton")
+def test_split_kv_with_programmatic_dependent_launch_gives_the_same_output():
+    """Inside dependent_launch() (Hopper: both kernels launched with PDL, each waiting for the kernel before it)
+    the output is bitwise the one without, eagerly and replayed from a CUDA graph right after a kernel that writes q."""
+    from hybrid.ops.decode_attention import decode_attention_triton
+    from hybrid.ops.utils import dependent_launch, pdl_launch
+
+    torch.manual_seed(0)
+    B, S, K, H, D = 2, 40000, 1, 2, 128
+    q0 = torch.randn(B, 1, H, D, device="cuda").bfloat16()  # [B, 1, H, D]
+    k, v = torch.randn(B, S, K, D, device="cuda").bfloat16(), torch.randn(B, S, K, D, device="cuda").bfloat16()
+    kl = torch.tensor([S, 1234], device="cuda")  # [B]
+    want = decode_attention_triton(q0, k, v, kl)
+    with dependent_launch():
+        assert pdl_launch(q0) == (torch.cuda.get_device_capability()[0] >= 9)
+        q = q0 * 1.0  # a kernel right before, whose output the split kernel reads
+        got = decode_attention_triton(q, k, v, kl)
+        q_static = torch.zeros_like(q0)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            replayed = decode_attention_triton(q_static * 1.0, k, v, kl)
+    q_static.copy_(q0)
+    graph.replay()
+    assert torch.equal(got, want) and torch.equal(replayed, want)

@@ -317,3 +317,24 @@ def test_gpu_fused_decode_has_fewer_kernels_per_layer_and_matches_split():
     print("kernels per layer: split", split["scoped_per_layer"], "fused", fused["scoped_per_layer"],
           "layer 0 fused", fused["scoped"].get("layer 0"))
     assert fused["scoped_per_layer"] < split["scoped_per_layer"]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not (torch.cuda.is_available() and triton_available()), reason="needs CUDA and Triton")
+def test_gpu_kernel_with_programmatic_dependent_launch_gives_the_same_output_and_state():
+    from hybrid.ops.gdn_decode import gdn_decode_step_triton
+    from hybrid.ops.utils import dependent_launch
+
+    torch.manual_seed(1)
+    B, H, D, dev = 2, 14, 128, "cuda"
+    wq, wk = (1 + 0.2 * torch.randn(D, device=dev)).bfloat16(), (1 + 0.2 * torch.randn(D, device=dev)).bfloat16()
+    p = dict(A_log=torch.rand(H, device=dev) * 2, dt_bias=torch.randn(H, device=dev) - 3)
+    q, k, v = (torch.randn(B, 1, H, D, device=dev).bfloat16() for _ in range(3))  # [B, 1, H, D] each
+    b, a = torch.randn(B, 1, H, device=dev).bfloat16(), torch.randn(B, 1, H, device=dev).bfloat16()  # [B, 1, H]
+    cos, sin = torch.ones(B, 1, D, device=dev).bfloat16(), torch.zeros(B, 1, D, device=dev).bfloat16()
+    s0 = torch.randn(B, H, D, D, device=dev) * 0.1  # [B, H, D, D]
+    s_want, s_got = s0.clone(), s0.clone()
+    want = gdn_decode_step_triton(q, k, v, b, a, s_want, wq, wk, cos, sin, **p)
+    with dependent_launch():
+        got = gdn_decode_step_triton(q * 1.0, k, v, b, a, s_got, wq, wk, cos, sin, **p)  # a kernel right before
+    assert torch.equal(got, want) and torch.equal(s_got, s_want)
