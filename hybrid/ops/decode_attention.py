@@ -75,8 +75,10 @@ def _kernel():
     def split_kv(q_ptr, k_ptr, v_ptr, len_ptr, o_ptr, m_ptr, l_ptr, scale, window, S, chunk,
                  sqb, sqh, skb, sks, skh, NSPLIT, K: tl.constexpr, REP: tl.constexpr, RP: tl.constexpr,
                  D: tl.constexpr, BN: tl.constexpr, WINDOWED: tl.constexpr, USE_GDC: tl.constexpr):
-        if USE_GDC:  # launched with PDL: wait for the previous kernel (its q, k/v writes) before any load
-            tl.extra.cuda.gdc_wait()
+        # USE_GDC (launched with PDL, hybrid.ops.utils.dependent_launch): PTX griddepcontrol as Triton's
+        # extra.cuda.gdc_wait / gdc_launch_dependents, written out since the kernels see only `tl`
+        if USE_GDC:  # wait for the previous kernel (its q, k/v writes) before any load
+            tl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
         pid = tl.program_id(0)  # b * K + kv head
         sp = tl.program_id(1)  # split
         b = (pid // K).to(tl.int64)  # int64: b * skb passes 2**31 (e.g. 17 rows x 128K keys x 8 KV heads x 128)
@@ -109,7 +111,8 @@ def _kernel():
             l = l * alpha + tl.sum(p, 1)
             m = m_new
         if USE_GDC:  # the combine may be scheduled now; it waits for this grid's stores itself
-            tl.extra.cuda.gdc_launch_dependents()
+            tl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=tl.int32,
+                                      is_pure=False, pack=1)
         heads = kh * REP + r  # [RP]
         out = (b * (K * REP) + heads) * NSPLIT + sp  # index into [B, H, NSPLIT]
         tl.store(m_ptr + out, m, mask=rmask)
@@ -119,7 +122,7 @@ def _kernel():
     @triton.jit
     def combine(o_ptr, m_ptr, l_ptr, out_ptr, NSPLIT, NS: tl.constexpr, D: tl.constexpr, USE_GDC: tl.constexpr):
         if USE_GDC:
-            tl.extra.cuda.gdc_wait()
+            tl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
         pid = tl.program_id(0)  # b * H + h
         i = tl.arange(0, NS)
         d = tl.arange(0, D)
@@ -130,7 +133,8 @@ def _kernel():
         w = tl.where(ok, w, 0.0)
         o = tl.load(o_ptr + (pid * NSPLIT + i)[:, None] * D + d[None, :], mask=ok[:, None], other=0.0)
         if USE_GDC:
-            tl.extra.cuda.gdc_launch_dependents()
+            tl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=tl.int32,
+                                      is_pure=False, pack=1)
         res = tl.sum(o * w[:, None], 0) / tl.sum(l * w, 0)
         tl.store(out_ptr + pid * D + d, res.to(out_ptr.dtype.element_ty))
 

@@ -95,8 +95,10 @@ def _kernel():
     def step(q_ptr, k_ptr, v_ptr, b_ptr, a_ptr, s_ptr, o_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, p1_ptr, p2_ptr,
              H, sqb, sqh, skb, skh, svb, svh, sbb, sbh, sab, sah, cos_sb, eps, l2eps, scale,
              D: tl.constexpr, BV: tl.constexpr, NORM: tl.constexpr, GDN: tl.constexpr, USE_GDC: tl.constexpr):
-        if USE_GDC:  # launched with PDL: wait for the previous kernel (the projections) before any load
-            tl.extra.cuda.gdc_wait()
+        # USE_GDC (launched with PDL, hybrid.ops.utils.dependent_launch): PTX griddepcontrol as Triton's
+        # extra.cuda.gdc_wait / gdc_launch_dependents, written out since the kernel sees only `tl`
+        if USE_GDC:  # wait for the previous kernel (the projections) before any load
+            tl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
         pid = tl.program_id(0)  # b * H + h
         vb = tl.program_id(1)  # value block
         row = (pid // H).to(tl.int64)  # int64: row * H * D * D offsets
@@ -144,7 +146,8 @@ def _kernel():
         u = beta * (v - tl.sum(kn[:, None] * S, 0))  # [BV] delta-rule correction
         S = S + kn[:, None] * u[None, :]  # [D, BV]
         if USE_GDC:  # the next kernel may be scheduled now; it waits for this grid's stores itself
-            tl.extra.cuda.gdc_launch_dependents()
+            tl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=tl.int32,
+                                      is_pure=False, pack=1)
         tl.store(st, S)
         qs = (qn * scale).to(tl.float32)  # [D] (under torch.compile a float arg arrives as fp64)
         o = tl.sum(qs[:, None] * S, 0)  # [BV] read after the write
