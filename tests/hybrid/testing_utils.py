@@ -72,3 +72,17 @@ def run_in_triton_interpreter(code: str) -> None:
     env["PYTHONPATH"] = os.pathsep.join([root, os.path.join(root, "tests", "hybrid"), env.get("PYTHONPATH", "")])
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0 and "OK" in r.stdout, r.stderr[-3000:]
+
+
+def compile_for_hopper(fn, types: dict[str, str], constexprs: dict, launch_pdl: bool = False) -> str:
+    """The PTX of Triton kernel ``fn`` compiled ahead of time for sm_90 (a GPU need not be present: Triton ships
+    ptxas, which also checks the PTX); ``types``: the pointer / float arguments' Triton types (others i32)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    signature = {n: "constexpr" if n in constexprs else types.get(n, "i32") for n in fn.arg_names}
+    src = ASTSource(fn=fn, signature=signature, constexprs=constexprs)
+    kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"launch_pdl": launch_pdl})
+    assert kernel.asm["cubin"]  # ptxas took it
+    return kernel.asm["ptx"]

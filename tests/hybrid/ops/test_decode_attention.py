@@ -10,7 +10,7 @@ from hybrid.ops import attention_eager
 from hybrid.ops.decode_attention import decode_attention, decode_attention_reference, resolve_backend
 from hybrid.ops.prologue import triton_available
 
-from testing_utils import assert_close, run_in_triton_interpreter
+from testing_utils import assert_close, compile_for_hopper, run_in_triton_interpreter
 
 
 @pytest.mark.parametrize("H,K,window", [(4, 2, None), (6, 1, None), (4, 4, 3), (8, 2, 40)])
@@ -44,7 +44,7 @@ def test_decode_attention_errors():
 INTERPRETED = textwrap.dedent("""
     import torch
     from hybrid.ops.decode_attention import decode_attention_reference, decode_attention_triton
-    from testing_utils import assert_close, run_in_triton_interpreter
+    from testing_utils import assert_close, compile_for_hopper, run_in_triton_interpreter
     torch.manual_seed(0)
     for B, H, K, D, S, lens, window in [(2, 4, 2, 16, 300, [1, 300], None), (3, 16, 8, 32, 257, [5, 100, 257], None),
                                         (2, 2, 1, 64, 200, [130, 7], 50)]:
@@ -128,3 +128,21 @@ def test_split_kv_with_programmatic_dependent_launch_gives_the_same_output():
     q_static.copy_(q0)
     graph.replay()
     assert torch.equal(got, want) and torch.equal(replayed, want)
+
+
+@pytest.mark.skipif(not triton_available(), reason="Triton not importable (the GPU image has it)")
+@pytest.mark.parametrize("gdc", [False, True])
+def test_split_kv_and_combine_compile_for_hopper_with_and_without_dependent_launch(gdc):
+    """Compiled ahead of time for sm_90 (no GPU needed): with USE_GDC each kernel waits once for the kernel before
+    it and lets the next one launch once; without, neither instruction is there."""
+    import importlib
+
+    _, split_kv, combine = importlib.import_module("hybrid.ops.decode_attention")._kernel()
+    ptrs = {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "len_ptr": "*i64", "o_ptr": "*fp32",
+            "m_ptr": "*fp32", "l_ptr": "*fp32", "scale": "fp32"}
+    ptx = compile_for_hopper(split_kv, ptrs, {"K": 1, "REP": 2, "RP": 16, "D": 128, "BN": 64, "WINDOWED": False,
+                                              "USE_GDC": gdc}, launch_pdl=gdc)
+    assert (ptx.count("griddepcontrol.wait"), ptx.count("griddepcontrol.launch_dependents")) == (gdc, gdc)
+    ptx = compile_for_hopper(combine, {"o_ptr": "*fp32", "m_ptr": "*fp32", "l_ptr": "*fp32", "out_ptr": "*bf16"},
+                             {"NS": 64, "D": 128, "USE_GDC": gdc}, launch_pdl=gdc)
+    assert (ptx.count("griddepcontrol.wait"), ptx.count("griddepcontrol.launch_dependents")) == (gdc, gdc)

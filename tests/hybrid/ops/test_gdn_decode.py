@@ -18,7 +18,7 @@ from hybrid.ops.gdn_decode import gdn_decode_step, gdn_decode_step_reference, re
 from hybrid.ops.prologue import triton_available
 
 from model_factories import tiny_model
-from testing_utils import assert_close, run_in_triton_interpreter
+from testing_utils import assert_close, compile_for_hopper, run_in_triton_interpreter
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 FA = [(0, 1), (0, 2), (1, 0), (1, 3), (2, 2)]  # as tests/hybrid/test_decoding.py
@@ -338,3 +338,17 @@ def test_gpu_kernel_with_programmatic_dependent_launch_gives_the_same_output_and
     with dependent_launch():
         got = gdn_decode_step_triton(q * 1.0, k, v, b, a, s_got, wq, wk, cos, sin, **p)  # a kernel right before
     assert torch.equal(got, want) and torch.equal(s_got, s_want)
+
+
+@pytest.mark.skipif(not triton_available(), reason="Triton not importable (the GPU image has it)")
+@pytest.mark.parametrize("gdc", [False, True])
+def test_kernel_compiles_for_hopper_with_and_without_dependent_launch(gdc):
+    import importlib
+
+    _, step = importlib.import_module("hybrid.ops.gdn_decode")._kernel()
+    types = {n: "*bf16" for n in ("q_ptr", "k_ptr", "v_ptr", "b_ptr", "a_ptr", "o_ptr", "qw_ptr", "kw_ptr", "cos_ptr",
+                                  "sin_ptr")}
+    types |= {"s_ptr": "*fp32", "p1_ptr": "*fp32", "p2_ptr": "*fp32", "eps": "fp32", "l2eps": "fp32", "scale": "fp32"}
+    ptx = compile_for_hopper(step, types, {"D": 128, "BV": 32, "NORM": True, "GDN": True, "USE_GDC": gdc},
+                             launch_pdl=gdc)
+    assert (ptx.count("griddepcontrol.wait"), ptx.count("griddepcontrol.launch_dependents")) == (gdc, gdc)
