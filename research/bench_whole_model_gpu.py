@@ -506,9 +506,10 @@ def main(argv: list[str] | None = None) -> dict:
     run.data["environment"] = parity.environment()
     run.data["fla"] = device == "cuda" and fla_available()
     if args.pdl:  # whether the device takes it (compute capability 9.0+); elsewhere --pdl changes nothing
-        from hybrid.decoding import pdl_launch_on
+        from hybrid.decoding import _inductor_pdl, pdl_launch_on
 
         run.data["pdl_used"] = device == "cuda" and pdl_launch_on(torch.empty(0, device=device))
+        run.data["inductor_pdl"] = bool(_inductor_pdl())  # whether this torch's inductor takes part (compiled steps)
     run.say(f"environment {run.data['environment']}; fla {run.data['fla']}; writing {out}")
     if device == "cuda" and not run.data["fla"]:
         run.say("WARNING: fla not importable: GDN runs the PyTorch twins (slow); carry the fla-core wheel")

@@ -32,6 +32,8 @@ with ``--shape bench --context 32768`` that is one layer of the benchmark's mode
 ``--inductor KEY=VALUE`` (repeatable, with ``--compile``) sets inductor's settings for the compiled step
 (``Decoder(compile_options=...)``), e.g. ``--inductor combo_kernels=true``: independent small kernels of the step
 launched as one, which the per-layer count shows.
+``--pdl`` counts and times every step with programmatic dependent launch (``Decoder(pdl=True)``): the same kernels,
+so the same counts; with ``--times`` the time no kernel runs is what it can shorten.
 ``--layers`` sets the tiny model's depth; ``--json`` writes the numbers.
 """
 from __future__ import annotations
@@ -116,6 +118,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--inductor", action="append", default=None, metavar="KEY=VALUE",
                     help="with --compile: an inductor setting for the compiled step (repeatable), e.g. "
                          "combo_kernels=true: independent small kernels launched as one")
+    ap.add_argument("--pdl", action="store_true",
+                    help="cuda: every counted step with programmatic dependent launch (Decoder(pdl=True); compute "
+                         "capability 9.0+): the same kernels, each launched while the one before ends (see --times)")
     ap.add_argument("--breaks", action="store_true", help="print where torch.compile of the step breaks its graph")
     ap.add_argument("--fused-gdn", action="store_true",
                     help="cuda: also count the hybrid with the fused GDN decode op (hybrid_fused)")
@@ -202,13 +207,17 @@ def cuda_rows(teacher, args, deeper=None, counter=None) -> dict:
             timed = {"timed_steps": args.times} if getattr(args, "times", 0) else {}
             options = getattr(args, "compile_options", None)
             opts = {"compile_options": options} if comp and options else {}
+            if getattr(args, "pdl", False):
+                opts["pdl"] = True
             r = counter(model, batch, args.context, compile=comp, cuda_graph=graph, compile_mode=args.compile_mode,
                         **timed, **opts)
             if comp and deep is not None:
                 r.update(marginal(r["total"], counter(deep, batch, args.context, compile=comp, cuda_graph=graph,
                                                       compile_mode=args.compile_mode, **opts)["total"], r["layers"]))
-            if opts:
+            if opts.get("compile_options"):
                 r["compile_options"] = options
+            if opts.get("pdl"):
+                r["pdl"] = True
             res[f"{name} batch {batch} {label}"] = r
             line = (f"== {name}, batch {batch}, {label}: {r['total']:g} kernels per step "
                     f"({r['per_layer']:g} per layer over {r['layers']} layers, outside included; "

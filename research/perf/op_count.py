@@ -161,7 +161,8 @@ def layer_ops(model, batch: int = 1, context: int = 16) -> float:
 
 # ---- CUDA kernels of one decode step (torch.profiler), eager vs compiled, and graph breaks -----------------
 def _decoder(model, batch: int, context: int, device, compile: bool, cuda_graph: bool, compile_mode: str,
-             compile_backend: str = "inductor", extra_steps: int = 0, compile_options: dict | None = None):
+             compile_backend: str = "inductor", extra_steps: int = 0, compile_options: dict | None = None,
+             pdl: bool = False):
     """A prefilled Decoder on ragged random prompts and its next ids [B, 1] (after two warm steps); its cache holds
     8 + ``extra_steps`` new tokens a row."""
     from hybrid.decoding import Decoder, prefill
@@ -170,7 +171,7 @@ def _decoder(model, batch: int, context: int, device, compile: bool, cuda_graph:
     prompts = [torch.randint(0, 128, (context - b,), device=device) for b in range(batch)]  # B x [context - b]
     cache, logits = prefill(model, prompts, max_new_tokens=8 + extra_steps)
     dec = Decoder(model, cache, cuda_graph=cuda_graph, compile=compile, compile_mode=compile_mode,
-                  compile_backend=compile_backend, compile_options=compile_options)
+                  compile_backend=compile_backend, compile_options=compile_options, pdl=pdl)
     ids = logits.argmax(-1, keepdim=True)  # [B, 1]
     for _ in range(2):  # warm steps: lazy per-step caches, compilation, graph capture
         ids = dec.step(ids).argmax(-1, keepdim=True)  # [B, 1]
@@ -254,7 +255,7 @@ def _device_kernel_total(events) -> tuple[int, int, Counter]:
 @torch.no_grad()
 def count_cuda_kernels(model, batch: int = 1, context: int = 16, compile: bool = False, cuda_graph: bool = False,
                        compile_mode: str = "default", steps: int = 3, timed_steps: int = 0,
-                       compile_options: dict | None = None) -> dict:
+                       compile_options: dict | None = None, pdl: bool = False) -> dict:
     """CUDA kernels of one decode step (mean over ``steps`` profiled steps), by torch.profiler (CUDA activity).
 
     Returns dict(total = kernels per step, memops = memcpy/memset per step, per_layer = total / layers,
@@ -264,7 +265,8 @@ def count_cuda_kernels(model, batch: int = 1, context: int = 16, compile: bool =
     steps), ``time_by_name_us`` (per step, by kernel name, largest first) and ``step_us`` (the step timed with CUDA
     events over ``timed_steps`` steps after the profiled ones, no profiler attached); ``step_us - busy_us`` is time
     the GPU ran no kernel (launch gaps and the host), the part that fewer kernels would save.
-    ``compile_options``: inductor's settings for the compiled step (``Decoder(compile_options=...)``).
+    ``compile_options``: inductor's settings for the compiled step (``Decoder(compile_options=...)``); ``pdl``:
+    the steps with programmatic dependent launch (``Decoder(pdl=True)``: the same kernels, launched earlier).
     ``scoped``: each decoder layer runs inside a record_function range "decode_layer l" (forward hooks), so the
     kernels that a layer's CPU calls launch are grouped under it; that needs the launches to happen inside the
     range, i.e. an uncaptured step (``cuda_graph=False``). A replayed graph (``cuda_graph=True``) has only the
@@ -276,7 +278,7 @@ def count_cuda_kernels(model, batch: int = 1, context: int = 16, compile: bool =
 
     device = next(model.parameters()).device
     dec, ids = _decoder(model, batch, context, device, compile, cuda_graph, compile_mode,
-                        extra_steps=steps + timed_steps, compile_options=compile_options)
+                        extra_steps=steps + timed_steps, compile_options=compile_options, pdl=pdl)
     layers = model.model.layers
     scoped_ok = not cuda_graph and not compile
     handles, ranges = [], {}

@@ -93,7 +93,7 @@ def test_inductor_settings_reach_the_compiled_rows_only(monkeypatch):
         return {"total": 10, "per_layer": 5, "layers": 2, "memops": 0, "by_name": {"k": 10}}
 
     args = argparse.Namespace(compile=True, batch=[1], fused_gdn=False, context=16, compile_mode="default",
-                              compile_options={"combo_kernels": True})
+                              compile_options={"combo_kernels": True}, pdl=False)
     res = cuda_rows(tiny_teacher(layers=2), args, counter=counter)
     assert {opts for comp, opts in [(c, str(o)) for c, o in seen] if comp} == {"{'combo_kernels': True}"}
     assert all(o is None for c, o in seen if not c)
@@ -116,7 +116,7 @@ def test_the_teacher_has_the_positions_of_the_context_it_is_counted_at():
     assert tiny_teacher(layers=1, shape="tiny", positions=40000).config.max_position_embeddings == 40000
 
 
-@pytest.mark.parametrize("job", ["decode_time_split", "decode_combo_count"])
+@pytest.mark.parametrize("job", ["decode_time_split", "decode_time_split_pdl", "decode_combo_count"])
 def test_the_count_jobs_args_are_accepted(job, monkeypatch):
     """The jobs' args pass the script's parser and checks (a stand-in stops it where the model would be built)."""
     import research.count_decode_ops as script
@@ -140,3 +140,17 @@ def test_the_combo_jobs_differ_from_their_baselines_in_the_inductor_flag_alone()
     assert list(get_job("bench_decode_pdl").args) == [*best, "--pdl"]
     split, count = get_job("decode_time_split").args, get_job("decode_combo_count").args
     assert "--inductor" not in split and list(count[-2:]) == ["--inductor", "combo_kernels=true"]
+    assert list(get_job("decode_time_split_pdl").args) == [*split, "--pdl"]
+
+
+def test_pdl_reaches_every_counted_step(monkeypatch):
+    monkeypatch.setattr(torch.nn.Module, "cuda", lambda self, *a, **k: self)
+    seen = []
+
+    def counter(model, batch, context, compile, cuda_graph, compile_mode, pdl=False):
+        seen.append(pdl)
+        return {"total": 10, "per_layer": 5, "layers": 2, "memops": 0, "by_name": {"k": 10}}
+
+    args = argparse.Namespace(compile=True, batch=[1], fused_gdn=False, context=16, compile_mode="default", pdl=True)
+    res = cuda_rows(tiny_teacher(layers=2), args, counter=counter)
+    assert seen and all(seen) and all(r["pdl"] for r in res.values())
