@@ -10,7 +10,9 @@ compiled step with the fused GDN decode op), ``hf_static`` (the teacher on trans
 ``--hf-teacher``). The teacher's best is the fastest of its graph, compiled and transformers steps (each the mean
 over the runs that have it); every hybrid path's speed-up is against that. The floor is the bytes one step must read, the weights (bf16, the tied embedding read once as the
 output head) plus every row's cache at the context (the FA keys/values scale with it, the GDN state does not), at
-``--bandwidth`` bytes/s (the H200's 4.8 TB/s peak, ~4.3 TB/s reachable by a copy). Prints one line per (context,
+``--bandwidth`` bytes/s (the H200's 4.8 TB/s peak, ~4.3 TB/s reachable by a copy). The runs must share one
+setting (GPU, compile mode, ``--inductor`` settings, ``--pdl``): runs that differ are refused, one table a setting.
+Prints one line per (context,
 batch, model); ``--markdown`` prints the table for the docs. ``--kernels`` adds the compiled step's kernels per
 layer from ``research/count_decode_ops.py --device cuda --compile --fused-gdn --json COUNT.json`` (its tiny model of
 the same layer structures, replayed as a CUDA graph): the teacher's, and the 7:1 hybrid's with the fused GDN op (the
@@ -44,7 +46,25 @@ def load(paths: list[str]) -> list[dict]:
         if not data.get("decode"):
             sys.exit(f"decode_table: {p} has no decode rows; run the bench with --sections decode (or all)")
         runs.append(data)
+    kinds = {p: setting(d) for p, d in zip(paths, runs)}
+    if len(set(kinds.values())) > 1:
+        listed = "; ".join(f"{p}: {describe(k)}" for p, k in kinds.items())
+        sys.exit(f"decode_table: the runs differ in their setting ({listed}); the table averages repeated runs of "
+                 "one setting: pass each setting's runs in a table of their own")
     return runs
+
+
+def setting(data: dict) -> tuple:
+    """What makes two runs' steps different measurements, not repeats: the GPU, the compile mode, inductor's
+    settings and programmatic dependent launch (``bench_whole_model_gpu --compile-mode / --inductor / --pdl``)."""
+    return (data.get("environment", {}).get("gpu"), data.get("compile_mode") or "default",
+            json.dumps(data.get("compile_options") or {}, sort_keys=True), bool(data.get("pdl_used")))
+
+
+def describe(key: tuple) -> str:
+    gpu, mode, options, pdl = key
+    return (f"{gpu or 'GPU not recorded'}, compile mode {mode}" + (f", inductor {options}" if options != "{}" else "")
+            + (", PDL" if pdl else ""))
 
 
 def floor_ms(data: dict, model: str, context: int, batch: int, bandwidth: float) -> float | None:
@@ -181,7 +201,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.bandwidth <= 0:
         ap.error(f"--bandwidth must be > 0 bytes/s, got {args.bandwidth}")
-    rows = summarize(load(args.runs), args.bandwidth)
+    runs = load(args.runs)
+    rows = summarize(runs, args.bandwidth)
     count = load_count(args.kernels) if args.kernels else None
     if args.markdown:
         print(markdown(rows, count))
@@ -192,6 +213,7 @@ def main(argv: list[str] | None = None) -> int:
                 + (f"; floor {r['floor_ms']:.2f} ms" if r["floor_ms"] else "")
                 + (f"; compiled kernels / layer {k}" if count and (k := kernels_per_layer(count, r["model"],
                                                                                          r["batch"])) else ""))
+    print(f"{len(runs)} run(s): {describe(setting(runs[0]))}")
     for v in verdicts(rows):
         print(v)
     return 0

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -104,3 +105,16 @@ def test_a_count_without_gpu_rows_is_refused_with_the_command(tmp_path):
     path.write_text(json.dumps({"teacher batch 1": {"per_layer": 30}}))  # a CPU count: aten ops, not kernels
     with pytest.raises(SystemExit, match="--device cuda --compile"):
         decode_table.main(runs + ["--kernels", str(path)])
+
+
+def test_runs_of_different_settings_are_refused_and_the_setting_is_printed(tmp_path, capsys):
+    runs = [bench(tmp_path, "a.json", 10.0, 4.0), bench(tmp_path, "b.json", 10.0, 3.0)]
+    data = json.loads(Path(runs[1]).read_text())
+    data.update(pdl=True, pdl_used=True, compile_options={"combo_kernels": True})
+    Path(runs[1]).write_text(json.dumps(data))
+    with pytest.raises(SystemExit, match="differ in their setting") as e:
+        decode_table.main(runs)
+    assert "b.json: GPU not recorded, compile mode default, inductor" in str(e.value) and "PDL" in str(e.value)
+    assert decode_table.main(runs[1:]) == 0
+    assert '1 run(s): GPU not recorded, compile mode default, inductor {"combo_kernels": true}, PDL' in \
+        capsys.readouterr().out
