@@ -45,7 +45,9 @@ such rows as before). ``output_scores`` / ``output_logits`` are returned by the 
 calls with the same kept cache reuse it). Off by default: compiling costs tens of seconds on the first call of a
 shape (the whole-model benchmark's 28 layers), which a short generation does not win back. The compiled step with
 the fused GDN op (``hybrid.layers.hybrid_attention.use_fused_decode(model)`` before the call) is the fastest
-measured decode step (docs/kernels.md); ``generate()`` through it is not timed yet.
+measured decode step (docs/kernels.md); ``generate()`` through it is not timed yet. ``pdl_decode=True`` (or
+``generation_config.pdl_decode``) steps with programmatic dependent launch (``Decoder(pdl=True)``; compute capability
+9.0+): the same tokens; off by default until timed.
 """
 from __future__ import annotations
 
@@ -74,6 +76,7 @@ class _Call:
     static_cache: bool | None  # generate(static_cache=...)
     mask_given: bool  # an attention_mask was passed (padding is only stripped where a mask says so)
     compile_decode: bool | None = None  # generate(compile_decode=...)
+    pdl_decode: bool | None = None  # generate(pdl_decode=...)
 
 
 _CALL: contextvars.ContextVar = contextvars.ContextVar("hybrid_generate_call", default=_Call(None, True))
@@ -81,7 +84,7 @@ _CALL: contextvars.ContextVar = contextvars.ContextVar("hybrid_generate_call", d
 
 # ---- generate(): the static_cache switch and right padding -----------------------------------------------
 def generate(model, *args: Any, static_cache: bool | None = None, compile_decode: bool | None = None,
-             **kwargs: Any):
+             pdl_decode: bool | None = None, **kwargs: Any):
     """``model.generate(...)`` of a HybridForCausalLM: transformers' ``generate`` with greedy decoding and
     sampling on the fused decode path (see the module docstring). ``static_cache``: True / False to take or
     leave the fast path; None (default): ``generation_config.static_cache`` when set, else on: on CUDA with a
@@ -89,13 +92,16 @@ def generate(model, *args: Any, static_cache: bool | None = None, compile_decode
     reference model measures tokens/s within about 10% of transformers' loop either way, 3% faster at the median of
     prompts of 16 to 1024 tokens and batches of 1 to 8; the same tokens, and only it takes padded batches).
     ``compile_decode``: True to ``torch.compile`` the fast path's decode step; None (default):
-    ``generation_config.compile_decode`` when set, else off."""
+    ``generation_config.compile_decode`` when set, else off. ``pdl_decode``: True for programmatic dependent launch
+    in the fast path's decode step (``Decoder(pdl=True)``: compute capability 9.0+, else nothing changes); None
+    (default): ``generation_config.pdl_decode`` when set, else off."""
     if static_cache not in (None, True, False):
         raise ValueError(f"static_cache must be True, False or None (the default), got {static_cache!r}")
-    if compile_decode not in (None, True, False):
-        raise ValueError(f"compile_decode must be True, False or None (the default), got {compile_decode!r}")
+    for name, value in (("compile_decode", compile_decode), ("pdl_decode", pdl_decode)):
+        if value not in (None, True, False):
+            raise ValueError(f"{name} must be True, False or None (the default), got {value!r}")
     args, kwargs, original = _left_pad_the_input(args, kwargs, static_cache)
-    token = _CALL.set(_Call(static_cache, kwargs.get("attention_mask") is not None, compile_decode))
+    token = _CALL.set(_Call(static_cache, kwargs.get("attention_mask") is not None, compile_decode, pdl_decode))
     try:
         out = GenerationMixin.generate(model, *args, **kwargs)
     finally:
@@ -175,25 +181,22 @@ class _PromptAsGiven:
 
 
 # ---- the decoding loop ------------------------------------------------------------------------------------
-def _requested(model, generation_config) -> bool:
-    """generate(static_cache=...), else the call's generation config's ``static_cache``, else the model's
-    (transformers versions differ in carrying custom entries into the merged config), else the default."""
-    req = _CALL.get().static_cache
+def _asked(name: str, model, generation_config) -> bool | None:
+    """generate(name=...) (``static_cache``, ``compile_decode``, ``pdl_decode``), else the call's generation config's
+    ``name``, else the model's (transformers versions differ in carrying custom entries into the merged config),
+    else None."""
+    req = getattr(_CALL.get(), name)
     for cfg in (generation_config, getattr(model, "generation_config", None)):
         if req is None:
-            req = getattr(cfg, "static_cache", None)
+            req = getattr(cfg, name, None)
+    return req
+
+
+def _requested(model, generation_config) -> bool:
+    """Whether this call takes the fast path: ``static_cache`` as asked (``_asked``), else the default."""
+    req = _asked("static_cache", model, generation_config)
     if req is None:
         return model.device.type == "cuda" or STATIC_CACHE_ON_CPU
-    return bool(req)
-
-
-def _compile_requested(model, generation_config) -> bool:
-    """generate(compile_decode=...), else the call's or the model's generation config's ``compile_decode``, else
-    off."""
-    req = _CALL.get().compile_decode
-    for cfg in (generation_config, getattr(model, "generation_config", None)):
-        if req is None:
-            req = getattr(cfg, "compile_decode", None)
     return bool(req)
 
 
@@ -298,7 +301,8 @@ def _fast_sample(model, input_ids: torch.Tensor, logits_processor, stopping_crit
     raw = () if want and generation_config.output_logits else None
     check = _check_every(input_ids.device, streamer)
     kept = _take(model, B, max(p.numel() for p in prompts) + n_max, input_ids.device.type == "cuda",
-                 _compile_requested(model, generation_config))
+                 bool(_asked("compile_decode", model, generation_config)),
+                 bool(_asked("pdl_decode", model, generation_config)))
     try:
         cache, logits = prefill(model, prompts, n_max, group=B, cache=kept.cache)  # logits [B, V]
         ids = input_ids.new_empty(B, T + n_max)  # [B, T + N] the prompt, then the new tokens
@@ -375,16 +379,16 @@ def _model_key(model) -> tuple:
     return params, hooks, backends
 
 
-def _take(model, batch: int, need: int, cuda: bool, compile: bool = False) -> _Kept:
+def _take(model, batch: int, need: int, cuda: bool, compile: bool = False, pdl: bool = False) -> _Kept:
     """The kept cache and Decoder when they fit this call, else new ones (kept in place of the old). On CUDA the
     step is a CUDA graph, unless the model carries forward hooks (they must run at every step); ``compile``:
-    the step is ``torch.compile``d (not with hooks either)."""
+    the step is ``torch.compile``d (not with hooks either); ``pdl``: programmatic dependent launch."""
     p = next(model.parameters())
     capacity = -(-need // CAPACITY_STEP) * CAPACITY_STEP
     model_key = _model_key(model)
     cuda_graph = cuda and not model_key[1]
     compile = compile and not model_key[1]
-    key = (batch, capacity, p.dtype, p.device, cuda_graph, compile, model_key)
+    key = (batch, capacity, p.dtype, p.device, cuda_graph, compile, pdl, model_key)
     kept = _KEPT.get(model)
     if kept is not None and not kept.busy and kept.key == key:
         kept.busy = True
@@ -395,9 +399,9 @@ def _take(model, batch: int, need: int, cuda: bool, compile: bool = False) -> _K
             torch.cuda.empty_cache()
     elif kept is not None:  # in use by another call: this one gets its own
         cache = StaticHybridCache.allocate(model, batch, capacity)
-        return _Kept(key, cache, Decoder(model, cache, cuda_graph=cuda_graph, compile=compile), busy=True)
+        return _Kept(key, cache, Decoder(model, cache, cuda_graph=cuda_graph, compile=compile, pdl=pdl), busy=True)
     cache = StaticHybridCache.allocate(model, batch, capacity)
-    dec = Decoder(model, cache, cuda_graph=cuda_graph, compile=compile)
+    dec = Decoder(model, cache, cuda_graph=cuda_graph, compile=compile, pdl=pdl)
     new = _KEPT[model] = _Kept(key, cache, dec, busy=True)
     return new
 

@@ -62,3 +62,31 @@ def test_compile_decode_gives_the_same_tokens_and_is_kept(decoders):
         generation.release(model)
     with pytest.raises(ValueError, match="compile_decode must be"):
         model.generate(ids, max_new_tokens=3, compile_decode="yes", **GREEDY)
+
+
+def test_pdl_decode_reaches_the_decoder_its_kept_key_and_the_tokens_stay(decoders, monkeypatch):
+    """generate(pdl_decode=True) / generation_config.pdl_decode: Decoder(pdl=True) (on the CPU it changes nothing:
+    the same tokens), kept apart from a Decoder without it; a value other than True / False / None is refused."""
+    import hybrid.decoding as decoding
+
+    asked = []
+    monkeypatch.setattr(decoding, "pdl_launch_on", lambda t: asked.append(t) or True)  # as on a Hopper GPU
+    teacher = tiny_model("qwen3", dtype=torch.float64)
+    model = from_mask(teacher, HeadMask.for_model(teacher, [(0, 1), (1, 0), (2, 2)])).eval()
+    ids = torch.randint(3, 128, (2, 6), generator=torch.Generator().manual_seed(4))  # [B, T]
+    try:
+        plain = model.generate(ids, max_new_tokens=4, **GREEDY)
+        assert decoders[-1].pdl is False and not asked
+        with_pdl = model.generate(ids, max_new_tokens=4, pdl_decode=True, **GREEDY)
+        assert decoders[-1].pdl is True and torch.equal(plain, with_pdl)
+        n = len(decoders)
+        model.generation_config.pdl_decode = True
+        model.generate(ids, max_new_tokens=4, **GREEDY)  # the kept Decoder with PDL is reused
+        assert len(decoders) == n
+        model.generate(ids, max_new_tokens=4, pdl_decode=False, **GREEDY)  # the keyword wins: a new Decoder
+        assert len(decoders) == n + 1 and decoders[-1].pdl is False
+    finally:
+        model.generation_config.__dict__.pop("pdl_decode", None)
+        generation.release(model)
+    with pytest.raises(ValueError, match="pdl_decode must be"):
+        model.generate(ids, max_new_tokens=3, pdl_decode="on", **GREEDY)
