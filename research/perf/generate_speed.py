@@ -83,6 +83,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--fused-gdn", action="store_true",
                    help="also time the fast path with the fused GDN decode op (hybrid.ops.gdn_decode; row "
                         "fast_fused_gdn beside fast, and its bare step)")
+    p.add_argument("--pdl", action="store_true",
+                   help="also time the fast path with programmatic dependent launch (generate(pdl_decode=True); "
+                        "row fast_pdl, and fast_compiled_pdl with --compile-decode; compute capability 9.0+)")
     p.add_argument("--cache-only", action="store_true",
                    help="only the decode caches' bytes per batch size (nothing timed, nothing generated)")
     p.add_argument("--skip", default="", help=f"comma list of rows to leave out: {', '.join(SKIPPABLE)}")
@@ -294,6 +297,11 @@ def run(args: argparse.Namespace, out: str | None = None) -> dict:
             with torch.no_grad():
                 row["bare_step_compiled_ms"] = round(bare_step_ms(model, ids, args.new, args.device, True), 3)
             row["fast_compiled"] = generate_row(model, ids, args.new, args.device, args.repeats, compile_decode=True)
+        if args.pdl:
+            row["fast_pdl"] = generate_row(model, ids, args.new, args.device, args.repeats, pdl_decode=True)
+            if args.compile_decode:
+                row["fast_compiled_pdl"] = generate_row(model, ids, args.new, args.device, args.repeats,
+                                                        compile_decode=True, pdl_decode=True)
         if not args.no_teacher:
             t_ids = ids if args.teacher_prompt == args.prompt else torch.randint(
                 3, vocab, (B, args.teacher_prompt), generator=torch.Generator().manual_seed(B)).to(args.device)
@@ -345,7 +353,7 @@ def line(row: dict) -> str:
         parts.append(f"compiled bare step {row['bare_step_compiled_ms']:.3f} ms")
     if "bare_step_fused_gdn_ms" in row:
         parts.append(f"fused-GDN bare step {row['bare_step_fused_gdn_ms']:.3f} ms")
-    for name in ("fast", "fast_fused_gdn", "fast_compiled", "eager") + TEACHER_ROWS:
+    for name in ("fast", "fast_fused_gdn", "fast_compiled", "fast_pdl", "fast_compiled_pdl", "eager") + TEACHER_ROWS:
         r = row.get(name)
         if r is None:
             continue

@@ -133,3 +133,24 @@ def test_cache_only_counts_bytes_and_times_nothing(tmp_path, monkeypatch, capsys
     assert rows[0]["teacher_cache_bytes"] == teacher_cache_nbytes(teacher, 2048 + 128, 1, torch.bfloat16)
     assert rows[0]["cache_bytes"] < rows[0]["teacher_cache_bytes"]  # 1/8 of the KV at twice the positions + states
     assert "hybrid / teacher" in capsys.readouterr().out
+
+
+@pytest.mark.skipif(not has_default_weights(), reason="the reference model's weights are not on disk")
+def test_pdl_adds_its_row_through_generate(tmp_path, capsys, monkeypatch):
+    """--pdl times the fast path again with generate(pdl_decode=True) (on the CPU the same path: nothing to launch
+    early), after the rows without it."""
+    seen = []
+    real = generate_speed.generate_row
+
+    def spy(model, *a, **kw):
+        seen.append(kw.get("pdl_decode"))
+        return real(model, *a, **kw)
+
+    monkeypatch.setattr(generate_speed, "generate_row", spy)
+    out = tmp_path / "speed.json"
+    assert generate_speed.main(["--prompt", "8", "--new", "3", "--batch", "1", "--repeats", "1", "--pdl",
+                                "--skip", "eager,teacher_dynamic,teacher_static,teacher_engine", "--out",
+                                str(out)]) == 0
+    row = json.loads(out.read_text())["rows"][0]
+    assert row["fast_pdl"]["tok_s"] > 0 and seen == [None, True]
+    assert "fast_pdl" in capsys.readouterr().out
