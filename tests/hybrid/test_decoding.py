@@ -373,7 +373,8 @@ def test_compiled_step_refuses_a_full_cache():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("name,mode,pdl", [("head", "default", False), ("head", "max-autotune-no-cudagraphs", False),
-                                           ("head_partial_rope", "default", False), ("head", "default", True)])
+                                           ("head_partial_rope", "default", False), ("head", "default", True)],
+                         ids=["head", "head-max-autotune", "head-partial-rope", "head-pdl"])
 def test_gpu_compiled_graph_step_matches_the_eager_step(name, mode, pdl):
     """On the GPU in bf16: the compiled step captured as a CUDA graph gives the eager step's logits (bf16_model);
     also with partial RoPE on the FA heads (its masked cos/sin tables inside the graph), and with programmatic
