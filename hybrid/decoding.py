@@ -31,7 +31,7 @@ import torch
 
 from hybrid.cache import HybridCache, LayerCache
 from hybrid.layers.common import trusted_inference_caches
-from hybrid.ops.utils import dependent_launch, pdl_launch
+from hybrid.ops.utils import dependent_launch, pdl_supported
 
 __all__ = ["StaticLayerCache", "StaticHybridCache", "Decoder", "compile_kwargs", "prefill", "greedy_decode",
            "sample_next", "sample_decode"]
@@ -327,14 +327,7 @@ def compile_kwargs(backend: str = "inductor", mode: str = "default", options: di
     return {"options": {**base, **options}}
 
 
-def pdl_launch_on(t: torch.Tensor) -> bool:
-    """Whether a Decoder with ``pdl=True`` on ``t``'s device uses programmatic dependent launch (a CUDA device of
-    compute capability 9.0 or later)."""
-    with dependent_launch(True):
-        return pdl_launch(t)
-
-
-def _inductor_pdl() -> dict:
+def inductor_pdl_options() -> dict:
     """Inductor's PDL setting for a compiled step, where this torch has it (``triton.enable_pdl``), else none."""
     from torch._inductor import config
 
@@ -376,9 +369,9 @@ class Decoder:
                  compile: bool = False, compile_mode: str = "default", compile_backend: str = "inductor",
                  fused_gdn: bool | None = None, compile_options: dict | None = None, pdl: bool = False) -> None:
         on_cuda = cache.lengths.is_cuda
-        self.pdl = bool(pdl) and pdl_launch_on(cache.lengths)
+        self.pdl = bool(pdl) and pdl_supported(cache.lengths)
         if self.pdl and compile and compile_backend == "inductor":
-            compile_options = {**_inductor_pdl(), **(compile_options or {})}  # the caller's setting wins
+            compile_options = {**inductor_pdl_options(), **(compile_options or {})}  # the caller's setting wins
         compile_args = compile_kwargs(compile_backend, compile_mode, compile_options)  # checked before any work
         if cuda_graph and not on_cuda:
             raise ValueError("cuda_graph=True needs the model and cache on a CUDA device; use cuda_graph=False "

@@ -48,7 +48,7 @@ from headscope.mask import HeadMask
 from research.perf.benchmark import Run, bench_ms, build_layers, inductor_options, layer_forward_ms, sync
 from hybrid.cache import cache_nbytes, teacher_cache_nbytes
 from hybrid.convert import from_mask
-from hybrid.decoding import Decoder, StaticHybridCache, compile_kwargs
+from hybrid.decoding import Decoder, StaticHybridCache
 from hybrid.layers.hybrid_attention import use_fused_decode
 from hybrid.builders import from_teacher, layerwise_mask
 
@@ -478,8 +478,7 @@ def main(argv: list[str] | None = None) -> dict:
     if args.inductor and not args.compile_decode:
         ap.error("--inductor sets the compiled step's settings: add --compile-decode")
     try:
-        compile_options = inductor_options(args.inductor)
-        compile_kwargs(mode=args.compile_mode, options=compile_options)  # an unknown setting: refused now
+        compile_options = inductor_options(args.inductor, args.compile_mode)  # an unknown setting: refused now
     except ValueError as err:
         ap.error(str(err))
     out = args.out or Path(os.environ.get("OUT", ".")) / "bench_whole_model.json"
@@ -506,10 +505,11 @@ def main(argv: list[str] | None = None) -> dict:
     run.data["environment"] = parity.environment()
     run.data["fla"] = device == "cuda" and fla_available()
     if args.pdl:  # whether the device takes it (compute capability 9.0+); elsewhere --pdl changes nothing
-        from hybrid.decoding import _inductor_pdl, pdl_launch_on
+        from hybrid.decoding import inductor_pdl_options
+        from hybrid.ops.utils import pdl_supported
 
-        run.data["pdl_used"] = device == "cuda" and pdl_launch_on(torch.empty(0, device=device))
-        run.data["inductor_pdl"] = bool(_inductor_pdl())  # whether this torch's inductor takes part (compiled steps)
+        run.data["pdl_used"] = pdl_supported(torch.empty(0, device=device))
+        run.data["inductor_pdl"] = bool(inductor_pdl_options())  # this torch's inductor takes part (compiled)
     run.say(f"environment {run.data['environment']}; fla {run.data['fla']}; writing {out}")
     if device == "cuda" and not run.data["fla"]:
         run.say("WARNING: fla not importable: GDN runs the PyTorch twins (slow); carry the fla-core wheel")

@@ -44,7 +44,6 @@ import json
 import torch
 
 from headscope.io import write_text
-from hybrid.decoding import compile_kwargs
 from research.bench_whole_model_gpu import GPU_SHAPE
 from research.perf.benchmark import inductor_options
 from research.perf.op_count import count_cuda_kernels, count_step, graph_breaks, summarize
@@ -136,8 +135,7 @@ def main(argv: list[str] | None = None) -> dict:
     if args.inductor and not args.compile:
         ap.error("--inductor sets the compiled step's settings: add --compile")
     try:
-        args.compile_options = inductor_options(args.inductor)
-        compile_kwargs(options=args.compile_options)  # an unknown setting: refused before any model is built
+        args.compile_options = inductor_options(args.inductor, args.compile_mode)  # refused before any model
     except ValueError as err:
         ap.error(str(err))
     dtype = getattr(torch, args.dtype)

@@ -128,11 +128,16 @@ def _capability(index: int) -> int:
     return torch.cuda.get_device_capability(index)[0]
 
 
+def pdl_supported(x: torch.Tensor) -> bool:
+    """Whether ``x``'s device has programmatic dependent launch: a CUDA device of compute capability 9.0 or later
+    (never the CPU, where the kernels run the interpreter or not at all)."""
+    return x.is_cuda and _capability(x.device.index if x.device.index is not None else
+                                     torch.cuda.current_device()) >= 9
+
+
 def pdl_launch(x: torch.Tensor) -> bool:
-    """Whether a decode kernel on ``x`` launches with PDL: inside ``dependent_launch()`` on a CUDA device of compute
-    capability 9.0 or later (never on the CPU, where the kernels run the interpreter or not at all)."""
-    return _PDL and x.is_cuda and _capability(x.device.index if x.device.index is not None else
-                                              torch.cuda.current_device()) >= 9
+    """Whether a decode kernel on ``x`` launches with PDL: inside ``dependent_launch()``, where it is supported."""
+    return _PDL and pdl_supported(x)
 
 
 def kernels_assumed() -> bool:

@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from hybrid.config import HybridConfig
+from hybrid.decoding import compile_kwargs
 
 __all__ = ["Run", "sync", "bench_ms", "layer_config", "build_layers", "layer_forward_ms"]
 
@@ -51,10 +52,10 @@ class Run:
         write_text(self.path, json.dumps(self.data, indent=1, default=str))
 
 
-def inductor_options(items: list[str] | None) -> dict:
+def inductor_options(items: list[str] | None, mode: str = "default") -> dict:
     """``--inductor KEY=VALUE`` flags as ``Decoder(compile_options=...)``: each value read as JSON where it parses
-    (``true``, ``1``, ``"x"``), else as the string; checked against inductor's settings by
-    ``hybrid.decoding.compile_kwargs``."""
+    (``true``, ``1``, ``"x"``), else as the string; checked against inductor's settings (and ``mode``) by
+    ``hybrid.decoding.compile_kwargs`` here, before any model is built. Raises ValueError naming the problem."""
     import json
 
     out = {}
@@ -66,6 +67,7 @@ def inductor_options(items: list[str] | None) -> dict:
             out[key.strip()] = json.loads(value)
         except json.JSONDecodeError:
             out[key.strip()] = value
+    compile_kwargs(mode=mode, options=out)
     return out
 
 

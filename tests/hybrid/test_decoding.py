@@ -340,8 +340,8 @@ def test_pdl_is_off_on_the_cpu_and_on_a_hopper_gpu_adds_inductors_setting_and_wr
     def fake_compile(fn, **kw):
         seen.update(kw)
         return fn
-    monkeypatch.setattr(decoding, "pdl_launch_on", lambda t: True)  # as on a GPU of compute capability 9.0+
-    monkeypatch.setattr(decoding, "_inductor_pdl", lambda: {"triton.enable_pdl": True})
+    monkeypatch.setattr(decoding, "pdl_supported", lambda t: True)  # as on a GPU of compute capability 9.0+
+    monkeypatch.setattr(decoding, "inductor_pdl_options", lambda: {"triton.enable_pdl": True})
     monkeypatch.setattr(decoding, "compile_kwargs", lambda backend, mode, options: {"options": options})
     monkeypatch.setattr(torch, "compile", fake_compile)
     dec = Decoder(model, cache, compile=True, pdl=True, compile_options={"combo_kernels": True})

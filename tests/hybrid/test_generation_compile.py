@@ -70,7 +70,7 @@ def test_pdl_decode_reaches_the_decoder_its_kept_key_and_the_tokens_stay(decoder
     import hybrid.decoding as decoding
 
     asked = []
-    monkeypatch.setattr(decoding, "pdl_launch_on", lambda t: asked.append(t) or True)  # as on a Hopper GPU
+    monkeypatch.setattr(decoding, "pdl_supported", lambda t: asked.append(t) or True)  # as on a Hopper GPU
     teacher = tiny_model("qwen3", dtype=torch.float64)
     model = from_mask(teacher, HeadMask.for_model(teacher, [(0, 1), (1, 0), (2, 2)])).eval()
     ids = torch.randint(3, 128, (2, 6), generator=torch.Generator().manual_seed(4))  # [B, T]

@@ -136,8 +136,11 @@ def test_compile_mode_without_compile_decode_is_refused_with_the_flag_to_add():
 def test_inductor_settings_are_parsed_and_refused_without_compile_decode():
     from research.perf.benchmark import inductor_options
 
-    assert inductor_options(["combo_kernels=true", "combo_kernels_autotune=3", "x=abc"]) == {
-        "combo_kernels": True, "combo_kernels_autotune": 3, "x": "abc"}
+    assert inductor_options(["combo_kernels=true", "combo_kernels_autotune=3",
+                             "triton.descriptive_names=inductor_node"]) == {
+        "combo_kernels": True, "combo_kernels_autotune": 3, "triton.descriptive_names": "inductor_node"}
+    with pytest.raises(ValueError, match="not torch._inductor.config settings"):
+        inductor_options(["x=abc"])  # checked where it is read
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     for flags, message in ((["--inductor", "combo_kernels=true"], "add --compile-decode"),
                            (["--compile-decode", "--inductor", "combo=1"], "not torch._inductor.config settings")):

@@ -291,7 +291,7 @@ def test_dependent_launch_is_a_switch_that_restores_itself_and_never_applies_on_
     from hybrid.ops import utils
 
     x = torch.zeros(2)
-    assert not utils.pdl_launch(x)
+    assert not utils.pdl_launch(x) and not utils.pdl_supported(x)
     with utils.dependent_launch():
         assert utils._PDL and not utils.pdl_launch(x)  # the CPU has no PDL
         with utils.dependent_launch(False):
