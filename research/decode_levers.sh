@@ -27,7 +27,8 @@ for part in "$@"; do
     echo "== $part: job $job (run $RUN)"
     case $part in
         tests) timeout 300 python3 -m pytest -m gpu -q -p no:cacheprovider "${args[@]}" 2>&1 | tail -15 \
-                   | tee "$OUT/gpu_tests_pdl.log" ;;
+                   | tee "$OUT/gpu_tests_pdl.log.tmp"
+               mv "$OUT/gpu_tests_pdl.log.tmp" "$OUT/gpu_tests_pdl.log" ;;  # whole or not at all
         best|pdl|combo) timeout 450 python3 -m research.bench_whole_model_gpu "${args[@]}" \
                             --out "$OUT/bench_${part}_run$RUN.json" 2>&1 | tail -6 ;;
         split|split_pdl) timeout 300 python3 -m research.count_decode_ops "${args[@]}" --json "$OUT/time_$part.json" \
