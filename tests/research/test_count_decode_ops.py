@@ -138,6 +138,9 @@ def test_the_combo_jobs_differ_from_their_baselines_in_the_inductor_flag_alone()
     best = get_job("bench_decode_best").args
     assert list(get_job("bench_decode_combo").args) == [*best, "--inductor", "combo_kernels=true"]
     assert list(get_job("bench_decode_pdl").args) == [*best, "--pdl"]
+    best_128k = get_job("bench_decode_best_128k").args
+    at_128k = [("131072" if a == "32768" else "200" if a == "400" else a) for a in best]
+    assert list(best_128k) == at_128k and list(get_job("bench_decode_pdl_128k").args) == [*best_128k, "--pdl"]
     split, count = get_job("decode_time_split").args, get_job("decode_combo_count").args
     assert "--inductor" not in split and list(count[-2:]) == ["--inductor", "combo_kernels=true"]
     assert list(get_job("decode_time_split_pdl").args) == [*split, "--pdl"]
