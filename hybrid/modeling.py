@@ -35,7 +35,7 @@ from hybrid.cache import HybridCache
 from hybrid.config import HybridConfig
 from hybrid.folders import HybridFolderError, check_folder, weight_files
 from hybrid.layers.token_attention import TokenHybridAttention
-from hybrid.layers.common import MLP, RMSNorm, RotaryEmbedding, autocast_input, is_new
+from hybrid.layers.common import MLP, RMSNorm, RotaryEmbedding, autocast_input, call_linear, is_new
 from hybrid.layers.hybrid_attention import HybridAttention
 from hybrid.layers.merge import FORMER_NAME
 
@@ -270,7 +270,7 @@ class HybridForCausalLM(HybridPreTrainedModel, GenerationMixin):
                          inputs_embeds=inputs_embeds, hybrid_cache=hybrid_cache, use_cache=use_cache,
                          output_hidden_states=output_hidden_states)
         h = out.last_hidden_state  # [B, T, C]
-        logits = self.lm_head(h[:, -logits_to_keep:] if logits_to_keep else h)  # [B, T, V]
+        logits = call_linear(self.lm_head, h[:, -logits_to_keep:] if logits_to_keep else h)  # [B, T, V]
         loss = None
         if labels is not None:
             loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(), ignore_index=-100)

@@ -49,6 +49,7 @@ from research.perf.benchmark import Run, bench_ms, build_layers, inductor_option
 from hybrid.cache import cache_nbytes, teacher_cache_nbytes
 from hybrid.convert import from_mask
 from hybrid.decoding import Decoder, StaticHybridCache
+from hybrid.layers.common import use_decode_gemv
 from hybrid.layers.hybrid_attention import use_fused_decode
 from hybrid.builders import from_teacher, layerwise_mask
 
@@ -169,13 +170,26 @@ def timed_column(run: Run, row: dict, key: str, what: str, make, ids, steps: int
 
 def decode_row(run: Run, name: str, model, ctx: int, batch: int, steps: int, graph: bool, vocab: int,
                compiled: bool = False, fused: bool = False, hf=None, best_only: bool = False,
-               compile_mode: str = "default", compile_options: dict | None = None, pdl: bool = False) -> dict:
+               compile_mode: str = "default", compile_options: dict | None = None, pdl: bool = False,
+               gemv: bool = False) -> dict:
     """One (model, context, batch) row: the eager step, then each path asked for. ``best_only`` (with
     ``compiled``) times only each model's fastest path: the compiled step with the fused GDN op where the model
     has GDN heads and ``fused``, the compiled step otherwise (one compile per row instead of up to three).
     ``compile_mode`` and ``compile_options`` (inductor's settings by name): torch.compile's for every compiled column
     (teacher and hybrids alike); ``pdl``: every column but the eager one with programmatic dependent launch
-    (``Decoder(pdl=True)``)."""
+    (``Decoder(pdl=True)``); ``gemv``: every column with the projections as the decode GEMV
+    (``hybrid.layers.common.use_decode_gemv``), the teacher's too."""
+    dev = run.device
+    use_decode_gemv(model, gemv)
+    try:
+        return _decode_row(run, name, model, ctx, batch, steps, graph, vocab, compiled, fused, hf, best_only,
+                           compile_mode, compile_options, pdl)
+    finally:
+        use_decode_gemv(model, False)
+
+
+def _decode_row(run, name, model, ctx, batch, steps, graph, vocab, compiled, fused, hf, best_only, compile_mode,
+                compile_options, pdl) -> dict:
     dev = run.device
     fusable = fused and use_fused_decode(model, False) > 0  # GDN branches to switch (split path until then)
     if best_only and compiled:
@@ -252,7 +266,7 @@ def decode_section(run: Run, models: dict, contexts: list[int], batches: list[in
                                  fused=run.data.get("fused_gdn", False), best_only=run.data.get("best_only", False),
                                  compile_mode=run.data.get("compile_mode", "default"),
                                  compile_options=run.data.get("compile_options") or None,
-                                 pdl=run.data.get("pdl", False),
+                                 pdl=run.data.get("pdl", False), gemv=run.data.get("gemv", False),
                                  hf=models.get(HF_TEACHER) if name == "teacher" else None)
                 run.data["decode"].append(row)
                 run.say(f"{label}: {row}")
@@ -463,6 +477,10 @@ def main(argv: list[str] | None = None) -> dict:
                     help="every decode column but the eager one with programmatic dependent launch (Decoder(pdl=True): "
                          "the project's decode kernels and, compiled, inductor's on a GPU of compute capability 9.0+; "
                          "recorded as pdl, with pdl_used where the device has it)")
+    ap.add_argument("--gemv", action="store_true",
+                    help="every decode column with each model's projections (decoder layers and output head) as the "
+                         "project's decode GEMV kernel (hybrid.ops.gemv; use_decode_gemv), the teacher's too; "
+                         "recorded as gemv")
     ap.add_argument("--sections", default=",".join(SECTIONS),
                     help=f"comma list of the units to run, of {', '.join(SECTIONS)} (default all; the cache bytes "
                          "always run: they are instant)")
@@ -498,7 +516,7 @@ def main(argv: list[str] | None = None) -> dict:
               max_batch=[], layer=[], dry_run=args.dry_run, cuda_graph=not args.no_cuda_graph and device == "cuda",
               compile_decode=args.compile_decode, fused_gdn=args.fused_gdn, hf_teacher=args.hf_teacher,
               best_only=args.best_only, compile_mode=args.compile_mode, compile_options=compile_options,
-              pdl=args.pdl)
+              pdl=args.pdl, gemv=args.gemv)
     from hybrid.ops import parity
     from hybrid.ops.gdn import fla_available
 

@@ -34,6 +34,8 @@ with ``--shape bench --context 32768`` that is one layer of the benchmark's mode
 launched as one, which the per-layer count shows.
 ``--pdl`` counts and times every step with programmatic dependent launch (``Decoder(pdl=True)``): the same kernels,
 so the same counts; with ``--times`` the time no kernel runs is what it can shorten.
+``--gemv`` counts and times every model with its projections as the project's decode GEMV kernel
+(``hybrid.layers.common.use_decode_gemv``), the teacher's too.
 ``--layers`` sets the tiny model's depth; ``--json`` writes the numbers.
 """
 from __future__ import annotations
@@ -120,6 +122,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--pdl", action="store_true",
                     help="cuda: every counted step with programmatic dependent launch (Decoder(pdl=True); compute "
                          "capability 9.0+): the same kernels, each launched while the one before ends (see --times)")
+    ap.add_argument("--gemv", action="store_true",
+                    help="cuda: every model's projections as the decode GEMV kernel (use_decode_gemv), the teacher's "
+                         "too")
     ap.add_argument("--breaks", action="store_true", help="print where torch.compile of the step breaks its graph")
     ap.add_argument("--fused-gdn", action="store_true",
                     help="cuda: also count the hybrid with the fused GDN decode op (hybrid_fused)")
@@ -201,6 +206,12 @@ def cuda_rows(teacher, args, deeper=None, counter=None) -> dict:
     for name, batch in ((n, b) for b in args.batch for n in models(args)):
         model = build(teacher, name).cuda()
         deep = build(deeper, name).cuda() if deeper is not None and args.compile else None
+        if getattr(args, "gemv", False):
+            from hybrid.layers.common import use_decode_gemv
+
+            for m in (model, deep):
+                if m is not None:
+                    use_decode_gemv(m)
         for label, comp, graph in variants:
             timed = {"timed_steps": args.times} if getattr(args, "times", 0) else {}
             options = getattr(args, "compile_options", None)
@@ -216,6 +227,8 @@ def cuda_rows(teacher, args, deeper=None, counter=None) -> dict:
                 r["compile_options"] = options
             if opts.get("pdl"):
                 r["pdl"] = True
+            if getattr(args, "gemv", False):
+                r["gemv"] = True
             res[f"{name} batch {batch} {label}"] = r
             line = (f"== {name}, batch {batch}, {label}: {r['total']:g} kernels per step "
                     f"({r['per_layer']:g} per layer over {r['layers']} layers, outside included; "

@@ -8,6 +8,10 @@
 #   combo      bench_decode_combo   the same with --inductor combo_kernels=true       -> $OUT/bench_combo_runN.json
 #   best_128k  bench_decode_best_128k  best at 128K batch 1                          -> $OUT/bench_best_128k_runN.json
 #   pdl_128k   bench_decode_pdl_128k   pdl at 128K batch 1                           -> $OUT/bench_pdl_128k_runN.json
+#   tests_gemv gpu_tests_gemv       the decode GEMV's GPU tests                       -> $OUT/gpu_tests_gemv.log
+#   gemv       bench_decode_gemv    best with --gemv (every model's projections)     -> $OUT/bench_gemv_runN.json
+#   gemv_128k  bench_decode_gemv_128k  gemv at 128K batch 1                          -> $OUT/bench_gemv_128k_runN.json
+#   split_gemv decode_time_split_gemv  split with --gemv                             -> $OUT/time_split_gemv.json
 #   split      decode_time_split    where the step's time goes, one layer at the bench widths -> $OUT/time_split.json
 #   split_pdl  decode_time_split_pdl  the same with --pdl                             -> $OUT/time_split_pdl.json
 # e.g. `bash research/decode_levers.sh tests best pdl` after `python3 -m research.stage setup` and
@@ -23,19 +27,22 @@ for part in "$@"; do
         tests) job=gpu_tests_pdl ;; best) job=bench_decode_best ;; pdl) job=bench_decode_pdl ;;
         combo) job=bench_decode_combo ;; split) job=decode_time_split ;; split_pdl) job=decode_time_split_pdl ;;
         best_128k) job=bench_decode_best_128k ;; pdl_128k) job=bench_decode_pdl_128k ;;
-        *) echo "decode_levers.sh: unknown part '$part' (tests best pdl combo best_128k pdl_128k split split_pdl)" >&2
+        tests_gemv) job=gpu_tests_gemv ;; gemv) job=bench_decode_gemv ;; gemv_128k) job=bench_decode_gemv_128k ;;
+        split_gemv) job=decode_time_split_gemv ;;
+        *) echo "decode_levers.sh: unknown part '$part' (tests best pdl combo best_128k pdl_128k split split_pdl" \
+                "tests_gemv gemv gemv_128k split_gemv)" >&2
            exit 2 ;;
     esac
     mapfile -t args < <(job_args "$job")
     t0=$(date +%s)
     echo "== $part: job $job (run $RUN)"
     case $part in
-        tests) timeout 300 python3 -m pytest -m gpu -q -p no:cacheprovider "${args[@]}" 2>&1 | tail -15 \
-                   | tee "$OUT/gpu_tests_pdl.log.tmp"
-               mv "$OUT/gpu_tests_pdl.log.tmp" "$OUT/gpu_tests_pdl.log" ;;  # whole or not at all
-        best|pdl|combo|best_128k|pdl_128k) timeout 450 python3 -m research.bench_whole_model_gpu "${args[@]}" \
+        tests|tests_gemv) timeout 300 python3 -m pytest -m gpu -q -p no:cacheprovider "${args[@]}" 2>&1 | tail -15 \
+                   | tee "$OUT/$job.log.tmp"
+               mv "$OUT/$job.log.tmp" "$OUT/$job.log" ;;  # whole or not at all
+        best|pdl|combo|best_128k|pdl_128k|gemv|gemv_128k) timeout 450 python3 -m research.bench_whole_model_gpu "${args[@]}" \
                             --out "$OUT/bench_${part}_run$RUN.json" 2>&1 | tail -6 ;;
-        split|split_pdl) timeout 300 python3 -m research.count_decode_ops "${args[@]}" --json "$OUT/time_$part.json" \
+        split|split_pdl|split_gemv) timeout 300 python3 -m research.count_decode_ops "${args[@]}" --json "$OUT/time_$part.json" \
                              2>&1 | grep -E "^==|time:" | tail -30 ;;
     esac
     echo "== $part: $(( $(date +%s) - t0 )) s"

@@ -9,10 +9,12 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from hybrid.ops.gemv import decode_linear
 from hybrid.ops.utils import acc  # noqa: F401  (re-exported: the layers' accumulation dtype)
 
-__all__ = ["acc", "autocast_input", "index_on", "head_runs", "take_heads", "fused_linear", "inference_constant", "RMSNorm", "RotaryEmbedding", "apply_rope", "MLP", "ShortConv", "log_length_scale",
-           "window_attention", "window_attention_dense", "grouped_attention"]
+__all__ = ["acc", "autocast_input", "index_on", "head_runs", "take_heads", "fused_linear", "inference_constant",
+           "call_linear", "use_decode_gemv", "RMSNorm", "RotaryEmbedding", "apply_rope", "MLP", "ShortConv",
+           "log_length_scale", "window_attention", "window_attention_dense", "grouped_attention"]
 
 
 def autocast_input(x: torch.Tensor) -> torch.Tensor:
@@ -134,7 +136,8 @@ def fused_linear(owner: nn.Module, name: str, linears, x: torch.Tensor, groups=N
         hit = owner.__dict__.get("_fused_linears", {}).get(name)
         if hit is None:
             return _separate(linears, x, groups)
-        return list(F.linear(x, hit[1], hit[2]).split(sizes, dim=-1))  # [..., N_i] each
+        gemv = all(getattr(lin, "decode_gemv", False) for lin in linears)
+        return list(_linear(x, hit[1], hit[2], gemv).split(sizes, dim=-1))  # [..., N_i] each
     params = [p for lin in linears for p in (lin.weight, lin.bias) if p is not None]
     key = _param_key(params)
     store = owner.__dict__.setdefault("_fused_linears", {})
@@ -147,8 +150,36 @@ def fused_linear(owner: nn.Module, name: str, linears, x: torch.Tensor, groups=N
                 b = torch.cat([lin.bias if lin.bias is not None else lin.weight.new_zeros(lin.out_features)
                                for lin in linears])  # [sum N_i]
         hit = store[name] = (key, w, b)
-    y = F.linear(x, hit[1], hit[2])  # [..., sum N_i]
+    y = _linear(x, hit[1], hit[2], all(getattr(lin, "decode_gemv", False) for lin in linears))  # [..., sum N_i]
     return list(y.split(sizes, dim=-1))
+
+
+def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, gemv: bool) -> torch.Tensor:
+    """F.linear, or the decode GEMV (``hybrid.ops.gemv.decode_linear``: F.linear itself past its rows) when
+    ``gemv``."""
+    return decode_linear(x, weight, bias) if gemv else F.linear(x, weight, bias)
+
+
+def call_linear(lin: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """``lin(x)`` [..., N]; by the decode GEMV (``hybrid.ops.gemv``) where ``use_decode_gemv`` switched ``lin``
+    on and it carries no hooks (interventions run through the Linear's own call). The GEMV takes decode rows
+    only (at most ``hybrid.ops.gemv.MAX_ROWS``, no gradient); other calls are ``F.linear``."""
+    if getattr(lin, "decode_gemv", False) and not (lin._forward_hooks or lin._forward_pre_hooks):
+        return decode_linear(x, lin.weight, lin.bias)
+    return lin(x)
+
+
+def use_decode_gemv(model: nn.Module, on: bool = True) -> int:
+    """Route ``model``'s projections through the decode GEMV (``call_linear``, ``fused_linear``): every
+    ``nn.Linear`` of it gets ``decode_gemv = on`` (read by the layers that call them: the decode input
+    projections, o_proj, the MLP's and the output head). Returns how many Linears it set. Prefill, training and
+    hooked Linears are unchanged (``call_linear``); ``on=False`` restores F.linear everywhere."""
+    n = 0
+    for m in model.modules():
+        if isinstance(m, nn.Linear):
+            m.decode_gemv = bool(on)
+            n += 1
+    return n
 
 
 def inference_constant(owner: nn.Module, name: str, params, fn):
@@ -275,7 +306,8 @@ class MLP(nn.Module):
         self.act_fn = ACT2FN[act]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+        h = self.act_fn(call_linear(self.gate_proj, x)) * call_linear(self.up_proj, x)  # [..., inner]
+        return call_linear(self.down_proj, h)  # [..., hidden]
 
 
 def mark_new(module: nn.Module, *names: str) -> None:

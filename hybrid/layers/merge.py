@@ -40,7 +40,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from headscope.registry import Registry
-from hybrid.layers.common import MAX_SLICE_RUNS, NewLinear, acc, index_on, mark_new, take_heads
+from hybrid.layers.common import MAX_SLICE_RUNS, NewLinear, acc, call_linear, index_on, mark_new, take_heads
 
 __all__ = ["HeadMerge", "MergeMode", "MERGES", "register_merge", "head_rms", "output_rms", "calibrate_merge",
            "PROJECT_MIN_TOKENS", "FORMER_NAME"]
@@ -216,7 +216,7 @@ class HeadMerge(nn.Module):
         ``project_min_tokens`` tokens (B*T) per call, where the buffer path is faster."""
         if (o_fa is None or o_la is None or o_proj._forward_pre_hooks or o_proj._forward_hooks
                 or o_fa.shape[0] * o_fa.shape[1] < self.project_min_tokens):
-            return o_proj(self(x, o_fa, o_la))
+            return call_linear(o_proj, self(x, o_fa, o_la))  # o_proj(...), or the decode GEMV where it is on
         B, T = o_fa.shape[:2]
         o_la = o_la.to(o_fa.dtype)
         if self.spec.norm:

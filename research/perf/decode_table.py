@@ -11,7 +11,8 @@ compiled step with the fused GDN decode op), ``hf_static`` (the teacher on trans
 over the runs that have it); every hybrid path's speed-up is against that. The floor is the bytes one step must read, the weights (bf16, the tied embedding read once as the
 output head) plus every row's cache at the context (the FA keys/values scale with it, the GDN state does not), at
 ``--bandwidth`` bytes/s (the H200's 4.8 TB/s peak, ~4.3 TB/s reachable by a copy). The runs must share one
-setting (GPU, compile mode, ``--inductor`` settings, ``--pdl``): runs that differ are refused, one table a setting.
+setting (GPU, compile mode, ``--inductor`` settings, ``--pdl``, ``--gemv``): runs that differ are refused, one table a
+setting.
 Prints one line per (context,
 batch, model); ``--markdown`` prints the table for the docs. ``--kernels`` adds the compiled step's kernels per
 layer from ``research/count_decode_ops.py --device cuda --compile --fused-gdn --json COUNT.json`` (its tiny model of
@@ -56,15 +57,17 @@ def load(paths: list[str]) -> list[dict]:
 
 def setting(data: dict) -> tuple:
     """What makes two runs' steps different measurements, not repeats: the GPU, the compile mode, inductor's
-    settings and programmatic dependent launch (``bench_whole_model_gpu --compile-mode / --inductor / --pdl``)."""
+    settings, programmatic dependent launch and the decode GEMV (``bench_whole_model_gpu --compile-mode /
+    --inductor / --pdl / --gemv``)."""
     return (data.get("environment", {}).get("gpu"), data.get("compile_mode") or "default",
-            json.dumps(data.get("compile_options") or {}, sort_keys=True), bool(data.get("pdl_used")))
+            json.dumps(data.get("compile_options") or {}, sort_keys=True), bool(data.get("pdl_used")),
+            bool(data.get("gemv")))
 
 
 def describe(key: tuple) -> str:
-    gpu, mode, options, pdl = key
+    gpu, mode, options, pdl, gemv = key
     return (f"{gpu or 'GPU not recorded'}, compile mode {mode}" + (f", inductor {options}" if options != "{}" else "")
-            + (", PDL" if pdl else ""))
+            + (", PDL" if pdl else "") + (", decode GEMV" if gemv else ""))
 
 
 def floor_ms(data: dict, model: str, context: int, batch: int, bandwidth: float) -> float | None:

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -155,6 +156,26 @@ def test_pdl_is_recorded_and_unused_on_the_cpu(tmp_path):
                "--contexts", "32", "--batches", "1", "--steps", "2")
     data = json.loads(out.read_text())
     assert data["pdl"] is True and data["pdl_used"] is False and all("step_ms" in r for r in data["decode"])
+
+
+def test_gemv_is_recorded_and_every_model_decodes_with_it_then_without(tmp_path, monkeypatch):
+    """--gemv: each decode row runs with every model's Linears switched to the decode GEMV (on the CPU its
+    "auto" backend is F.linear, so the dry run's steps are the usual ones) and switched back after."""
+    import research.bench_whole_model_gpu as bench
+
+    seen = []
+    real = bench._decode_row
+
+    def spy(run, name, model, *a):
+        seen.append(all(m.decode_gemv for m in model.modules() if isinstance(m, torch.nn.Linear)))
+        return real(run, name, model, *a)
+
+    monkeypatch.setattr(bench, "_decode_row", spy)
+    out = tmp_path / "bench.json"
+    data = bench.main(["--dry-run", "--sections", "decode", "--gemv", "--out", str(out), "--contexts", "32",
+                       "--batches", "1", "--steps", "2"])
+    assert seen and all(seen) and json.loads(out.read_text())["gemv"] is True
+    assert all("step_ms" in r for r in data["decode"])
 
 
 def test_sections_runs_only_the_units_named(tmp_path):

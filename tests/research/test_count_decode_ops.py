@@ -144,6 +144,9 @@ def test_the_combo_jobs_differ_from_their_baselines_in_the_inductor_flag_alone()
     split, count = get_job("decode_time_split").args, get_job("decode_combo_count").args
     assert "--inductor" not in split and list(count[-2:]) == ["--inductor", "combo_kernels=true"]
     assert list(get_job("decode_time_split_pdl").args) == [*split, "--pdl"]
+    assert list(get_job("decode_time_split_gemv").args) == [*split, "--gemv"]
+    assert list(get_job("bench_decode_gemv").args) == [*best, "--gemv"]
+    assert list(get_job("bench_decode_gemv_128k").args) == [*best_128k, "--gemv"]
 
 
 def test_pdl_reaches_every_counted_step(monkeypatch):
@@ -157,3 +160,17 @@ def test_pdl_reaches_every_counted_step(monkeypatch):
     args = argparse.Namespace(compile=True, batch=[1], fused_gdn=False, context=16, compile_mode="default", pdl=True)
     res = cuda_rows(tiny_teacher(layers=2), args, counter=counter)
     assert seen and all(seen) and all(r["pdl"] for r in res.values())
+
+
+def test_gemv_switches_every_counted_model_and_is_recorded(monkeypatch):
+    monkeypatch.setattr(torch.nn.Module, "cuda", lambda self, *a, **k: self)
+    seen = []
+
+    def counter(model, batch, context, compile, cuda_graph, compile_mode, **kw):
+        seen.append(all(getattr(m, "decode_gemv", False) for m in model.modules() if isinstance(m, torch.nn.Linear)))
+        return {"total": 10, "per_layer": 5, "layers": 2, "memops": 0, "by_name": {"k": 10}}
+
+    args = argparse.Namespace(compile=False, batch=[1], fused_gdn=False, context=16, compile_mode="default",
+                              gemv=True)
+    res = cuda_rows(tiny_teacher(layers=2), args, counter=counter)
+    assert seen and all(seen) and all(r["gemv"] for r in res.values())

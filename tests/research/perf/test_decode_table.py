@@ -118,3 +118,14 @@ def test_runs_of_different_settings_are_refused_and_the_setting_is_printed(tmp_p
     assert decode_table.main(runs[1:]) == 0
     assert '1 run(s): GPU not recorded, compile mode default, inductor {"combo_kernels": true}, PDL' in \
         capsys.readouterr().out
+
+
+def test_runs_with_and_without_the_decode_gemv_are_different_settings(tmp_path, capsys):
+    runs = [bench(tmp_path, "a.json", 10.0, 4.0), bench(tmp_path, "b.json", 10.0, 3.0)]
+    data = json.loads(Path(runs[1]).read_text())
+    data.update(gemv=True)
+    Path(runs[1]).write_text(json.dumps(data))
+    with pytest.raises(SystemExit, match="differ in their setting") as e:
+        decode_table.main(runs)
+    assert "b.json: GPU not recorded, compile mode default, decode GEMV" in str(e.value)
+    assert decode_table.main(runs[1:]) == 0 and "decode GEMV" in capsys.readouterr().out
