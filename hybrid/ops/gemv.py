@@ -9,9 +9,10 @@ Backends:
 
     "torch"   the twin: ``F.linear`` (autograd works through it)
     "triton"  one kernel, grid (N / BLOCK_N,): each program streams a [BLOCK_N, K] slab of the weight once in
-              [BLOCK_N, BLOCK_K] tiles, multiplies it with every row of x (at most MAX_ROWS, all held in registers)
-              and accumulates in float32; the bias is added and the result rounded to x's dtype once. Forward only.
-              Its values differ from cuBLAS's by the order of the float32 sums only
+              [BLOCK_N, BLOCK_K] tiles and multiplies each with the rows of x (at most MAX_ROWS, padded to a
+              16-row tensor-core tile: the bytes, not the products, set the time) into float32 sums; the bias is
+              added and the result rounded to x's dtype once. float32 inputs multiply in full precision (not
+              TF32). Forward only. Its values differ from cuBLAS's by the order of the float32 sums only
     "auto"    "triton" on CUDA when Triton imports, x has at most MAX_ROWS rows, x and the weight share a half or
               float32 dtype, K is a multiple of 8 and no gradient is needed; else "torch"
 
@@ -60,23 +61,26 @@ def _kernel():
     import triton.language as tl
 
     @triton.jit
-    def gemv(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, sxm, swn, sym, HAS_BIAS: tl.constexpr, BM: tl.constexpr,
-             BN: tl.constexpr, BK: tl.constexpr, USE_GDC: tl.constexpr):
+    def gemv(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, sxm, swn, sym, HAS_BIAS: tl.constexpr, BN: tl.constexpr,
+             BK: tl.constexpr, IEEE: tl.constexpr, USE_GDC: tl.constexpr):
         if USE_GDC:  # wait for the previous kernel (x's producer) before any load
             tl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
         n = tl.program_id(0) * BN + tl.arange(0, BN)  # [BN] output columns
-        m = tl.arange(0, BM)  # [BM] rows (M <= BM)
+        m = tl.arange(0, 16)  # [16] rows, M <= MAX_ROWS of them real (a tensor-core tile needs 16)
         kk = tl.arange(0, BK)  # [BK]
         nmask, mmask = n < N, m < M
-        acc = tl.zeros((BM, BN), dtype=tl.float32)  # [BM, BN]
+        acc = tl.zeros((16, BN), dtype=tl.float32)  # [16, BN]
         for k0 in range(0, K, BK):
             k = k0 + kk  # [BK]
             kmask = k < K
             w = tl.load(w_ptr + n[:, None].to(tl.int64) * swn + k[None, :], mask=nmask[:, None] & kmask[None, :],
-                        other=0.0).to(tl.float32)  # [BN, BK]
+                        other=0.0)  # [BN, BK]
             x = tl.load(x_ptr + m[:, None] * sxm + k[None, :], mask=mmask[:, None] & kmask[None, :],
-                        other=0.0).to(tl.float32)  # [BM, BK]
-            acc += tl.sum(x[:, None, :] * w[None, :, :], 2)  # [BM, BN]
+                        other=0.0)  # [16, BK]
+            if IEEE:  # float32 inputs: full-precision products (not TF32)
+                acc += tl.dot(x, tl.trans(w), input_precision="ieee")  # [16, BN]
+            else:
+                acc += tl.dot(x, tl.trans(w))  # [16, BN] half inputs, float32 sums
         if USE_GDC:  # every load done: the next kernel may be scheduled
             tl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=tl.int32,
                                       is_pure=False, pack=1)
@@ -103,10 +107,10 @@ def decode_linear_triton(x: Tensor, weight: Tensor, bias: Optional[Tensor] = Non
     if M and N:
         _, gemv = _kernel()
         pdl = pdl_launch(x)
-        bm = max(1, 1 << (M - 1).bit_length())  # next power of two >= M
         gemv[(-(-N // BLOCK_N),)](x2, w, bias if bias is not None else w, y, M, N, K, x2.stride(0), w.stride(0),
-                                  y.stride(0), HAS_BIAS=bias is not None, BM=bm, BN=BLOCK_N, BK=BLOCK_K,
-                                  USE_GDC=pdl, num_warps=NUM_WARPS, num_stages=NUM_STAGES,
+                                  y.stride(0), HAS_BIAS=bias is not None, BN=BLOCK_N, BK=BLOCK_K,
+                                  IEEE=x.dtype == torch.float32, USE_GDC=pdl, num_warps=NUM_WARPS,
+                                  num_stages=NUM_STAGES,
                                   **({"launch_pdl": True} if pdl else {}))
     return y.view(*lead, N)  # [..., N]
 
@@ -142,7 +146,8 @@ def resolve_backend(backend: str, x: Tensor, weight: Tensor, needs_grad: bool = 
         return "triton" if ok else "torch"
     if backend == "triton":
         if not triton_usable():
-            raise ImportError("decode_linear backend='triton' needs Triton (a GPU build of torch ships it); use 'torch'")
+            raise ImportError("decode_linear backend='triton' needs Triton (a GPU build of torch ships it); "
+                              "use 'torch'")
         if not shapes_ok:
             raise ValueError(f"decode_linear backend='triton' needs at most {MAX_ROWS} rows (got {rows}), x and the "
                              f"weight in one dtype other than float64 (got {x.dtype}, {weight.dtype}) and K a "

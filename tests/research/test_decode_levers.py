@@ -25,8 +25,8 @@ def test_each_part_runs_its_jobs_program_with_the_jobs_args(tmp_path):
     shim.chmod(0o755)
     env = {**os.environ, "PATH": f"{shim.parent}{os.pathsep}{os.environ['PATH']}", "OUT": str(tmp_path),
            "PYTHONPATH": str(ROOT)}
-    r = subprocess.run(["bash", str(SCRIPT), "tests", "pdl", "pdl_128k", "split_pdl", "tests_gemv", "gemv"], capture_output=True, text=True, cwd=ROOT,
-                       env=env)
+    r = subprocess.run(["bash", str(SCRIPT), "tests", "pdl", "pdl_128k", "split_pdl", "tests_gemv", "gemv"],
+                       capture_output=True, text=True, cwd=ROOT, env=env)
     assert r.returncode == 0, r.stderr
     ran = log.read_text().splitlines()
     args = lambda job: " ".join(map(str, get_job(job).args))  # noqa: E731
@@ -34,6 +34,8 @@ def test_each_part_runs_its_jobs_program_with_the_jobs_args(tmp_path):
                    f"-m research.bench_whole_model_gpu {args('bench_decode_pdl')} --out {tmp_path}/bench_pdl_run1.json",
                    f"-m research.bench_whole_model_gpu {args('bench_decode_pdl_128k')} "
                    f"--out {tmp_path}/bench_pdl_128k_run1.json",
-                   f"-m research.count_decode_ops {args('decode_time_split_pdl')} --json {tmp_path}/time_split_pdl.json",
+                   f"-m research.count_decode_ops {args('decode_time_split_pdl')} "
+                   f"--json {tmp_path}/time_split_pdl.json",
                    f"-m pytest -m gpu -q -p no:cacheprovider {args('gpu_tests_gemv')}",
-                   f"-m research.bench_whole_model_gpu {args('bench_decode_gemv')} --out {tmp_path}/bench_gemv_run1.json"]
+                   f"-m research.bench_whole_model_gpu {args('bench_decode_gemv')} "
+                   f"--out {tmp_path}/bench_gemv_run1.json"]

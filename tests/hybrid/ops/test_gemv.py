@@ -173,7 +173,7 @@ def test_triton_kernel_in_cpu_interpreter_matches_the_twin():
 def test_kernel_compiles_for_hopper_with_and_without_dependent_launch(gdc):
     _, gemv = gv._kernel()
     types = {"x_ptr": "*bf16", "w_ptr": "*bf16", "b_ptr": "*bf16", "y_ptr": "*bf16"}
-    ptx = compile_for_hopper(gemv, types, {"HAS_BIAS": False, "BM": 1, "BN": gv.BLOCK_N, "BK": gv.BLOCK_K,
+    ptx = compile_for_hopper(gemv, types, {"HAS_BIAS": False, "BN": gv.BLOCK_N, "BK": gv.BLOCK_K, "IEEE": False,
                                            "USE_GDC": gdc}, launch_pdl=gdc)
     assert (ptx.count("griddepcontrol.wait"), ptx.count("griddepcontrol.launch_dependents")) == (gdc, gdc)
 
