@@ -12,6 +12,8 @@
 #   gemv       bench_decode_gemv    best with --gemv (every model's projections)     -> $OUT/bench_gemv_runN.json
 #   gemv_128k  bench_decode_gemv_128k  gemv at 128K batch 1                          -> $OUT/bench_gemv_128k_runN.json
 #   split_gemv decode_time_split_gemv  split with --gemv                             -> $OUT/time_split_gemv.json
+#   gemv_sweep gemv_sweep           the GEMV's tunings against cuBLAS                -> $OUT/gemv_sweep.json
+#   attn_sweep decode_attention_sweep  the split-KV attention's tunings             -> $OUT/decode_attention_sweep.json
 #   split      decode_time_split    where the step's time goes, one layer at the bench widths -> $OUT/time_split.json
 #   split_pdl  decode_time_split_pdl  the same with --pdl                             -> $OUT/time_split_pdl.json
 # e.g. `bash research/decode_levers.sh tests best pdl` after `python3 -m research.stage setup` and
@@ -28,9 +30,10 @@ for part in "$@"; do
         combo) job=bench_decode_combo ;; split) job=decode_time_split ;; split_pdl) job=decode_time_split_pdl ;;
         best_128k) job=bench_decode_best_128k ;; pdl_128k) job=bench_decode_pdl_128k ;;
         tests_gemv) job=gpu_tests_gemv ;; gemv) job=bench_decode_gemv ;; gemv_128k) job=bench_decode_gemv_128k ;;
-        split_gemv) job=decode_time_split_gemv ;;
+        split_gemv) job=decode_time_split_gemv ;; gemv_sweep) job=gemv_sweep ;;
+        attn_sweep) job=decode_attention_sweep ;;
         *) echo "decode_levers.sh: unknown part '$part' (tests best pdl combo best_128k pdl_128k split split_pdl" \
-                "tests_gemv gemv gemv_128k split_gemv)" >&2
+                "tests_gemv gemv gemv_128k split_gemv gemv_sweep attn_sweep)" >&2
            exit 2 ;;
     esac
     mapfile -t args < <(job_args "$job")
@@ -40,10 +43,16 @@ for part in "$@"; do
         tests|tests_gemv) timeout 300 python3 -m pytest -m gpu -q -p no:cacheprovider "${args[@]}" 2>&1 | tail -15 \
                    | tee "$OUT/$job.log.tmp"
                mv "$OUT/$job.log.tmp" "$OUT/$job.log" ;;  # whole or not at all
-        best|pdl|combo|best_128k|pdl_128k|gemv|gemv_128k) timeout 450 python3 -m research.bench_whole_model_gpu "${args[@]}" \
-                            --out "$OUT/bench_${part}_run$RUN.json" 2>&1 | tail -6 ;;
-        split|split_pdl|split_gemv) timeout 300 python3 -m research.count_decode_ops "${args[@]}" --json "$OUT/time_$part.json" \
-                             2>&1 | grep -E "^==|time:" | tail -30 ;;
+        best|pdl|combo|best_128k|pdl_128k|gemv|gemv_128k)
+            timeout 450 python3 -m research.bench_whole_model_gpu "${args[@]}" --out "$OUT/bench_${part}_run$RUN.json" \
+                2>&1 | tail -6 ;;
+        gemv_sweep) timeout 420 python3 -m research.perf.gemv_sweep "${args[@]}" --out "$OUT/gemv_sweep.json" \
+                        2>&1 | tail -14 ;;
+        attn_sweep) timeout 420 python3 -m research.perf.decode_attention_sweep "${args[@]}" \
+                        --out "$OUT/decode_attention_sweep.json" 2>&1 | tail -6 ;;
+        split|split_pdl|split_gemv)
+            timeout 300 python3 -m research.count_decode_ops "${args[@]}" --json "$OUT/time_$part.json" 2>&1 \
+                | grep -E "^==|time:" | tail -30 ;;
     esac
     echo "== $part: $(( $(date +%s) - t0 )) s"
 done

@@ -92,8 +92,14 @@ def _kernel():
     return triton, gemv
 
 
-def decode_linear_triton(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None) -> Tensor:
-    """The kernel (module docstring): x [..., K] with at most MAX_ROWS rows, weight [N, K] -> [..., N]."""
+def decode_linear_triton(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, *, block_n: int = BLOCK_N,
+                         block_k: int = BLOCK_K, num_warps: int = NUM_WARPS, num_stages: int = NUM_STAGES) -> Tensor:
+    """The kernel (module docstring): x [..., K] with at most MAX_ROWS rows, weight [N, K] -> [..., N]. The
+    keyword arguments tune it (output columns per program, the reduction's tile, Triton's warps and pipeline
+    stages); the defaults are what every caller runs (research/perf/gemv_sweep.py times the others)."""
+    if block_n < 16 or block_n & (block_n - 1) or block_k < 16 or block_k & (block_k - 1):
+        raise ValueError(f"decode_linear_triton: block_n and block_k must be powers of two >= 16 (tensor-core "
+                         f"tiles), got block_n={block_n}, block_k={block_k}")
     *lead, K = x.shape
     N = weight.shape[0]
     M = math.prod(lead)
@@ -107,10 +113,10 @@ def decode_linear_triton(x: Tensor, weight: Tensor, bias: Optional[Tensor] = Non
     if M and N:
         _, gemv = _kernel()
         pdl = pdl_launch(x)
-        gemv[(-(-N // BLOCK_N),)](x2, w, bias if bias is not None else w, y, M, N, K, x2.stride(0), w.stride(0),
-                                  y.stride(0), HAS_BIAS=bias is not None, BN=BLOCK_N, BK=BLOCK_K,
-                                  IEEE=x.dtype == torch.float32, USE_GDC=pdl, num_warps=NUM_WARPS,
-                                  num_stages=NUM_STAGES,
+        gemv[(-(-N // block_n),)](x2, w, bias if bias is not None else w, y, M, N, K, x2.stride(0), w.stride(0),
+                                  y.stride(0), HAS_BIAS=bias is not None, BN=block_n, BK=block_k,
+                                  IEEE=x.dtype == torch.float32, USE_GDC=pdl, num_warps=num_warps,
+                                  num_stages=num_stages,
                                   **({"launch_pdl": True} if pdl else {}))
     return y.view(*lead, N)  # [..., N]
 

@@ -350,6 +350,9 @@ KINDS.register("count_decode_ops", _script(
 KINDS.register("decode_attention_sweep", _script(
     "research/perf/decode_attention_sweep.py: the split-KV decode attention kernel's tunings timed at the decode "
     "benchmark's shapes", "research.perf.decode_attention_sweep", done="decode_attention_sweep.json"))
+KINDS.register("gemv_sweep", _script(
+    "research/perf/gemv_sweep.py: the decode GEMV kernel's tunings timed against cuBLAS at the decode benchmark's "
+    "projection shapes", "research.perf.gemv_sweep", done="gemv_sweep.json"))
 KINDS.register("fla_parity", _script(
     "research/fla_parity_gpu.py: fla's GDN kernels against the PyTorch reference", "research.fla_parity_gpu",
     needs=_FLA))

@@ -25,7 +25,8 @@ def test_each_part_runs_its_jobs_program_with_the_jobs_args(tmp_path):
     shim.chmod(0o755)
     env = {**os.environ, "PATH": f"{shim.parent}{os.pathsep}{os.environ['PATH']}", "OUT": str(tmp_path),
            "PYTHONPATH": str(ROOT)}
-    r = subprocess.run(["bash", str(SCRIPT), "tests", "pdl", "pdl_128k", "split_pdl", "tests_gemv", "gemv"],
+    r = subprocess.run(["bash", str(SCRIPT), "tests", "pdl", "pdl_128k", "split_pdl", "tests_gemv", "gemv",
+                        "gemv_sweep"],
                        capture_output=True, text=True, cwd=ROOT, env=env)
     assert r.returncode == 0, r.stderr
     ran = log.read_text().splitlines()
@@ -38,4 +39,5 @@ def test_each_part_runs_its_jobs_program_with_the_jobs_args(tmp_path):
                    f"--json {tmp_path}/time_split_pdl.json",
                    f"-m pytest -m gpu -q -p no:cacheprovider {args('gpu_tests_gemv')}",
                    f"-m research.bench_whole_model_gpu {args('bench_decode_gemv')} "
-                   f"--out {tmp_path}/bench_gemv_run1.json"]
+                   f"--out {tmp_path}/bench_gemv_run1.json",
+                   f"-m research.perf.gemv_sweep {args('gemv_sweep')} --out {tmp_path}/gemv_sweep.json"]

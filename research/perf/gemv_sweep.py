@@ -1,0 +1,143 @@
+"""Time the decode GEMV kernel's tunings against cuBLAS at the decode benchmark's projection shapes (GPU).
+
+    python -m research.perf.gemv_sweep [--rows 1 8] [--shapes all] [--block-n 16 32 64] [--block-k 64 128 256 512]
+        [--num-warps 2 4 8] [--num-stages 2 3 4 6] [--bandwidth 4.3e12] [--budget-s 240] [--out FILE] [--dry-run]
+
+One cell per (projection, rows): a projection of the whole-model benchmark's layer (research/bench_whole_model_gpu.py:
+hidden 2048, 16 query / 8 KV heads of 128, MLP 6144, vocabulary 151,936; bf16) applied to a decode step's rows.
+For F.linear (cuBLAS, what the step runs without ``--gemv``) and every tuning of
+``hybrid.ops.gemv.decode_linear_triton`` in the grid (output columns per program x the reduction's tile x Triton's
+warps x pipeline stages) it records the median ms (CUDA events), the weight's bytes over that time as GB/s and as a
+share of ``--bandwidth`` (the H200's ~4.3 TB/s reachable; an H100's ~3.0), and the largest difference from F.linear
+in float32 on the same inputs. It prints cuBLAS's row, the default tuning's and the fastest per cell, and writes
+``$OUT/gemv_sweep.json`` (``--out`` to override) after every cell. Tunings later in the grid are skipped once
+``--budget-s`` is spent (recorded). ``--dry-run`` prints the cells and the grid and runs nothing (any machine).
+"""
+from __future__ import annotations
+
+import argparse
+import inspect
+import itertools
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from headscope.io import write_text
+from hybrid.ops.gemv import MAX_ROWS, decode_linear_triton
+
+C, I, V = 2048, 6144, 151936  # the benchmark's hidden size, MLP width, vocabulary
+# (N, K) of each projection: the 7:1 hybrid's fused decode input projection (2 FA query heads, 1 KV head, the FA
+# gate, 14 GDN heads' q / k / v and their b / a), the teacher's q / k / v, o_proj, the MLP's, the output head
+SHAPES = {"hybrid_in": (256 + 128 + 128 + 256 + 3 * 1792 + 28, C), "teacher_qkv": (4096, C), "o_proj": (C, C),
+          "gate_up": (I, C), "down": (C, I), "head": (V, C)}
+DEFAULT = {n: p.default for n, p in inspect.signature(decode_linear_triton).parameters.items()
+           if p.kind is inspect.Parameter.KEYWORD_ONLY}
+
+
+def grid(args) -> list[dict]:
+    """The tunings to time: the default first, then every combination of the grid's values."""
+    combos = [dict(block_n=b, block_k=k, num_warps=w, num_stages=s)
+              for b, k, w, s in itertools.product(args.block_n, args.block_k, args.num_warps, args.num_stages)]
+    return [DEFAULT] + [c for c in combos if c != DEFAULT]
+
+
+def cells(args) -> list[tuple[str, int]]:
+    return [(name, rows) for name in args.shapes for rows in sorted(args.rows)]
+
+
+def label(t: dict) -> str:
+    return f"block_n {t['block_n']}, block_k {t['block_k']}, warps {t['num_warps']}, stages {t['num_stages']}"
+
+
+def run_cell(name: str, rows: int, tunings: list[dict], bandwidth: float, deadline: float) -> dict:
+    import torch.nn.functional as F
+
+    from research.perf.benchmark import bench_ms
+
+    N, K = SHAPES[name]
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(rows, 1, K, device="cuda", dtype=torch.bfloat16, generator=g)  # [rows, 1, K]
+    w = (torch.randn(N, K, device="cuda", generator=g) * K ** -0.5).to(torch.bfloat16)  # [N, K]
+    ref = F.linear(x.float(), w.float())  # [rows, 1, N]
+    nbytes = w.numel() * w.element_size()
+
+    def timed(fn) -> dict:
+        out = fn()
+        ms = bench_ms(fn, "cuda", target_ms=40.0)
+        gbs = nbytes / ms / 1e6
+        return dict(ms=round(ms, 4), gb_per_s=round(gbs, 1), of_bandwidth=round(gbs * 1e9 / bandwidth, 3),
+                    max_abs_err=(out.float() - ref).abs().max().item())
+
+    cublas = timed(lambda: F.linear(x, w))
+    out_rows, skipped = [], 0
+    for t in tunings:
+        if time.monotonic() > deadline:
+            skipped += 1
+            continue
+        try:
+            out_rows.append(dict(t, **timed(lambda: decode_linear_triton(x, w, **t))))
+        except Exception as e:  # a tuning Triton cannot build (e.g. shared memory): recorded, not fatal
+            out_rows.append(dict(t, error=f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"))
+    del x, w, ref
+    torch.cuda.empty_cache()
+    ok = [r for r in out_rows if "ms" in r]
+    best = min(ok, key=lambda r: r["ms"]) if ok else None
+    default = next((r for r in ok if all(r[k] == DEFAULT[k] for k in DEFAULT)), None)
+    return dict(shape=name, n=N, k=K, rows=rows, bytes=nbytes, cublas=cublas, tunings=out_rows, best=best,
+                default=default, skipped=skipped)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--rows", type=int, nargs="+", default=[1, 8], help=f"rows of x (1..{MAX_ROWS})")
+    ap.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES), metavar="SHAPE",
+                    help=f"projections, of {', '.join(SHAPES)} (default all)")
+    ap.add_argument("--block-n", type=int, nargs="+", default=[16, 32, 64])
+    ap.add_argument("--block-k", type=int, nargs="+", default=[64, 128, 256, 512])
+    ap.add_argument("--num-warps", type=int, nargs="+", default=[2, 4, 8])
+    ap.add_argument("--num-stages", type=int, nargs="+", default=[2, 3, 4, 6])
+    ap.add_argument("--bandwidth", type=float, default=4.3e12, help="bytes/s the share is taken of")
+    ap.add_argument("--budget-s", type=float, default=240.0, help="wall-clock budget; later tunings are skipped")
+    ap.add_argument("--out", type=Path, default=None, help="JSON path (default $OUT/gemv_sweep.json)")
+    ap.add_argument("--dry-run", action="store_true", help="print the cells and the grid; run nothing")
+    args = ap.parse_args(argv)
+    if not all(1 <= r <= MAX_ROWS for r in args.rows):
+        ap.error(f"--rows takes 1..{MAX_ROWS} (the kernel's rows), got {args.rows}")
+    bad = [b for b in args.block_n + args.block_k if b < 16 or b & (b - 1)]
+    if bad:
+        ap.error(f"--block-n / --block-k take powers of two >= 16 (tensor-core tiles), got {bad}")
+    tunings, todo = grid(args), cells(args)
+    if args.dry_run:
+        print(f"{len(todo)} cells x {len(tunings)} tunings (+ cuBLAS)")
+        for name, rows in todo:
+            print(f"  {name} {SHAPES[name]}, rows {rows}")
+        for t in tunings:
+            print(f"  {label(t)}")
+        return dict(cells=todo, tunings=tunings)
+    if not torch.cuda.is_available():
+        sys.exit("gemv_sweep: needs a CUDA GPU with Triton (--dry-run runs anywhere)")
+    out = args.out or Path(os.environ.get("OUT", ".")) / "gemv_sweep.json"
+    deadline = time.monotonic() + args.budget_s
+    res = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, bandwidth=args.bandwidth,
+               tunings=len(tunings), cells=[])
+    for name, rows in todo:
+        cell = run_cell(name, rows, tunings, args.bandwidth, deadline)
+        res["cells"].append(cell)
+        write_text(out, json.dumps(res, indent=1))  # atomic: a cut run leaves the last whole cell
+        c, d, b = cell["cublas"], cell["default"], cell["best"]
+        print(f"{name} [{cell['n']} x {cell['k']}], rows {rows} ({cell['bytes'] / 1e6:.1f} MB): "
+              f"cuBLAS {c['ms']:.4f} ms ({c['of_bandwidth']:.0%})"
+              + (f"; default {d['ms']:.4f} ms ({d['of_bandwidth']:.0%})" if d else "; default not timed")
+              + (f"; best {b['ms']:.4f} ms ({b['of_bandwidth']:.0%}) with {label(b)}, max err {b['max_abs_err']:.1e}"
+                 if b else "") + (f"; {cell['skipped']} tunings skipped (budget)" if cell["skipped"] else ""),
+              flush=True)
+    print(f"wrote {out}")
+    return res
+
+
+if __name__ == "__main__":
+    main()
