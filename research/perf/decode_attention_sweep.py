@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import inspect
 import itertools
-import json
 import os
 import sys
 import time
@@ -29,8 +28,8 @@ from pathlib import Path
 
 import torch
 
-from headscope.io import write_text
 from hybrid.ops.decode_attention import decode_attention_triton
+from research.perf.kernel_sweep import pick, run_cells, time_tunings
 
 D = 128  # head dim of the benchmark shape (Qwen3-1.7B)
 REP = 2  # query heads per KV head (16 query / 8 KV heads)
@@ -59,7 +58,6 @@ def label(t: dict) -> str:
 
 def run_cell(S: int, B: int, K: int, tunings: list[dict], bandwidth: float, deadline: float) -> dict:
     from hybrid.ops.decode_attention import decode_attention_reference
-    from research.perf.benchmark import bench_ms
 
     g = torch.Generator(device="cuda").manual_seed(0)
     q = torch.randn(B, 1, K * REP, D, device="cuda", dtype=torch.bfloat16, generator=g)  # [B, 1, H, D]
@@ -68,28 +66,20 @@ def run_cell(S: int, B: int, K: int, tunings: list[dict], bandwidth: float, dead
     kv_len = torch.full((B,), S, device="cuda", dtype=torch.long)  # [B]
     ref = decode_attention_reference(q, k, v, kv_len).float()  # [B, 1, H, D]
     nbytes = 2 * k.numel() * k.element_size()
-    rows, skipped = [], []
-    for t in tunings:
-        if time.monotonic() > deadline:
-            skipped.append(t)
-            continue
-        try:
-            out = decode_attention_triton(q, k, v, kv_len, **t)  # [B, 1, H, D]; compiles this tuning
-            err = (out.float() - ref).abs().max().item()
-            ms = bench_ms(lambda: decode_attention_triton(q, k, v, kv_len, **t), "cuda", target_ms=40.0)
-        except Exception as e:  # a tuning Triton cannot build (e.g. shared memory): recorded, not fatal
-            rows.append(dict(t, error=f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"))
-            continue
-        gbs = nbytes / ms / 1e6
-        rows.append(dict(t, ms=round(ms, 4), gb_per_s=round(gbs, 1), of_bandwidth=round(gbs * 1e9 / bandwidth, 3),
-                         max_abs_err=err))
-    del q, k, v, ref
-    torch.cuda.empty_cache()
-    ok = [r for r in rows if "ms" in r]
-    best = min(ok, key=lambda r: r["ms"]) if ok else None
-    default = next((r for r in ok if all(r[key] == DEFAULT[key] for key in DEFAULT)), None)
+    rows, skipped = time_tunings(lambda t: decode_attention_triton(q, k, v, kv_len, **t), tunings, ref, nbytes,
+                                 bandwidth, deadline)
+    best, default = pick(rows, DEFAULT)  # (q, k, v go with this frame; the allocator reuses their memory)
     return dict(context=S, batch=B, kv_heads=K, bytes=nbytes, rows=rows, best=best, default=default,
-                skipped=len(skipped))
+                skipped=skipped)
+
+
+def line(cell: dict) -> str:
+    d, b = cell["default"], cell["best"]
+    return (f"context {cell['context']}, batch {cell['batch']}, KV heads {cell['kv_heads']} "
+            f"({cell['bytes'] / 1e6:.0f} MB): "
+            + (f"default {d['ms']:.4f} ms ({d['of_bandwidth']:.0%} of bandwidth)" if d else "default not timed")
+            + (f"; best {b['ms']:.4f} ms ({b['of_bandwidth']:.0%}) with {label(b)}, max err {b['max_abs_err']:.1e}"
+               if b else "") + (f"; {cell['skipped']} tunings skipped (budget)" if cell["skipped"] else ""))
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -124,20 +114,9 @@ def main(argv: list[str] | None = None) -> dict:
         sys.exit("decode_attention_sweep: needs a CUDA GPU with Triton (--dry-run runs anywhere)")
     out = args.out or Path(os.environ.get("OUT", ".")) / "decode_attention_sweep.json"
     deadline = time.monotonic() + args.budget_s
-    res = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, bandwidth=args.bandwidth,
-               tunings=len(tunings), cells=[])
-    for S, B, K in todo:
-        cell = run_cell(S, B, K, tunings, args.bandwidth, deadline)
-        res["cells"].append(cell)
-        write_text(out, json.dumps(res, indent=1))  # atomic: a cut run leaves the last whole cell
-        d, b = cell["default"], cell["best"]
-        print(f"context {S}, batch {B}, KV heads {K} ({cell['bytes'] / 1e6:.0f} MB): "
-              + (f"default {d['ms']:.4f} ms ({d['of_bandwidth']:.0%} of bandwidth)" if d else "default not timed")
-              + (f"; best {b['ms']:.4f} ms ({b['of_bandwidth']:.0%}) with {label(b)}, max err {b['max_abs_err']:.1e}"
-                 if b else "") + (f"; {cell['skipped']} tunings skipped (budget)" if cell["skipped"] else ""),
-              flush=True)
-    print(f"wrote {out}")
-    return res
+    header = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, bandwidth=args.bandwidth,
+                  tunings=len(tunings))
+    return run_cells(todo, lambda S, B, K: run_cell(S, B, K, tunings, args.bandwidth, deadline), out, header, line)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import inspect
 import itertools
-import json
 import os
 import sys
 import time
@@ -26,8 +25,8 @@ from pathlib import Path
 
 import torch
 
-from headscope.io import write_text
 from hybrid.ops.gemv import MAX_ROWS, decode_linear_triton
+from research.perf.kernel_sweep import measure, pick, run_cells, time_tunings
 
 C, I, V = 2048, 6144, 151936  # the benchmark's hidden size, MLP width, vocabulary
 # (N, K) of each projection: the 7:1 hybrid's fused decode input projection (2 FA query heads, 1 KV head, the FA
@@ -56,39 +55,27 @@ def label(t: dict) -> str:
 def run_cell(name: str, rows: int, tunings: list[dict], bandwidth: float, deadline: float) -> dict:
     import torch.nn.functional as F
 
-    from research.perf.benchmark import bench_ms
-
     N, K = SHAPES[name]
     g = torch.Generator(device="cuda").manual_seed(0)
     x = torch.randn(rows, 1, K, device="cuda", dtype=torch.bfloat16, generator=g)  # [rows, 1, K]
     w = (torch.randn(N, K, device="cuda", generator=g) * K ** -0.5).to(torch.bfloat16)  # [N, K]
     ref = F.linear(x.float(), w.float())  # [rows, 1, N]
     nbytes = w.numel() * w.element_size()
-
-    def timed(fn) -> dict:
-        out = fn()
-        ms = bench_ms(fn, "cuda", target_ms=40.0)
-        gbs = nbytes / ms / 1e6
-        return dict(ms=round(ms, 4), gb_per_s=round(gbs, 1), of_bandwidth=round(gbs * 1e9 / bandwidth, 3),
-                    max_abs_err=(out.float() - ref).abs().max().item())
-
-    cublas = timed(lambda: F.linear(x, w))
-    out_rows, skipped = [], 0
-    for t in tunings:
-        if time.monotonic() > deadline:
-            skipped += 1
-            continue
-        try:
-            out_rows.append(dict(t, **timed(lambda: decode_linear_triton(x, w, **t))))
-        except Exception as e:  # a tuning Triton cannot build (e.g. shared memory): recorded, not fatal
-            out_rows.append(dict(t, error=f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"))
-    del x, w, ref
-    torch.cuda.empty_cache()
-    ok = [r for r in out_rows if "ms" in r]
-    best = min(ok, key=lambda r: r["ms"]) if ok else None
-    default = next((r for r in ok if all(r[k] == DEFAULT[k] for k in DEFAULT)), None)
+    cublas = measure(lambda: F.linear(x, w), ref, nbytes, bandwidth)
+    out_rows, skipped = time_tunings(lambda t: decode_linear_triton(x, w, **t), tunings, ref, nbytes, bandwidth,
+                                     deadline)
+    best, default = pick(out_rows, DEFAULT)  # (x and w go with this frame; the allocator reuses their memory)
     return dict(shape=name, n=N, k=K, rows=rows, bytes=nbytes, cublas=cublas, tunings=out_rows, best=best,
                 default=default, skipped=skipped)
+
+
+def line(cell: dict) -> str:
+    c, d, b = cell["cublas"], cell["default"], cell["best"]
+    return (f"{cell['shape']} [{cell['n']} x {cell['k']}], rows {cell['rows']} ({cell['bytes'] / 1e6:.1f} MB): "
+            f"cuBLAS {c['ms']:.4f} ms ({c['of_bandwidth']:.0%})"
+            + (f"; default {d['ms']:.4f} ms ({d['of_bandwidth']:.0%})" if d else "; default not timed")
+            + (f"; best {b['ms']:.4f} ms ({b['of_bandwidth']:.0%}) with {label(b)}, max err {b['max_abs_err']:.1e}"
+               if b else "") + (f"; {cell['skipped']} tunings skipped (budget)" if cell["skipped"] else ""))
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -122,21 +109,10 @@ def main(argv: list[str] | None = None) -> dict:
         sys.exit("gemv_sweep: needs a CUDA GPU with Triton (--dry-run runs anywhere)")
     out = args.out or Path(os.environ.get("OUT", ".")) / "gemv_sweep.json"
     deadline = time.monotonic() + args.budget_s
-    res = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, bandwidth=args.bandwidth,
-               tunings=len(tunings), cells=[])
-    for name, rows in todo:
-        cell = run_cell(name, rows, tunings, args.bandwidth, deadline)
-        res["cells"].append(cell)
-        write_text(out, json.dumps(res, indent=1))  # atomic: a cut run leaves the last whole cell
-        c, d, b = cell["cublas"], cell["default"], cell["best"]
-        print(f"{name} [{cell['n']} x {cell['k']}], rows {rows} ({cell['bytes'] / 1e6:.1f} MB): "
-              f"cuBLAS {c['ms']:.4f} ms ({c['of_bandwidth']:.0%})"
-              + (f"; default {d['ms']:.4f} ms ({d['of_bandwidth']:.0%})" if d else "; default not timed")
-              + (f"; best {b['ms']:.4f} ms ({b['of_bandwidth']:.0%}) with {label(b)}, max err {b['max_abs_err']:.1e}"
-                 if b else "") + (f"; {cell['skipped']} tunings skipped (budget)" if cell["skipped"] else ""),
-              flush=True)
-    print(f"wrote {out}")
-    return res
+    header = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, bandwidth=args.bandwidth,
+                  tunings=len(tunings))
+    return run_cells(todo, lambda name, rows: run_cell(name, rows, tunings, args.bandwidth, deadline), out, header,
+                     line)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,70 @@
+"""What the kernel tuning sweeps share (research/perf/decode_attention_sweep.py, research/perf/gemv_sweep.py): time
+one call per tuning against the bytes it must read, keep going past a tuning Triton cannot build, stop timing at a
+deadline, and write the whole result after every cell (a run cut by its time limit keeps its whole cells).
+
+    rows, skipped = time_tunings(lambda t: kernel(x, **t), tunings, ref, nbytes, bandwidth, deadline)
+    best, default = pick(rows, default_tuning)
+    res = run_cells(todo, run_cell, out, header, line)
+"""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from headscope.io import write_text
+
+__all__ = ["measure", "time_tunings", "pick", "run_cells"]
+
+
+def measure(fn: Callable[[], torch.Tensor], ref: torch.Tensor, nbytes: int, bandwidth: float,
+            device: str = "cuda") -> dict:
+    """``fn()`` once (compiles / warms it), then its median ms (CUDA events on "cuda"), the bytes over that time
+    as GB/s and as a share of ``bandwidth``, and the largest difference of its output from ``ref`` (float32)."""
+    from research.perf.benchmark import bench_ms
+
+    out = fn()
+    err = (out.float() - ref).abs().max().item()
+    ms = bench_ms(fn, device, target_ms=40.0)
+    gbs = nbytes / ms / 1e6
+    return dict(ms=round(ms, 4), gb_per_s=round(gbs, 1), of_bandwidth=round(gbs * 1e9 / bandwidth, 3),
+                max_abs_err=err)
+
+
+def time_tunings(call: Callable[[dict], torch.Tensor], tunings: list[dict], ref: torch.Tensor, nbytes: int,
+                 bandwidth: float, deadline: float, device: str = "cuda") -> tuple[list[dict], int]:
+    """One row per tuning (the tuning's keywords and ``measure``'s numbers, or ``error`` for one Triton cannot
+    build, e.g. out of shared memory); tunings after ``deadline`` (time.monotonic()) are skipped and counted."""
+    rows, skipped = [], 0
+    for t in tunings:
+        if time.monotonic() > deadline:
+            skipped += 1
+            continue
+        try:
+            rows.append(dict(t, **measure(lambda: call(t), ref, nbytes, bandwidth, device)))
+        except Exception as e:  # recorded, not fatal
+            rows.append(dict(t, error=f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"))
+    return rows, skipped
+
+
+def pick(rows: list[dict], default: dict) -> tuple[dict | None, dict | None]:
+    """The fastest timed row and the default tuning's row (None where none was timed)."""
+    ok = [r for r in rows if "ms" in r]
+    best = min(ok, key=lambda r: r["ms"]) if ok else None
+    return best, next((r for r in ok if all(r[k] == default[k] for k in default)), None)
+
+
+def run_cells(todo: list, run_cell: Callable, out: Path, header: dict, line: Callable[[dict], str]) -> dict:
+    """``header`` plus ``cells``: ``run_cell(*cell)`` for each of ``todo``, the JSON rewritten (atomically) after
+    each and ``line(cell)`` printed."""
+    res = dict(header, cells=[])
+    for cell_args in todo:
+        cell = run_cell(*cell_args)
+        res["cells"].append(cell)
+        write_text(out, json.dumps(res, indent=1))
+        print(line(cell), flush=True)
+    print(f"wrote {out}")
+    return res
