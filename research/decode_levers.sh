@@ -14,6 +14,7 @@
 #   split_gemv decode_time_split_gemv  split with --gemv                             -> $OUT/time_split_gemv.json
 #   gemv_sweep gemv_sweep           the GEMV's tunings against cuBLAS                -> $OUT/gemv_sweep.json
 #   attn_sweep decode_attention_sweep  the split-KV attention's tunings             -> $OUT/decode_attention_sweep.json
+#   gdn_sweep  gdn_step_sweep       the fused GDN step's tunings                      -> $OUT/gdn_step_sweep.json
 #   code_b8    (count_decode_ops, no job) inductor's code of the compiled steps at batch 8, one layer of the bench
 #              widths (why the fused GDN op's inputs are copied there, not at batch 1) -> $OUT/code_b8.log
 #   split      decode_time_split    where the step's time goes, one layer at the bench widths -> $OUT/time_split.json
@@ -33,9 +34,9 @@ for part in "$@"; do
         best_128k) job=bench_decode_best_128k ;; pdl_128k) job=bench_decode_pdl_128k ;;
         tests_gemv) job=gpu_tests_gemv ;; gemv) job=bench_decode_gemv ;; gemv_128k) job=bench_decode_gemv_128k ;;
         split_gemv) job=decode_time_split_gemv ;; gemv_sweep) job=gemv_sweep ;;
-        attn_sweep) job=decode_attention_sweep ;; code_b8) job=decode_time_split ;;
+        attn_sweep) job=decode_attention_sweep ;; gdn_sweep) job=gdn_step_sweep ;; code_b8) job=decode_time_split ;;
         *) echo "decode_levers.sh: unknown part '$part' (tests best pdl combo best_128k pdl_128k split split_pdl" \
-                "tests_gemv gemv gemv_128k split_gemv gemv_sweep attn_sweep code_b8)" >&2
+                "tests_gemv gemv gemv_128k split_gemv gemv_sweep attn_sweep gdn_sweep code_b8)" >&2
            exit 2 ;;
     esac
     mapfile -t args < <(job_args "$job")
@@ -52,6 +53,8 @@ for part in "$@"; do
                         2>&1 | tail -14 ;;
         attn_sweep) timeout 420 python3 -m research.perf.decode_attention_sweep "${args[@]}" \
                         --out "$OUT/decode_attention_sweep.json" 2>&1 | tail -6 ;;
+        gdn_sweep) timeout 240 python3 -m research.perf.gdn_step_sweep "${args[@]}" --out "$OUT/gdn_step_sweep.json" \
+                       2>&1 | tail -4 ;;
         code_b8)
             TORCH_LOGS=output_code timeout 300 python3 -m research.count_decode_ops --device cuda --compile \
                 --fused-gdn --shape bench --batch 8 --layers 1 > "$OUT/code_b8.log" 2>&1

@@ -158,8 +158,13 @@ def _kernel():
 
 def gdn_decode_step_triton(q, k, v, b, a, state, q_weight, k_weight, cos, sin, *, eps: float = 1e-6,
                            norm: bool = True, decay: str = "gdn", A_log=None, dt_bias=None, a_bias=None,
-                           scale: float | None = None) -> torch.Tensor:
-    """The fused kernel (see the module docstring); same function as the twin, forward only."""
+                           scale: float | None = None, block_v: int = BLOCK_V, num_warps: int | None = None,
+                           num_stages: int | None = None) -> torch.Tensor:
+    """The fused kernel (see the module docstring); same function as the twin, forward only. ``block_v`` (value
+    columns per program), ``num_warps`` / ``num_stages`` (Triton's; None: its defaults) tune it; the defaults are
+    what every caller runs (research/perf/gdn_step_sweep.py times the others)."""
+    if block_v < 16 or block_v & (block_v - 1):
+        raise ValueError(f"gdn_decode_step_triton: block_v must be a power of two >= 16, got {block_v}")
     _check_triton(q, k, v, state, cos, sin)
     triton, step = _kernel()
     B, _, H, D = q.shape
@@ -167,14 +172,15 @@ def gdn_decode_step_triton(q, k, v, b, a, state, q_weight, k_weight, cos, sin, *
     cos_sb = cos.stride(0) if cos.dim() == 3 else 0  # [B, 1, D] per-row positions, or [1, D] shared
     p1, p2 = (A_log, dt_bias) if decay == "gdn" else (a_bias, a_bias)  # [H] each
     o = torch.empty(B, 1, H, D, device=v.device, dtype=v.dtype)  # [B, 1, H, D]
-    bv = min(D, BLOCK_V)
+    bv = min(D, block_v)
+    launch = {k_: v_ for k_, v_ in (("num_warps", num_warps), ("num_stages", num_stages)) if v_ is not None}
     pdl = pdl_launch(v)  # inside dependent_launch() on a Hopper-class GPU
     if B * H:
         step[(B * H, D // bv)](q, k, v, b, a, state, o, q_weight if norm else q, k_weight if norm else k, cos, sin,
                                p1, p2, H, q.stride(0), q.stride(2), k.stride(0), k.stride(2), v.stride(0),
                                v.stride(2), b.stride(0), b.stride(2), a.stride(0), a.stride(2), cos_sb, float(eps),
                                float(L2NORM_EPS), float(scale), D=D, BV=bv, NORM=norm, GDN=decay == "gdn",
-                               USE_GDC=pdl, **({"launch_pdl": True} if pdl else {}))
+                               USE_GDC=pdl, **launch, **({"launch_pdl": True} if pdl else {}))
     return o
 
 

@@ -353,6 +353,9 @@ KINDS.register("decode_attention_sweep", _script(
 KINDS.register("gemv_sweep", _script(
     "research/perf/gemv_sweep.py: the decode GEMV kernel's tunings timed against cuBLAS at the decode benchmark's "
     "projection shapes", "research.perf.gemv_sweep", done="gemv_sweep.json"))
+KINDS.register("gdn_step_sweep", _script(
+    "research/perf/gdn_step_sweep.py: the fused GDN decode step kernel's tunings timed at the decode benchmark's "
+    "shape", "research.perf.gdn_step_sweep", done="gdn_step_sweep.json"))
 KINDS.register("fla_parity", _script(
     "research/fla_parity_gpu.py: fla's GDN kernels against the PyTorch reference", "research.fla_parity_gpu",
     needs=_FLA))

@@ -20,21 +20,22 @@ from headscope.io import write_text
 __all__ = ["measure", "time_tunings", "pick", "run_cells"]
 
 
-def measure(fn: Callable[[], torch.Tensor], ref: torch.Tensor, nbytes: int, bandwidth: float,
+def measure(fn: Callable[[], torch.Tensor], ref: torch.Tensor | None, nbytes: int, bandwidth: float,
             device: str = "cuda") -> dict:
     """``fn()`` once (compiles / warms it), then its median ms (CUDA events on "cuda"), the bytes over that time
-    as GB/s and as a share of ``bandwidth``, and the largest difference of its output from ``ref`` (float32)."""
+    as GB/s and as a share of ``bandwidth``, and the largest difference of its output from ``ref`` (float32; None:
+    not compared here, e.g. a kernel that steps a state in place, checked by its caller)."""
     from research.perf.benchmark import bench_ms
 
     out = fn()
-    err = (out.float() - ref).abs().max().item()
+    err = None if ref is None else (out.float() - ref).abs().max().item()
     ms = bench_ms(fn, device, target_ms=40.0)
     gbs = nbytes / ms / 1e6
     return dict(ms=round(ms, 4), gb_per_s=round(gbs, 1), of_bandwidth=round(gbs * 1e9 / bandwidth, 3),
                 max_abs_err=err)
 
 
-def time_tunings(call: Callable[[dict], torch.Tensor], tunings: list[dict], ref: torch.Tensor, nbytes: int,
+def time_tunings(call: Callable[[dict], torch.Tensor], tunings: list[dict], ref: torch.Tensor | None, nbytes: int,
                  bandwidth: float, deadline: float, device: str = "cuda") -> tuple[list[dict], int]:
     """One row per tuning (the tuning's keywords and ``measure``'s numbers, or ``error`` for one Triton cannot
     build, e.g. out of shared memory); tunings after ``deadline`` (time.monotonic()) are skipped and counted."""
