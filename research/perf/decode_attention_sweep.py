@@ -9,12 +9,12 @@ One cell per (context, batch, KV heads): one layer's decode attention of the who
 layer, the teacher 8), every row's cache full to the context. For every tuning of
 ``hybrid.ops.decode_attention.decode_attention_triton`` in the grid (keys per inner step x programs per SM x
 Triton's warps x pipeline stages) it records the median ms (CUDA events; the split and the combine kernel), the
-bytes the call must read (the keys and values of every row: B x S x K x D x 2 tensors x 2 bytes) over that time
-as GB/s and as a share of ``--bandwidth`` (the H200's ~4.3 TB/s reachable), and the largest difference from the
-twin (masked SDPA) on the same inputs. It prints the default tuning's row and the fastest per cell, and writes
-``$OUT/decode_attention_sweep.json`` (``--out`` to override) after every cell. Tunings later in the grid are
-skipped once ``--budget-s`` is spent (recorded). ``--dry-run`` prints the cells and the grid and runs nothing
-(any machine).
+bytes the call must read (the keys and values of every row: B x S x K x D x 2 tensors x 2 bytes) over that time as
+GB/s and as a share of ``--bandwidth`` (the H200's ~4.3 TB/s reachable), and the largest difference from the twin
+(masked SDPA) on the same inputs. It prints the default tuning's row and the fastest per cell, and writes
+``$OUT/decode_attention_sweep.json`` (``--out`` to override) after every cell. Each cell gets its share of
+``--budget-s`` (what a cell leaves goes to the next); its later tunings are skipped once that is spent (counted).
+``--dry-run`` prints the cells and the grid and runs nothing (any machine).
 """
 from __future__ import annotations
 
@@ -23,7 +23,6 @@ import inspect
 import itertools
 import os
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -92,7 +91,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--num-warps", type=int, nargs="+", default=[4, 8])
     ap.add_argument("--num-stages", type=int, nargs="+", default=[2, 3, 4])
     ap.add_argument("--bandwidth", type=float, default=4.3e12, help="bytes/s the share is taken of")
-    ap.add_argument("--budget-s", type=float, default=240.0, help="wall-clock budget; later tunings are skipped")
+    ap.add_argument("--budget-s", type=float, default=240.0,
+                    help="wall-clock budget, shared among the cells; a cell's later tunings are skipped")
     ap.add_argument("--out", type=Path, default=None, help="JSON path (default $OUT/decode_attention_sweep.json)")
     ap.add_argument("--dry-run", action="store_true", help="print the cells and the grid; run nothing")
     args = ap.parse_args(argv)
@@ -113,10 +113,10 @@ def main(argv: list[str] | None = None) -> dict:
     if not torch.cuda.is_available():
         sys.exit("decode_attention_sweep: needs a CUDA GPU with Triton (--dry-run runs anywhere)")
     out = args.out or Path(os.environ.get("OUT", ".")) / "decode_attention_sweep.json"
-    deadline = time.monotonic() + args.budget_s
     header = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, bandwidth=args.bandwidth,
                   tunings=len(tunings))
-    return run_cells(todo, lambda S, B, K: run_cell(S, B, K, tunings, args.bandwidth, deadline), out, header, line)
+    return run_cells(todo, lambda S, B, K, end: run_cell(S, B, K, tunings, args.bandwidth, end), out, header,
+                     line, args.budget_s)
 
 
 if __name__ == "__main__":

@@ -10,8 +10,9 @@ program x Triton's warps x pipeline stages) it records the median ms (CUDA event
 every call), the bytes a step must move (the state read and written: B x H x D x D x 4 bytes x 2, and the inputs)
 over that time as GB/s and as a share of ``--bandwidth``, and the largest difference of one step's output from the
 twin's on a fresh copy of the state. It prints the default tuning's row and the fastest per cell and writes
-``$OUT/gdn_step_sweep.json`` (``--out`` to override) after every cell. Tunings later in the grid are skipped once
-``--budget-s`` is spent. ``--dry-run`` prints the cells and the grid and runs nothing (any machine).
+``$OUT/gdn_step_sweep.json`` (``--out`` to override) after every cell. Each cell gets its share of ``--budget-s``
+(what a cell leaves goes to the next); its later tunings are skipped once that is spent (counted). ``--dry-run``
+prints the cells and the grid and runs nothing (any machine).
 """
 from __future__ import annotations
 
@@ -20,7 +21,6 @@ import inspect
 import itertools
 import os
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -103,7 +103,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--num-warps", type=int, nargs="+", default=[1, 2, 4, 8])
     ap.add_argument("--num-stages", type=int, nargs="+", default=[1, 2, 3])
     ap.add_argument("--bandwidth", type=float, default=4.3e12, help="bytes/s the share is taken of")
-    ap.add_argument("--budget-s", type=float, default=120.0, help="wall-clock budget; later tunings are skipped")
+    ap.add_argument("--budget-s", type=float, default=120.0,
+                    help="wall-clock budget, shared among the cells; a cell's later tunings are skipped")
     ap.add_argument("--out", type=Path, default=None, help="JSON path (default $OUT/gdn_step_sweep.json)")
     ap.add_argument("--dry-run", action="store_true", help="print the cells and the grid; run nothing")
     args = ap.parse_args(argv)
@@ -123,10 +124,10 @@ def main(argv: list[str] | None = None) -> dict:
     if not torch.cuda.is_available():
         sys.exit("gdn_step_sweep: needs a CUDA GPU with Triton (--dry-run runs anywhere)")
     out = args.out or Path(os.environ.get("OUT", ".")) / "gdn_step_sweep.json"
-    deadline = time.monotonic() + args.budget_s
     header = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, bandwidth=args.bandwidth,
                   tunings=len(tunings))
-    return run_cells(todo, lambda B, H: run_cell(B, H, tunings, args.bandwidth, deadline), out, header, line)
+    return run_cells(todo, lambda B, H, end: run_cell(B, H, tunings, args.bandwidth, end), out, header, line,
+                     args.budget_s)
 
 
 if __name__ == "__main__":

@@ -1,17 +1,18 @@
 """Time the decode GEMV kernel's tunings against cuBLAS at the decode benchmark's projection shapes (GPU).
 
-    python -m research.perf.gemv_sweep [--rows 1 8] [--shapes all] [--block-n 16 32 64] [--block-k 64 128 256 512]
-        [--num-warps 2 4 8] [--num-stages 2 3 4 6] [--bandwidth 4.3e12] [--budget-s 240] [--out FILE] [--dry-run]
+    python -m research.perf.gemv_sweep [--rows 1 8] [--shapes all] [--block-n 16 32 64] [--block-k 128 256 512]
+        [--num-warps 4 8] [--num-stages 3 4 6] [--bandwidth 4.3e12] [--budget-s 240] [--out FILE] [--dry-run]
 
-One cell per (projection, rows): a projection of the whole-model benchmark's layer (research/bench_whole_model_gpu.py:
-hidden 2048, 16 query / 8 KV heads of 128, MLP 6144, vocabulary 151,936; bf16) applied to a decode step's rows.
-For F.linear (cuBLAS, what the step runs without ``--gemv``) and every tuning of
+One cell per (projection, rows): a projection of the whole-model benchmark's layer
+(research/bench_whole_model_gpu.py: hidden 2048, 16 query / 8 KV heads of 128, MLP 6144, vocabulary 151,936; bf16)
+applied to a decode step's rows. For F.linear (cuBLAS, what the step runs without ``--gemv``) and every tuning of
 ``hybrid.ops.gemv.decode_linear_triton`` in the grid (output columns per program x the reduction's tile x Triton's
 warps x pipeline stages) it records the median ms (CUDA events), the weight's bytes over that time as GB/s and as a
 share of ``--bandwidth`` (the H200's ~4.3 TB/s reachable; an H100's ~3.0), and the largest difference from F.linear
 in float32 on the same inputs. It prints cuBLAS's row, the default tuning's and the fastest per cell, and writes
-``$OUT/gemv_sweep.json`` (``--out`` to override) after every cell. Tunings later in the grid are skipped once
-``--budget-s`` is spent (recorded). ``--dry-run`` prints the cells and the grid and runs nothing (any machine).
+``$OUT/gemv_sweep.json`` (``--out`` to override) after every cell. Each cell gets its share of ``--budget-s`` (what
+a cell leaves goes to the next); its later tunings are skipped once that is spent (counted). ``--dry-run`` prints
+the cells and the grid and runs nothing (any machine).
 """
 from __future__ import annotations
 
@@ -20,7 +21,6 @@ import inspect
 import itertools
 import os
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -84,11 +84,12 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES), metavar="SHAPE",
                     help=f"projections, of {', '.join(SHAPES)} (default all)")
     ap.add_argument("--block-n", type=int, nargs="+", default=[16, 32, 64])
-    ap.add_argument("--block-k", type=int, nargs="+", default=[64, 128, 256, 512])
-    ap.add_argument("--num-warps", type=int, nargs="+", default=[2, 4, 8])
-    ap.add_argument("--num-stages", type=int, nargs="+", default=[2, 3, 4, 6])
+    ap.add_argument("--block-k", type=int, nargs="+", default=[128, 256, 512])
+    ap.add_argument("--num-warps", type=int, nargs="+", default=[4, 8])
+    ap.add_argument("--num-stages", type=int, nargs="+", default=[3, 4, 6])
     ap.add_argument("--bandwidth", type=float, default=4.3e12, help="bytes/s the share is taken of")
-    ap.add_argument("--budget-s", type=float, default=240.0, help="wall-clock budget; later tunings are skipped")
+    ap.add_argument("--budget-s", type=float, default=240.0,
+                    help="wall-clock budget, shared among the cells; a cell's later tunings are skipped")
     ap.add_argument("--out", type=Path, default=None, help="JSON path (default $OUT/gemv_sweep.json)")
     ap.add_argument("--dry-run", action="store_true", help="print the cells and the grid; run nothing")
     args = ap.parse_args(argv)
@@ -108,11 +109,10 @@ def main(argv: list[str] | None = None) -> dict:
     if not torch.cuda.is_available():
         sys.exit("gemv_sweep: needs a CUDA GPU with Triton (--dry-run runs anywhere)")
     out = args.out or Path(os.environ.get("OUT", ".")) / "gemv_sweep.json"
-    deadline = time.monotonic() + args.budget_s
     header = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, bandwidth=args.bandwidth,
                   tunings=len(tunings))
-    return run_cells(todo, lambda name, rows: run_cell(name, rows, tunings, args.bandwidth, deadline), out, header,
-                     line)
+    return run_cells(todo, lambda name, rows, end: run_cell(name, rows, tunings, args.bandwidth, end), out,
+                     header, line, args.budget_s)
 
 
 if __name__ == "__main__":

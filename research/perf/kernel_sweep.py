@@ -4,7 +4,7 @@ deadline, and write the whole result after every cell (a run cut by its time lim
 
     rows, skipped = time_tunings(lambda t: kernel(x, **t), tunings, ref, nbytes, bandwidth, deadline)
     best, default = pick(rows, default_tuning)
-    res = run_cells(todo, run_cell, out, header, line)
+    res = run_cells(todo, run_cell, out, header, line, budget_s)
 """
 from __future__ import annotations
 
@@ -58,12 +58,16 @@ def pick(rows: list[dict], default: dict) -> tuple[dict | None, dict | None]:
     return best, next((r for r in ok if all(r[k] == default[k] for k in default)), None)
 
 
-def run_cells(todo: list, run_cell: Callable, out: Path, header: dict, line: Callable[[dict], str]) -> dict:
-    """``header`` plus ``cells``: ``run_cell(*cell)`` for each of ``todo``, the JSON rewritten (atomically) after
-    each and ``line(cell)`` printed."""
+def run_cells(todo: list, run_cell: Callable, out: Path, header: dict, line: Callable[[dict], str],
+              budget_s: float) -> dict:
+    """``header`` plus ``cells``: ``run_cell(*cell, deadline)`` for each of ``todo``, the JSON rewritten
+    (atomically) after each and ``line(cell)`` printed. Cell i's deadline is its share of ``budget_s`` from the
+    start, (i + 1) / len(todo) of it, so that every cell gets its tunings' first ones timed and time a cell leaves
+    goes to the next."""
     res = dict(header, cells=[])
-    for cell_args in todo:
-        cell = run_cell(*cell_args)
+    start = time.monotonic()
+    for i, cell_args in enumerate(todo):
+        cell = run_cell(*cell_args, start + budget_s * (i + 1) / len(todo))
         res["cells"].append(cell)
         write_text(out, json.dumps(res, indent=1))
         print(line(cell), flush=True)

@@ -33,17 +33,19 @@ def test_tunings_are_timed_errors_recorded_and_the_deadline_kept():
     assert pick(late, dict(s=1)) == (None, None)
 
 
-def test_run_cells_writes_the_whole_result_after_each_cell_and_prints_its_line(tmp_path, capsys):
+def test_run_cells_writes_the_whole_result_after_each_cell_and_gives_each_its_share_of_the_budget(tmp_path, capsys):
     out = tmp_path / "sweep.json"
     seen = []
+    t0 = time.monotonic()
 
-    def run_cell(a, b):
+    def run_cell(a, b, deadline):
         if seen:  # the first cell is on disk before the second runs
             assert json.loads(out.read_text())["cells"] == [{"a": 1, "b": 2}]
-        seen.append((a, b))
+        seen.append(deadline - t0)
         return {"a": a, "b": b}
 
-    res = run_cells([(1, 2), (3, 4)], run_cell, out, {"gpu": "none"}, lambda c: f"cell {c['a']}")
+    res = run_cells([(1, 2), (3, 4)], run_cell, out, {"gpu": "none"}, lambda c: f"cell {c['a']}", budget_s=100.0)
     assert res == {"gpu": "none", "cells": [{"a": 1, "b": 2}, {"a": 3, "b": 4}]}
     assert json.loads(out.read_text()) == res
     assert capsys.readouterr().out.splitlines() == ["cell 1", "cell 3", f"wrote {out}"]
+    assert 49 < seen[0] < 51 and 99 < seen[1] < 101  # half of the budget each, what the first left to the second
