@@ -21,14 +21,12 @@ from __future__ import annotations
 import argparse
 import inspect
 import itertools
-import os
-import sys
 from pathlib import Path
 
 import torch
 
 from hybrid.ops.decode_attention import decode_attention_triton
-from research.perf.kernel_sweep import pick, run_cells, time_tunings
+from research.perf.kernel_sweep import pick, sweep, time_tunings
 
 D = 128  # head dim of the benchmark shape (Qwen3-1.7B)
 REP = 2  # query heads per KV head (16 query / 8 KV heads)
@@ -102,21 +100,8 @@ def main(argv: list[str] | None = None) -> dict:
     bad = [b for b in args.block_n if b < 16 or b & (b - 1)]
     if bad:
         ap.error(f"--block-n takes powers of two >= 16, got {bad}")
-    tunings, todo = grid(args), cells(args)
-    if args.dry_run:
-        print(f"{len(todo)} cells x {len(tunings)} tunings")
-        for S, B, K in todo:
-            print(f"  context {S}, batch {B}, KV heads {K}")
-        for t in tunings:
-            print(f"  {label(t)}")
-        return dict(cells=todo, tunings=tunings)
-    if not torch.cuda.is_available():
-        sys.exit("decode_attention_sweep: needs a CUDA GPU with Triton (--dry-run runs anywhere)")
-    out = args.out or Path(os.environ.get("OUT", ".")) / "decode_attention_sweep.json"
-    header = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, bandwidth=args.bandwidth,
-                  tunings=len(tunings))
-    return run_cells(todo, lambda S, B, K, end: run_cell(S, B, K, tunings, args.bandwidth, end), out, header,
-                     line, args.budget_s)
+    describe = lambda S, B, K: f"context {S}, batch {B}, KV heads {K}"
+    return sweep("decode_attention_sweep", args, cells(args), grid(args), describe, label, run_cell, line)
 
 
 if __name__ == "__main__":

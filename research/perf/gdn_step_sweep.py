@@ -19,14 +19,12 @@ from __future__ import annotations
 import argparse
 import inspect
 import itertools
-import os
-import sys
 from pathlib import Path
 
 import torch
 
 from hybrid.ops.gdn_decode import gdn_decode_step_reference, gdn_decode_step_triton
-from research.perf.kernel_sweep import pick, run_cells, time_tunings
+from research.perf.kernel_sweep import pick, sweep, time_tunings
 
 D = 128  # head dim of the benchmark shape
 DEFAULT = {n: inspect.signature(gdn_decode_step_triton).parameters[n].default
@@ -113,21 +111,8 @@ def main(argv: list[str] | None = None) -> dict:
     bad = [b for b in args.block_v if b < 16 or b & (b - 1) or b > D]
     if bad:
         ap.error(f"--block-v takes powers of two from 16 to {D}, got {bad}")
-    tunings, todo = grid(args), cells(args)
-    if args.dry_run:
-        print(f"{len(todo)} cells x {len(tunings)} tunings")
-        for B, H in todo:
-            print(f"  batch {B}, {H} GDN heads")
-        for t in tunings:
-            print(f"  {label(t)}")
-        return dict(cells=todo, tunings=tunings)
-    if not torch.cuda.is_available():
-        sys.exit("gdn_step_sweep: needs a CUDA GPU with Triton (--dry-run runs anywhere)")
-    out = args.out or Path(os.environ.get("OUT", ".")) / "gdn_step_sweep.json"
-    header = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, bandwidth=args.bandwidth,
-                  tunings=len(tunings))
-    return run_cells(todo, lambda B, H, end: run_cell(B, H, tunings, args.bandwidth, end), out, header, line,
-                     args.budget_s)
+    describe = lambda B, H: f"batch {B}, {H} GDN heads"
+    return sweep("gdn_step_sweep", args, cells(args), grid(args), describe, label, run_cell, line)
 
 
 if __name__ == "__main__":

@@ -19,14 +19,12 @@ from __future__ import annotations
 import argparse
 import inspect
 import itertools
-import os
-import sys
 from pathlib import Path
 
 import torch
 
 from hybrid.ops.gemv import MAX_ROWS, decode_linear_triton
-from research.perf.kernel_sweep import measure, pick, run_cells, time_tunings
+from research.perf.kernel_sweep import measure, pick, sweep, time_tunings
 
 C, I, V = 2048, 6144, 151936  # the benchmark's hidden size, MLP width, vocabulary
 # (N, K) of each projection: the 7:1 hybrid's fused decode input projection (2 FA query heads, 1 KV head, the FA
@@ -98,21 +96,8 @@ def main(argv: list[str] | None = None) -> dict:
     bad = [b for b in args.block_n + args.block_k if b < 16 or b & (b - 1)]
     if bad:
         ap.error(f"--block-n / --block-k take powers of two >= 16 (tensor-core tiles), got {bad}")
-    tunings, todo = grid(args), cells(args)
-    if args.dry_run:
-        print(f"{len(todo)} cells x {len(tunings)} tunings (+ cuBLAS)")
-        for name, rows in todo:
-            print(f"  {name} {SHAPES[name]}, rows {rows}")
-        for t in tunings:
-            print(f"  {label(t)}")
-        return dict(cells=todo, tunings=tunings)
-    if not torch.cuda.is_available():
-        sys.exit("gemv_sweep: needs a CUDA GPU with Triton (--dry-run runs anywhere)")
-    out = args.out or Path(os.environ.get("OUT", ".")) / "gemv_sweep.json"
-    header = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, bandwidth=args.bandwidth,
-                  tunings=len(tunings))
-    return run_cells(todo, lambda name, rows, end: run_cell(name, rows, tunings, args.bandwidth, end), out,
-                     header, line, args.budget_s)
+    describe = lambda name, rows: f"{name} {SHAPES[name]}, rows {rows}"
+    return sweep("gemv_sweep", args, cells(args), grid(args), describe, label, run_cell, line)
 
 
 if __name__ == "__main__":

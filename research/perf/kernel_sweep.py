@@ -1,10 +1,10 @@
-"""What the kernel tuning sweeps share (research/perf/decode_attention_sweep.py, research/perf/gemv_sweep.py): time
+"""What the kernel tuning sweeps share (research/perf/decode_attention_sweep.py, gemv_sweep.py, gdn_step_sweep.py): time
 one call per tuning against the bytes it must read, keep going past a tuning Triton cannot build, stop timing at a
 deadline, and write the whole result after every cell (a run cut by its time limit keeps its whole cells).
 
     rows, skipped = time_tunings(lambda t: kernel(x, **t), tunings, ref, nbytes, bandwidth, deadline)
     best, default = pick(rows, default_tuning)
-    res = run_cells(todo, run_cell, out, header, line, budget_s)
+    res = sweep("gemv_sweep", args, todo, tunings, describe, label, run_cell, line)   # a script's main, after argparse
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import torch
 
 from headscope.io import write_text
 
-__all__ = ["measure", "time_tunings", "pick", "run_cells"]
+__all__ = ["measure", "time_tunings", "pick", "run_cells", "sweep"]
 
 
 def measure(fn: Callable[[], torch.Tensor], ref: torch.Tensor | None, nbytes: int, bandwidth: float,
@@ -73,3 +73,27 @@ def run_cells(todo: list, run_cell: Callable, out: Path, header: dict, line: Cal
         print(line(cell), flush=True)
     print(f"wrote {out}")
     return res
+
+
+def sweep(name: str, args, todo: list, tunings: list[dict], describe: Callable, label: Callable[[dict], str],
+          run_cell: Callable, line: Callable[[dict], str]) -> dict:
+    """A sweep script's main after its arguments: with ``args.dry_run`` print the cells (``describe(*cell)``) and
+    the tunings (``label``) and return them; else refuse a machine without CUDA, and ``run_cells`` with
+    ``run_cell(*cell, tunings, args.bandwidth, deadline)`` into ``args.out`` (default $OUT/<name>.json)."""
+    import os
+    import sys
+
+    if args.dry_run:
+        print(f"{len(todo)} cells x {len(tunings)} tunings")
+        for cell in todo:
+            print(f"  {describe(*cell)}")
+        for t in tunings:
+            print(f"  {label(t)}")
+        return dict(cells=todo, tunings=tunings)
+    if not torch.cuda.is_available():
+        sys.exit(f"{name}: needs a CUDA GPU with Triton (--dry-run runs anywhere)")
+    out = args.out or Path(os.environ.get("OUT", ".")) / f"{name}.json"
+    header = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, bandwidth=args.bandwidth,
+                  tunings=len(tunings))
+    return run_cells(todo, lambda *a: run_cell(*a[:-1], tunings, args.bandwidth, a[-1]), out, header, line,
+                     args.budget_s)

@@ -49,3 +49,20 @@ def test_run_cells_writes_the_whole_result_after_each_cell_and_gives_each_its_sh
     assert json.loads(out.read_text()) == res
     assert capsys.readouterr().out.splitlines() == ["cell 1", "cell 3", f"wrote {out}"]
     assert 49 < seen[0] < 51 and 99 < seen[1] < 101  # half of the budget each, what the first left to the second
+
+
+def test_sweep_prints_a_dry_run_and_refuses_a_machine_without_cuda(capsys, monkeypatch):
+    import argparse
+
+    import pytest
+
+    from research.perf.kernel_sweep import sweep
+
+    args = argparse.Namespace(dry_run=True, out=None, bandwidth=1e12, budget_s=1.0)
+    todo, tunings = [(1, 2)], [dict(s=1)]
+    res = sweep("x_sweep", args, todo, tunings, lambda a, b: f"cell {a}/{b}", lambda t: f"s {t['s']}", None, None)
+    assert res == dict(cells=todo, tunings=tunings)
+    assert capsys.readouterr().out.splitlines() == ["1 cells x 1 tunings", "  cell 1/2", "  s 1"]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit, match="x_sweep: needs a CUDA GPU"):
+        sweep("x_sweep", argparse.Namespace(**{**vars(args), "dry_run": False}), todo, tunings, str, str, None, None)
