@@ -173,7 +173,9 @@ def use_decode_gemv(model: nn.Module, on: bool = True) -> int:
     """Route ``model``'s projections through the decode GEMV (``call_linear``, ``fused_linear``): every
     ``nn.Linear`` of it gets ``decode_gemv = on`` (read by the layers that call them: the decode input
     projections, o_proj, the MLP's and the output head). Returns how many Linears it set. Prefill, training and
-    hooked Linears are unchanged (``call_linear``); ``on=False`` restores F.linear everywhere."""
+    hooked Linears are unchanged (``call_linear``); ``on=False`` restores F.linear everywhere. A decode step
+    captured before the switch (a ``Decoder``'s CUDA graph, the one ``generate()`` keeps with the model) replays
+    the kernels it captured: switch before decoding, or ``hybrid.generation.release(model)`` after."""
     n = 0
     for m in model.modules():
         if isinstance(m, nn.Linear):
