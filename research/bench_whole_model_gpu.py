@@ -179,7 +179,6 @@ def decode_row(run: Run, name: str, model, ctx: int, batch: int, steps: int, gra
     (teacher and hybrids alike); ``pdl``: every column but the eager one with programmatic dependent launch
     (``Decoder(pdl=True)``); ``gemv``: every column with the projections as the decode GEMV
     (``hybrid.layers.common.use_decode_gemv``), the teacher's too."""
-    dev = run.device
     use_decode_gemv(model, gemv)
     try:
         return _decode_row(run, name, model, ctx, batch, steps, graph, vocab, compiled, fused, hf, best_only,

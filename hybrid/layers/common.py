@@ -136,8 +136,7 @@ def fused_linear(owner: nn.Module, name: str, linears, x: torch.Tensor, groups=N
         hit = owner.__dict__.get("_fused_linears", {}).get(name)
         if hit is None:
             return _separate(linears, x, groups)
-        gemv = all(getattr(lin, "decode_gemv", False) for lin in linears)
-        return list(_linear(x, hit[1], hit[2], gemv).split(sizes, dim=-1))  # [..., N_i] each
+        return list(_linear(x, hit[1], hit[2], linears).split(sizes, dim=-1))  # [..., N_i] each
     params = [p for lin in linears for p in (lin.weight, lin.bias) if p is not None]
     key = _param_key(params)
     store = owner.__dict__.setdefault("_fused_linears", {})
@@ -150,14 +149,16 @@ def fused_linear(owner: nn.Module, name: str, linears, x: torch.Tensor, groups=N
                 b = torch.cat([lin.bias if lin.bias is not None else lin.weight.new_zeros(lin.out_features)
                                for lin in linears])  # [sum N_i]
         hit = store[name] = (key, w, b)
-    y = _linear(x, hit[1], hit[2], all(getattr(lin, "decode_gemv", False) for lin in linears))  # [..., sum N_i]
+    y = _linear(x, hit[1], hit[2], linears)  # [..., sum N_i]
     return list(y.split(sizes, dim=-1))
 
 
-def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, gemv: bool) -> torch.Tensor:
-    """F.linear, or the decode GEMV (``hybrid.ops.gemv.decode_linear``: F.linear itself past its rows) when
-    ``gemv``."""
-    return decode_linear(x, weight, bias) if gemv else F.linear(x, weight, bias)
+def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, linears) -> torch.Tensor:
+    """F.linear of the fused copy of ``linears``, or the decode GEMV (``hybrid.ops.gemv.decode_linear``: F.linear
+    itself past its rows) where ``use_decode_gemv`` switched every one of them on."""
+    if all(getattr(lin, "decode_gemv", False) for lin in linears):
+        return decode_linear(x, weight, bias)
+    return F.linear(x, weight, bias)
 
 
 def call_linear(lin: nn.Linear, x: torch.Tensor) -> torch.Tensor:

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from hybrid.ops.prologue import triton_usable
-from hybrid.ops.utils import contiguous_fresh, fast_device, pdl_launch, through_custom_op
+from hybrid.ops.utils import contiguous_fresh, fast_device, launch_options, pdl_launch, through_custom_op
 
 BACKENDS = ("auto", "torch", "triton")
 BLOCK_N = 64  # keys per inner step
@@ -169,18 +169,17 @@ def decode_attention_triton(q, k, v, kv_len, scale=None, window=None, *, block_n
     ns = _n_splits(q, B, K, S, waves, block_n)
     chunk = -(-S // ns)
     chunk = -(-chunk // block_n) * block_n
-    launch = {k_: v_ for k_, v_ in (("num_warps", num_warps), ("num_stages", num_stages)) if v_ is not None}
     pdl = pdl_launch(q)  # inside dependent_launch() on a Hopper-class GPU
-    gdc = {"launch_pdl": True} if pdl else {}
     o_part = torch.empty(B, H, ns, D, device=q.device, dtype=torch.float32)  # [B, H, splits, D]
     m_part = torch.empty(B, H, ns, device=q.device, dtype=torch.float32)  # [B, H, splits]
     l_part = torch.empty_like(m_part)
     split_kv[(B * K, ns)](q, k, v, kv_len, o_part, m_part, l_part, float(scale), int(window or 0), S, chunk,
                           q.stride(0), q.stride(2), k.stride(0), k.stride(1), k.stride(2), ns,
                           K=K, REP=rep, RP=max(16, triton.next_power_of_2(rep)), D=D, BN=block_n,
-                          WINDOWED=window is not None, USE_GDC=pdl, **launch, **gdc)
+                          WINDOWED=window is not None, USE_GDC=pdl, **launch_options(pdl, num_warps, num_stages))
     o = torch.empty(B, 1, H, D, device=q.device, dtype=q.dtype)  # [B, 1, H, D]
-    combine[(B * H,)](o_part, m_part, l_part, o, ns, NS=max(2, triton.next_power_of_2(ns)), D=D, USE_GDC=pdl, **gdc)
+    combine[(B * H,)](o_part, m_part, l_part, o, ns, NS=max(2, triton.next_power_of_2(ns)), D=D, USE_GDC=pdl,
+                      **launch_options(pdl))
     return o
 
 

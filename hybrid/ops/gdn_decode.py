@@ -47,7 +47,8 @@ from torch import Tensor
 
 from hybrid.ops.gdn_recurrent import recurrent_gated_delta_rule
 from hybrid.ops.prologue import prologue_reference, triton_usable
-from hybrid.ops.utils import L2NORM_EPS, acc, contiguous_fresh, fast_device, pdl_launch, through_custom_op
+from hybrid.ops.utils import (L2NORM_EPS, acc, contiguous_fresh, fast_device, launch_options, pdl_launch,
+                              through_custom_op)
 
 BACKENDS = ("auto", "torch", "triton")
 DECAYS = ("gdn", "simple")
@@ -173,14 +174,13 @@ def gdn_decode_step_triton(q, k, v, b, a, state, q_weight, k_weight, cos, sin, *
     p1, p2 = (A_log, dt_bias) if decay == "gdn" else (a_bias, a_bias)  # [H] each
     o = torch.empty(B, 1, H, D, device=v.device, dtype=v.dtype)  # [B, 1, H, D]
     bv = min(D, block_v)
-    launch = {k_: v_ for k_, v_ in (("num_warps", num_warps), ("num_stages", num_stages)) if v_ is not None}
     pdl = pdl_launch(v)  # inside dependent_launch() on a Hopper-class GPU
     if B * H:
         step[(B * H, D // bv)](q, k, v, b, a, state, o, q_weight if norm else q, k_weight if norm else k, cos, sin,
                                p1, p2, H, q.stride(0), q.stride(2), k.stride(0), k.stride(2), v.stride(0),
                                v.stride(2), b.stride(0), b.stride(2), a.stride(0), a.stride(2), cos_sb, float(eps),
                                float(L2NORM_EPS), float(scale), D=D, BV=bv, NORM=norm, GDN=decay == "gdn",
-                               USE_GDC=pdl, **launch, **({"launch_pdl": True} if pdl else {}))
+                               USE_GDC=pdl, **launch_options(pdl, num_warps, num_stages))
     return o
 
 

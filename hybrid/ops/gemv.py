@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from hybrid.ops.prologue import triton_usable
-from hybrid.ops.utils import contiguous_fresh, fast_device, pdl_launch, through_custom_op
+from hybrid.ops.utils import contiguous_fresh, fast_device, launch_options, pdl_launch, through_custom_op
 
 BACKENDS = ("auto", "torch", "triton")
 MAX_ROWS = 8  # rows of x one program holds (the decode batch); more rows: the library GEMM
@@ -115,9 +115,8 @@ def decode_linear_triton(x: Tensor, weight: Tensor, bias: Optional[Tensor] = Non
         pdl = pdl_launch(x)
         gemv[(-(-N // block_n),)](x2, w, bias if bias is not None else w, y, M, N, K, x2.stride(0), w.stride(0),
                                   y.stride(0), HAS_BIAS=bias is not None, BN=block_n, BK=block_k,
-                                  IEEE=x.dtype == torch.float32, USE_GDC=pdl, num_warps=num_warps,
-                                  num_stages=num_stages,
-                                  **({"launch_pdl": True} if pdl else {}))
+                                  IEEE=x.dtype == torch.float32, USE_GDC=pdl,
+                                  **launch_options(pdl, num_warps, num_stages))
     return y.view(*lead, N)  # [..., N]
 
 

@@ -140,6 +140,13 @@ def pdl_launch(x: torch.Tensor) -> bool:
     return _PDL and pdl_supported(x)
 
 
+def launch_options(pdl: bool, num_warps: int | None = None, num_stages: int | None = None) -> dict:
+    """A decode kernel's Triton launch keywords: ``launch_pdl`` where it launches with PDL (``pdl``, from
+    ``pdl_launch``), and the warps / pipeline stages a caller tuned (None: Triton's defaults)."""
+    opts = {k: v for k, v in (("num_warps", num_warps), ("num_stages", num_stages)) if v is not None}
+    return {**opts, "launch_pdl": True} if pdl else opts
+
+
 def kernels_assumed() -> bool:
     """True inside ``custom_ops_on_cpu()``: Triton / fla count as available (their ops run the CPU twins)."""
     return _CPU_CUSTOM_OPS

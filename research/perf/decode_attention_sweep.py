@@ -19,27 +19,23 @@ GB/s and as a share of ``--bandwidth`` (the H200's ~4.3 TB/s reachable), and the
 from __future__ import annotations
 
 import argparse
-import inspect
-import itertools
 from pathlib import Path
 
 import torch
 
 from hybrid.ops.decode_attention import decode_attention_triton
-from research.perf.kernel_sweep import pick, sweep, time_tunings
+from research.perf import kernel_sweep
+from research.perf.kernel_sweep import keyword_defaults, pick, sweep, time_tunings
 
 D = 128  # head dim of the benchmark shape (Qwen3-1.7B)
 REP = 2  # query heads per KV head (16 query / 8 KV heads)
 # decode_attention_triton's tuning keywords and their defaults (what every caller runs)
-DEFAULT = {n: p.default for n, p in inspect.signature(decode_attention_triton).parameters.items()
-           if p.kind is inspect.Parameter.KEYWORD_ONLY}
+DEFAULT = keyword_defaults(decode_attention_triton)
 
 
 def grid(args) -> list[dict]:
-    """The tunings to time: the default first, then every combination of the grid's values."""
-    combos = [dict(block_n=b, waves=w, num_warps=nw, num_stages=ns)
-              for b, w, nw, ns in itertools.product(args.block_n, args.waves, args.num_warps, args.num_stages)]
-    return [DEFAULT] + [c for c in combos if c != DEFAULT]
+    return kernel_sweep.grid(DEFAULT, block_n=args.block_n, waves=args.waves, num_warps=args.num_warps,
+                             num_stages=args.num_stages)
 
 
 def cells(args) -> list[tuple[int, int, int]]:

@@ -17,25 +17,20 @@ prints the cells and the grid and runs nothing (any machine).
 from __future__ import annotations
 
 import argparse
-import inspect
-import itertools
 from pathlib import Path
 
 import torch
 
 from hybrid.ops.gdn_decode import gdn_decode_step_reference, gdn_decode_step_triton
-from research.perf.kernel_sweep import pick, sweep, time_tunings
+from research.perf import kernel_sweep
+from research.perf.kernel_sweep import keyword_defaults, pick, sweep, time_tunings
 
 D = 128  # head dim of the benchmark shape
-DEFAULT = {n: inspect.signature(gdn_decode_step_triton).parameters[n].default
-           for n in ("block_v", "num_warps", "num_stages")}
+DEFAULT = keyword_defaults(gdn_decode_step_triton, ("block_v", "num_warps", "num_stages"))
 
 
 def grid(args) -> list[dict]:
-    """The tunings to time: the default first, then every combination of the grid's values."""
-    combos = [dict(block_v=b, num_warps=w, num_stages=s)
-              for b, w, s in itertools.product(args.block_v, args.num_warps, args.num_stages)]
-    return [DEFAULT] + [c for c in combos if c != DEFAULT]
+    return kernel_sweep.grid(DEFAULT, block_v=args.block_v, num_warps=args.num_warps, num_stages=args.num_stages)
 
 
 def cells(args) -> list[tuple[int, int]]:

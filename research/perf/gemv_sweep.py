@@ -17,29 +17,25 @@ the cells and the grid and runs nothing (any machine).
 from __future__ import annotations
 
 import argparse
-import inspect
-import itertools
 from pathlib import Path
 
 import torch
 
 from hybrid.ops.gemv import MAX_ROWS, decode_linear_triton
-from research.perf.kernel_sweep import measure, pick, sweep, time_tunings
+from research.perf import kernel_sweep
+from research.perf.kernel_sweep import keyword_defaults, measure, pick, sweep, time_tunings
 
 C, I, V = 2048, 6144, 151936  # the benchmark's hidden size, MLP width, vocabulary
 # (N, K) of each projection: the 7:1 hybrid's fused decode input projection (2 FA query heads, 1 KV head, the FA
 # gate, 14 GDN heads' q / k / v and their b / a), the teacher's q / k / v, o_proj, the MLP's, the output head
 SHAPES = {"hybrid_in": (256 + 128 + 128 + 256 + 3 * 1792 + 28, C), "teacher_qkv": (4096, C), "o_proj": (C, C),
           "gate_up": (I, C), "down": (C, I), "head": (V, C)}
-DEFAULT = {n: p.default for n, p in inspect.signature(decode_linear_triton).parameters.items()
-           if p.kind is inspect.Parameter.KEYWORD_ONLY}
+DEFAULT = keyword_defaults(decode_linear_triton)
 
 
 def grid(args) -> list[dict]:
-    """The tunings to time: the default first, then every combination of the grid's values."""
-    combos = [dict(block_n=b, block_k=k, num_warps=w, num_stages=s)
-              for b, k, w, s in itertools.product(args.block_n, args.block_k, args.num_warps, args.num_stages)]
-    return [DEFAULT] + [c for c in combos if c != DEFAULT]
+    return kernel_sweep.grid(DEFAULT, block_n=args.block_n, block_k=args.block_k, num_warps=args.num_warps,
+                             num_stages=args.num_stages)
 
 
 def cells(args) -> list[tuple[str, int]]:

@@ -8,6 +8,8 @@ deadline, and write the whole result after every cell (a run cut by its time lim
 """
 from __future__ import annotations
 
+import inspect
+import itertools
 import json
 import time
 from pathlib import Path
@@ -17,7 +19,20 @@ import torch
 
 from headscope.io import write_text
 
-__all__ = ["measure", "time_tunings", "pick", "run_cells", "sweep"]
+__all__ = ["keyword_defaults", "grid", "measure", "time_tunings", "pick", "run_cells", "sweep"]
+
+
+def keyword_defaults(fn: Callable, names: tuple[str, ...] | None = None) -> dict:
+    """``fn``'s keyword-only arguments (or just ``names``) and their defaults: the tuning every caller runs."""
+    params = inspect.signature(fn).parameters
+    names = names or tuple(n for n, p in params.items() if p.kind is inspect.Parameter.KEYWORD_ONLY)
+    return {n: params[n].default for n in names}
+
+
+def grid(default: dict, **choices) -> list[dict]:
+    """The tunings to time: ``default`` first, then every combination of ``choices`` (keyword -> values) but it."""
+    combos = [dict(zip(choices, values)) for values in itertools.product(*choices.values())]
+    return [default] + [c for c in combos if c != default]
 
 
 def measure(fn: Callable[[], torch.Tensor], ref: torch.Tensor | None, nbytes: int, bandwidth: float,
