@@ -57,7 +57,8 @@ for part in "$@"; do
                        2>&1 | tail -4 ;;
         code_b8)
             TORCH_LOGS=output_code timeout 300 python3 -m research.count_decode_ops --device cuda --compile \
-                --fused-gdn --shape bench --batch 8 --layers 1 > "$OUT/code_b8.log" 2>&1
+                --fused-gdn --shape bench --batch 8 --layers 1 > "$OUT/code_b8.log.tmp" 2>&1
+            mv "$OUT/code_b8.log.tmp" "$OUT/code_b8.log"  # whole or not at all
             grep -c "def call" "$OUT/code_b8.log" ;;
         split|split_pdl|split_gemv)
             timeout 300 python3 -m research.count_decode_ops "${args[@]}" --json "$OUT/time_$part.json" 2>&1 \
